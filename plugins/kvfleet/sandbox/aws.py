@@ -1,0 +1,349 @@
+"""The sandbox's AWS control-plane emulator: one HTTP endpoint on 127.0.0.1 that real boto3 clients call.
+
+Called from ``kvfleet sandbox up`` (which seeds the fleet with :meth:`AwsEmulator.add_eks_cluster` and
+:meth:`AwsEmulator.add_hyperpod_cluster`), from the simulated controllers (through the ``on_*`` hooks) and
+from integration tests. Product code never imports it: it reaches the emulator only through boto3 with
+``endpoint_url`` set, exactly as it reaches AWS ("simulate at the wire", ARCHITECTURE.md).
+
+One endpoint serves every service. The service and region are read from the SigV4 credential scope
+(``Credential=AKID/<date>/<region>/<service>/aws4_request``), so one URL works for SageMaker (JSON 1.1), EKS
+(rest-json) and STS (query). botocore's service models are the contract (:mod:`kvfleet.sandbox.aws_wire`).
+
+Why not moto: moto 5.2.5 was weighed (FACTS.md §1.6) and falls short of what stages 1 and 2 need. It has no
+SageMaker ``UpdateCluster`` and no EKS add-on calls; its ``CreateCluster`` silently drops ``Orchestrator``,
+``NodeRecovery`` and ``TieredStorageConfig``, always reports ``InService``, and refuses ``ml.g6e.4xlarge``.
+Mixing it in for the remaining calls (``DescribeCluster``, ``ListClusterNodes``) would have split one
+cluster's state between two stores, so the emulator owns all of it.
+
+Fault injection: ``error_rate`` answers that share of requests with 503 ``ServiceUnavailable`` (botocore's
+retry handler retries it, as it would a real brown-out), ``latency_s`` delays every request, both from a
+seeded random generator so a scenario replays identically; ``fail_next_update`` and ``fail_addon`` make the
+next transition fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
+
+from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
+from kvfleet.sandbox.aws_clock import Clock, Timers
+from kvfleet.sandbox.aws_eks import AddonHook, EksService
+from kvfleet.sandbox.aws_sagemaker import HyperPodService, TieredStorageHook
+from kvfleet.sandbox.aws_wire import (
+    AwsError,
+    Codec,
+    EmulatorBug,
+    JsonCodec,
+    WireRequest,
+    WireResponse,
+    codec_for,
+    credential_scope,
+    load_model,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("sagemaker", "eks", "sts")
+_TARGET_PREFIXES = {"SageMaker": "sagemaker"}  # unsigned JSON requests still name their service
+
+
+class AwsRequest(NamedTuple):
+    """One entry of :attr:`AwsEmulator.request_log` (a tuple, so ``service, op, params = entry`` works)."""
+
+    service: str
+    operation: str
+    params: dict[str, Any]
+
+
+class AwsEmulator:
+    """SageMaker HyperPod, EKS and STS behind one local endpoint; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        account_id: str = "123456789012",
+        delay_s: float = 0.5,
+        clock: Clock | None = None,
+        seed: int = 0,
+    ) -> None:
+        if host not in ("127.0.0.1", "localhost"):
+            raise ValueError(f"the AWS emulator binds to loopback only, not {host!r}")
+        self.host, self.port = host, port
+        self.account_id = account_id
+        self.delay_s = delay_s
+        self.error_rate = 0.0
+        self.latency_s = 0.0
+        self.request_log: list[AwsRequest] = []
+        self.url = ""
+        self._rng = random.Random(seed)
+        self._fault_rng = random.Random(seed + 1)
+        self._lock = threading.RLock()
+        self._timers = Timers(clock)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
+        self._codecs: dict[str, Codec] = {name: codec_for(name) for name in SERVICES}
+        self._eks = EksService(
+            account_id=account_id,
+            lock=self._lock,
+            timers=self._timers,
+            rng=self._rng,
+            delay=lambda: self.delay_s,
+        )
+        self._sagemaker = HyperPodService(
+            account_id=account_id,
+            lock=self._lock,
+            timers=self._timers,
+            rng=self._rng,
+            delay=lambda: self.delay_s,
+            eks_arn=self._eks.arn,
+        )
+        self._handlers: dict[str, dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]]] = {
+            "sagemaker": self._sagemaker.operations,
+            "eks": self._eks.operations,
+            "sts": {"GetCallerIdentity": self._caller_identity},
+        }
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._server is not None:
+            return
+        self._timers.restart()
+        server = _Server((self.host, self.port), _Handler)
+        server.emulator = self
+        self._server = server
+        self.port = server.server_address[1]
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"aws-emulator:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and every kept-alive connection, cancel pending transitions."""
+        self._timers.stop()
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            connections, self._connections = list(self._connections), set()
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> AwsEmulator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- seeding -------------------------------------------------------------------------------------------
+
+    def add_eks_cluster(self, name: str, region: str, endpoint: str, *, ca_pem: str | None = None) -> str:
+        """Register an ACTIVE EKS cluster whose API server is ``endpoint``; returns its ARN."""
+        with self._lock:
+            return self._eks.seed(name, region, endpoint, ca_pem)
+
+    def add_hyperpod_cluster(
+        self,
+        name: str,
+        region: str,
+        eks_cluster_name: str,
+        instance_groups: list[dict[str, Any]],
+        node_recovery: str = NODE_RECOVERY_DEFAULT,
+        tiered_storage: dict[str, Any] | None = None,
+    ) -> str:
+        """Register an InService HyperPod cluster; returns its ARN.
+
+        ``instance_groups`` use the API's spelling: ``{"InstanceGroupName", "InstanceType", "InstanceCount",
+        ...}``. No hook fires: seeding describes a fleet that already is, not a change.
+        """
+        with self._lock:
+            return self._sagemaker.seed(
+                name=name,
+                region=region,
+                eks_cluster_name=eks_cluster_name,
+                instance_groups=instance_groups,
+                node_recovery=node_recovery,
+                tiered_storage=tiered_storage,
+            )
+
+    # --- hooks, inspection and faults ----------------------------------------------------------------------
+
+    def on_tiered_storage(self, fn: TieredStorageHook) -> None:
+        """``fn(hyperpod_name, eks_name, TieredStorageConfig)`` after a change to it reaches InService."""
+        self._sagemaker.tiered_hooks.append(fn)
+
+    def on_addon_transition(self, fn: AddonHook) -> None:
+        """``fn(eks_name, addon_name, addon)`` just before CREATING/UPDATING becomes ACTIVE.
+
+        A returned string fails the add-on (CREATE_FAILED / UPDATE_FAILED) with that string as a health issue.
+        """
+        self._eks.addon_hooks.append(fn)
+
+    def addon_status(self, eks_cluster: str, addon: str) -> str | None:
+        with self._lock:
+            found = self._eks.clusters.get(eks_cluster)
+            item = found.addons.get(addon) if found else None
+            return item.status if item else None
+
+    def hyperpod_cluster(self, name: str) -> dict[str, Any] | None:
+        """What DescribeCluster would answer (name or ARN), or None."""
+        with self._lock:
+            try:
+                return self._sagemaker.find(name).describe()
+            except AwsError:
+                return None
+
+    def hyperpod_nodes(self, name: str) -> list[dict[str, Any]]:
+        """ListClusterNodes summaries of a cluster (the orchestrator names Kubernetes nodes after them)."""
+        with self._lock:
+            return [node.summary() for node in self._sagemaker.find(name).nodes]
+
+    def fail_next_update(self, hyperpod_cluster: str, message: str) -> None:
+        with self._lock:
+            self._sagemaker.update_faults[self._sagemaker.find(hyperpod_cluster).name] = message
+
+    def fail_addon(self, eks_cluster: str, addon: str, message: str) -> None:
+        """The add-on's transition in flight, or else its next create/update, fails with ``message``."""
+        with self._lock:
+            self._eks.addon_faults[(eks_cluster, addon)] = message
+
+    def operations(self, service: str | None = None) -> list[str]:
+        return [entry.operation for entry in list(self.request_log) if service in (None, entry.service)]
+
+    def reset_request_log(self) -> None:
+        self.request_log.clear()
+
+    # --- request handling ----------------------------------------------------------------------------------
+
+    def _caller_identity(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "UserId": "AIDAKVFLEETSANDBOX0001",
+            "Account": self.account_id,
+            "Arn": f"arn:aws:iam::{self.account_id}:user/kvfleet-sandbox",
+        }
+
+    def _service_of(self, request: WireRequest) -> tuple[str | None, str]:
+        service, region = credential_scope(request.headers)
+        if service is None:
+            prefix = request.headers.get("x-amz-target", "").partition(".")[0]
+            service = _TARGET_PREFIXES.get(prefix)
+        return service, region
+
+    def handle(self, request: WireRequest) -> WireResponse:
+        """Answer one decoded HTTP request (also callable without the server, e.g. from a benchmark)."""
+        service, region = self._service_of(request)
+        codec = self._codecs.get(service or "")
+        if codec is None:
+            fallback = JsonCodec(load_model("sagemaker"))
+            return fallback.encode_error(
+                AwsError(
+                    "UnrecognizedServiceException",
+                    f"the kvfleet AWS emulator serves {', '.join(SERVICES)}, not {service!r}",
+                )
+            )
+        try:
+            operation, params = codec.parse(request)
+        except AwsError as error:
+            return codec.encode_error(error)
+        self.request_log.append(AwsRequest(codec.service, operation, params))
+        return self._answer(codec, region, operation, params)
+
+    def _answer(self, codec: Codec, region: str, operation: str, params: dict[str, Any]) -> WireResponse:
+        try:
+            self._inject_faults()
+            handler = self._handlers[codec.service].get(operation)
+            if handler is None:
+                raise AwsError(
+                    "NotImplemented",
+                    f"the kvfleet AWS emulator does not implement {codec.service}:{operation}",
+                    status=501,
+                )
+            with self._lock:
+                result = handler(region, params)
+            return codec.encode_result(operation, result)
+        except AwsError as error:
+            return codec.encode_error(error)
+        except (EmulatorBug, KeyError, TypeError, ValueError) as bug:
+            log.exception("AWS emulator failed on %s:%s", codec.service, operation)
+            return codec.encode_error(AwsError("InternalFailure", f"emulator bug: {bug!r}", status=500))
+
+    def _inject_faults(self) -> None:
+        self._timers.sleep(self.latency_s)
+        if self.error_rate > 0 and self._fault_rng.random() < self.error_rate:
+            raise AwsError(
+                "ServiceUnavailable", "Service is unavailable (injected by the kvfleet sandbox)", status=503
+            )
+
+    def _track(self, conn: socket.socket, open_: bool) -> None:
+        with self._lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = False
+    emulator: AwsEmulator
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as botocore's connection pool expects
+    timeout = 60
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.emulator._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.emulator._track(self.connection, False)
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        url = urlsplit(self.path)
+        request = WireRequest(
+            self.command, url.path, url.query, {k.lower(): v for k, v in self.headers.items()}, body
+        )
+        response = self.server.emulator.handle(request)
+        self.send_response(response.status)
+        headers = {"x-amzn-requestid": str(uuid.uuid4()), **response.headers}
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(response.body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("aws-emulator %s " + format, self.address_string(), *args)

@@ -57,6 +57,6 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
     joined = messages[0] if len(messages) == 1 else "[" + ", ".join(messages) + "]"
     return ApiError(422, "Invalid", f'{qualified} "{name}" is invalid: {joined}', {
         "name": name, "group": group, "kind": kind,
-        "causes": [{"reason": "FieldValueInvalid", "message": f"{f}: {m}" if f else m, "field": f}
+        "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f}
                    for f, m in causes],
     })

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kvfleet.sandbox.kube import discovery, patching
+from kvfleet.sandbox.kube import discovery, patching, protobuf
 from kvfleet.sandbox.kube.errors import ApiError, not_found
 from kvfleet.sandbox.kube.resources import ResourceType
 from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher
@@ -173,6 +173,8 @@ class Request:
     def decode_body(self) -> Any:
         ctype = (self.req.headers.get("Content-Type") or "application/json").split(";")[0].strip()
         try:
+            if ctype == "application/vnd.kubernetes.protobuf":
+                return protobuf.decode(self.body)
             if ctype in ("application/yaml", patching.APPLY_PATCH):
                 return yaml.safe_load(self.body.decode() or "{}")
             return json.loads(self.body.decode() or "{}")

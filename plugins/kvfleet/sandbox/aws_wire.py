@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import re
 import uuid
@@ -75,7 +76,9 @@ def credential_scope(headers: dict[str, str]) -> tuple[str | None, str]:
     return match.group(2), match.group(1)
 
 
+@functools.cache
 def load_model(service: str) -> ServiceModel:
+    # Loading SageMaker's model takes a noticeable fraction of a second; every emulator shares one copy.
     return botocore.session.get_session().get_service_model(service)
 
 

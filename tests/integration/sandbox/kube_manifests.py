@@ -1,0 +1,60 @@
+"""Manifests, paths and the token shared by the Kubernetes emulator tests."""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+TOOLS = REPO / ".tools" / "bin"
+CHARTS = Path(__file__).resolve().parent / "charts"
+IEC_CRD = REPO / "plugins" / "kvfleet" / "sandbox" / "data" / \
+    "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
+# k8s-aws-v1. + base64url("https://sts.amazonaws.com/?Action=GetCallerIdentity"), the shape of an EKS token.
+TOKEN = "k8s-aws-v1.aHR0cHM6Ly9zdHMuYW1hem9uYXdzLmNvbS8_QWN0aW9uPUdldENhbGxlcklkZW50aXR5"
+
+DEPLOYMENT = """apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+  labels: {app: web}
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: main
+        image: nginx:1
+        env:
+        - {name: A, value: "1"}
+        - {name: B, value: "2"}
+        volumeMounts:
+        - {name: data, mountPath: /data}
+      - name: side
+        image: busybox
+      volumes:
+      - name: data
+        emptyDir: {}
+"""
+
+
+def iec(name: str, instance_type: str) -> str:
+    """An InferenceEndpointConfig with the fields the real CRD requires."""
+    return f"""apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: InferenceEndpointConfig
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  modelName: llama
+  instanceType: {instance_type}
+  replicas: 2
+  modelSourceConfig: {{modelSourceType: s3}}
+  worker:
+    image: vllm/vllm-openai:latest
+    resources: {{}}
+    modelInvocationPort: {{containerPort: 8080}}
+    modelVolumeMount: {{name: model, mountPath: /opt/ml/model}}
+"""

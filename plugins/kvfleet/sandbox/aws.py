@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet.sandbox.aws_clock import Clock, Timers
 from kvfleet.sandbox.aws_eks import AddonHook, EksService
-from kvfleet.sandbox.aws_sagemaker import HyperPodService, TieredStorageHook
+from kvfleet.sandbox.aws_sagemaker import HyperPodCluster, HyperPodService, TieredStorageHook
 from kvfleet.sandbox.aws_wire import (
     AwsError,
     Codec,
@@ -219,11 +219,17 @@ class AwsEmulator:
     def hyperpod_nodes(self, name: str) -> list[dict[str, Any]]:
         """ListClusterNodes summaries of a cluster (the orchestrator names Kubernetes nodes after them)."""
         with self._lock:
-            return [node.summary() for node in self._sagemaker.find(name).nodes]
+            return [node.summary() for node in self._seeded(name).nodes]
+
+    def _seeded(self, name: str) -> HyperPodCluster:
+        try:
+            return self._sagemaker.find(name)
+        except AwsError:
+            raise KeyError(f"no HyperPod cluster {name!r} in the AWS emulator") from None
 
     def fail_next_update(self, hyperpod_cluster: str, message: str) -> None:
         with self._lock:
-            self._sagemaker.update_faults[self._sagemaker.find(hyperpod_cluster).name] = message
+            self._sagemaker.update_faults[self._seeded(hyperpod_cluster).name] = message
 
     def fail_addon(self, eks_cluster: str, addon: str, message: str) -> None:
         """The add-on's transition in flight, or else its next create/update, fails with ``message``."""
@@ -274,6 +280,7 @@ class AwsEmulator:
     def _answer(self, codec: Codec, region: str, operation: str, params: dict[str, Any]) -> WireResponse:
         try:
             self._inject_faults()
+            codec.check_required(operation, params)
             handler = self._handlers[codec.service].get(operation)
             if handler is None:
                 raise AwsError(

@@ -192,6 +192,8 @@ def _xml_value(shape: Shape, value: Any, where: str) -> str:
 class Codec:
     """Decodes requests and encodes answers for one service, per its model's protocol."""
 
+    missing_code = "ValidationException"
+
     def __init__(self, model: ServiceModel) -> None:
         self.model = model
         self.service = model.service_name
@@ -213,6 +215,16 @@ class Codec:
         except Exception:
             return 400
         return int(shape.metadata.get("error", {}).get("httpStatusCode", 400))
+
+    def check_required(self, operation: str, params: dict[str, Any]) -> None:
+        """Refuse a request that lacks a required member, as the service does when the client skips
+        its own validation (``parameter_validation=False``)."""
+        shape = self._operation(operation).input_shape
+        missing = [m for m in (shape.required_members if shape else []) if m not in params]
+        if missing:
+            raise AwsError(
+                self.missing_code, f"Missing required parameter(s) {', '.join(missing)} in {operation}"
+            )
 
     def _operation(self, name: str) -> OperationModel:
         if name not in self.model.operation_names:
@@ -238,6 +250,8 @@ def _json_body(body: bytes) -> dict[str, Any]:
 
 class JsonCodec(Codec):
     """AWS JSON 1.0/1.1 (SageMaker): ``X-Amz-Target: <prefix>.<Operation>``, JSON in and out."""
+
+    missing_code = "ValidationException"
 
     def parse(self, request: WireRequest) -> tuple[str, dict[str, Any]]:
         target = request.headers.get("x-amz-target", "")
@@ -285,6 +299,8 @@ def _from_text(shape: Shape, text: str) -> Any:
 
 class RestJsonCodec(Codec):
     """rest-json (EKS): the operation is found from the method and the model's ``http.requestUri``."""
+
+    missing_code = "InvalidParameterException"
 
     def __init__(self, model: ServiceModel) -> None:
         super().__init__(model)
@@ -344,6 +360,8 @@ class RestJsonCodec(Codec):
 
 class QueryCodec(Codec):
     """AWS query (STS): form-encoded ``Action=...`` in, XML out with the operation's ``resultWrapper``."""
+
+    missing_code = "MissingParameter"
 
     def parse(self, request: WireRequest) -> tuple[str, dict[str, Any]]:
         form = parse_qs(request.body.decode() or request.query, keep_blank_values=True)

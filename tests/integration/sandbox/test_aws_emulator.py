@@ -540,3 +540,10 @@ def test_stop_leaves_nothing_listening() -> None:
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", emu.port), timeout=1):
         pass
     assert emu.addon_status("eks-stop", "metrics-server") == "CREATING"  # the timer was cancelled
+
+
+def test_missing_required_member_is_refused_by_the_service(emulator: AwsEmulator) -> None:
+    unchecked = client(emulator, "sagemaker", parameter_validation=False)
+    code, status, message = error_of(lambda: unchecked.update_cluster(NodeRecovery="Automatic"))
+    assert (code, status) == ("ValidationException", 400)
+    assert "ClusterName" in message

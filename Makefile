@@ -1,0 +1,57 @@
+# kvfleet — the two commands a newcomer needs are `make demo` and `make test`.
+# Both create .venv and install from requirements.lock when it is missing or stale (uv when present, pip
+# otherwise), and fetch the pinned helm/kubectl binaries. No service has to be running beforehand.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvfleet-installed
+TOOLS := .tools/bin
+export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(VENV)/bin:$(PATH)
+export XDG_RUNTIME_DIR ?= /tmp/kvfleet-runtime-$(shell id -u)
+
+.PHONY: demo test lint bench lock install tools clean
+
+demo: install tools
+	$(VENV)/bin/kvfleet demo --fleet fleet.example.yaml
+
+test: install tools
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check plugins dags tests bench
+	$(VENV)/bin/mypy
+
+bench: install tools
+	$(PY) bench/run.py
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@mkdir -p $(XDG_RUNTIME_DIR)
+	@if command -v uv >/dev/null 2>&1; then \
+		echo "installing from requirements.lock with uv"; \
+		[ -x $(PY) ] || uv venv -q --python $(PYTHON) $(VENV); \
+		VIRTUAL_ENV=$(VENV) uv pip install -q -r requirements.lock && \
+		VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e .; \
+	else \
+		echo "installing from requirements.lock with pip (install uv to make this ~10x faster)"; \
+		[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
+		$(PY) -m pip install -q --upgrade pip && \
+		$(PY) -m pip install -q -r requirements.lock && \
+		$(PY) -m pip install -q --no-deps -e .; \
+	fi
+	@touch $(STAMP)
+
+tools: $(TOOLS)/helm
+
+$(TOOLS)/helm: tools/fetch-k8s-binaries.sh
+	bash tools/fetch-k8s-binaries.sh
+
+# Refresh the lock after editing requirements.in (needs uv: `pip install uv`).
+lock:
+	uv pip compile requirements.in -o requirements.lock --python-version 3.11
+
+clean:
+	rm -rf $(VENV) .tools .state

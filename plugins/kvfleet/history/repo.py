@@ -1,0 +1,249 @@
+"""Typed writes and named queries over the history database.
+
+Called by the stage reconcilers (writes, in the same transaction as the step's outcome), by the DAG tasks
+(runs, summaries) and by `kvfleet audit` (named queries, whose SQL lives in ``sql/queries/*.sql``).
+
+Every write is idempotent on its natural key, usually (run, task, map index, step): a retried Airflow task
+re-issues the same insert and ``ON CONFLICT DO NOTHING`` keeps exactly one row. JSON is always bound as a
+parameter (SQLAlchemy 2.1's ``text()`` would read ``:2`` inside a JSON literal as a bind).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+from kvfleet.history.db import get_engine, sql_dir
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """Identifies one step of one task try-independent: the idempotency key of every write."""
+
+    run_key: str
+    task_id: str
+    map_index: int = -1
+
+    def event_key(self, step: str) -> str:
+        return f"{self.run_key}|{self.task_id}|{self.map_index}|{step}"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    step: str
+    stage: str
+    outcome: str
+    cluster: str | None = None
+    endpoint: str | None = None
+    lob: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+class History:
+    """The repository. One instance per engine; methods open short transactions, or join ``conn``."""
+
+    def __init__(self, engine: Engine | None = None) -> None:
+        self.engine = engine or get_engine()
+
+    # ---- runs -------------------------------------------------------------------------------------------
+    def start_run(self, run_key: str, *, dag_id: str, run_id: str, trigger: str, triggered_by: str | None,
+                  params: Mapping[str, Any], plan: Mapping[str, Any] | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO runs (run_key, dag_id, run_id, trigger, triggered_by, params, plan) "
+                    "VALUES (:k, :d, :r, :t, :u, CAST(:p AS jsonb), CAST(:plan AS jsonb)) "
+                    "ON CONFLICT (run_key) DO UPDATE SET plan = COALESCE(EXCLUDED.plan, runs.plan)"
+                ),
+                {"k": run_key, "d": dag_id, "r": run_id, "t": trigger, "u": triggered_by,
+                 "p": _json(dict(params)), "plan": _json(plan) if plan is not None else None},
+            )
+
+    def end_run(self, run_key: str, status: str, summary: Mapping[str, Any] | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE runs SET status = :s, summary = CAST(:m AS jsonb), ended_at = now() WHERE run_key = :k"),
+                {"k": run_key, "s": status, "m": _json(summary or {})},
+            )
+
+    def run(self, run_key: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(text("SELECT * FROM runs WHERE run_key = :k"), {"k": run_key}).mappings().first()
+            return dict(row) if row else None
+
+    # ---- steps and audit ---------------------------------------------------------------------------------
+    def record_step(self, key: StepKey, event: StepEvent, *, actor: str = "kvfleet",
+                    conn: Connection | None = None) -> bool:
+        """Insert a step event and its audit-log line in one transaction. False if it was already there."""
+        if conn is None:
+            with self.engine.begin() as own:
+                return self.record_step(key, event, actor=actor, conn=own)
+        inserted = conn.execute(
+            text(
+                "INSERT INTO step_events (run_key, task_id, map_index, step, cluster, endpoint, lob, stage, "
+                "outcome, detail) VALUES (:k, :t, :m, :s, :c, :e, :l, :stage, :o, CAST(:d AS jsonb)) "
+                "ON CONFLICT (run_key, task_id, map_index, step) DO NOTHING RETURNING id"
+            ),
+            {"k": key.run_key, "t": key.task_id, "m": key.map_index, "s": event.step, "c": event.cluster,
+             "e": event.endpoint, "l": event.lob, "stage": event.stage, "o": event.outcome,
+             "d": _json(dict(event.detail))},
+        ).first()
+        if inserted and event.outcome not in ("unchanged", "planned", "passed"):
+            self.audit(key.event_key(event.step), actor=actor, action=f"{event.stage}:{event.outcome}",
+                       run_key=key.run_key, cluster=event.cluster, endpoint=event.endpoint,
+                       detail={"step": event.step, **dict(event.detail)}, conn=conn)
+        return inserted is not None
+
+    def audit(self, event_key: str, *, actor: str, action: str, run_key: str | None = None,
+              cluster: str | None = None, endpoint: str | None = None,
+              detail: Mapping[str, Any] | None = None, conn: Connection | None = None) -> None:
+        if conn is None:
+            with self.engine.begin() as own:
+                return self.audit(event_key, actor=actor, action=action, run_key=run_key, cluster=cluster,
+                                  endpoint=endpoint, detail=detail, conn=own)
+        conn.execute(
+            text(
+                "INSERT INTO audit_log (run_key, event_key, actor, action, cluster, endpoint, detail) "
+                "VALUES (:k, :ek, :a, :act, :c, :e, CAST(:d AS jsonb)) ON CONFLICT (event_key) DO NOTHING"
+            ),
+            {"k": run_key, "ek": event_key, "a": actor, "act": action, "c": cluster, "e": endpoint,
+             "d": _json(dict(detail or {}))},
+        )
+        return None
+
+    def steps(self, run_key: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT * FROM step_events WHERE run_key = :k ORDER BY id"), {"k": run_key}
+            ).mappings()
+            return [dict(r) for r in rows]
+
+    # ---- verifications, Curvine, capacity --------------------------------------------------------------
+    def record_verification(self, key: StepKey, step: str, result: Mapping[str, Any]) -> bool:
+        cols = ("cluster", "endpoint", "lob", "instance_type", "prompt_tokens", "stored_tokens", "hit_tokens",
+                "hit_ratio", "l2_read_ms", "ttft_cold_ms", "ttft_warm_ms", "speedup", "expected_speedup",
+                "verdict", "diagnosis")
+        values = {c: result.get(c) for c in cols}
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                text(
+                    f"INSERT INTO hit_verifications (run_key, task_id, map_index, step, {', '.join(cols)}, detail) "
+                    f"VALUES (:run_key, :task_id, :map_index, :step, {', '.join(':' + c for c in cols)}, "
+                    "CAST(:detail AS jsonb)) ON CONFLICT (run_key, task_id, map_index, step) DO NOTHING RETURNING id"
+                ),
+                {"run_key": key.run_key, "task_id": key.task_id, "map_index": key.map_index, "step": step,
+                 **values, "detail": _json(dict(result.get("detail") or {}))},
+            ).first()
+            return row is not None
+
+    def record_curvine_release(self, *, cluster: str, namespace: str, release: str, revision: int,
+                               chart_version: str | None, status: str | None, flags: Mapping[str, bool | None],
+                               values: Mapping[str, Any], run_key: str | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO curvine_releases (cluster, namespace, release, revision, chart_version, status, "
+                    "format_master, format_worker, format_journal, values, run_key) VALUES (:c, :n, :r, :rev, "
+                    ":v, :s, :fm, :fw, :fj, CAST(:vals AS jsonb), :k) ON CONFLICT (cluster, namespace, release, "
+                    "revision) DO UPDATE SET status = EXCLUDED.status"
+                ),
+                {"c": cluster, "n": namespace, "r": release, "rev": revision, "v": chart_version, "s": status,
+                 "fm": flags.get("formatMaster"), "fw": flags.get("formatWorker"),
+                 "fj": flags.get("formatJournal"), "vals": _json(dict(values)), "k": run_key},
+            )
+
+    def record_capacity(self, *, run_key: str | None, step: str, cluster: str, phase: str,
+                        overview: Mapping[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO capacity_snapshots (run_key, step, cluster, phase, capacity_bytes, fs_used_bytes, "
+                    "live_workers, lost_workers, files_total, dirs_total, detail) VALUES (:k, :s, :c, :p, :cap, "
+                    ":used, :live, :lost, :files, :dirs, CAST(:d AS jsonb)) "
+                    "ON CONFLICT (run_key, step, cluster, phase) DO NOTHING"
+                ),
+                {"k": run_key, "s": step, "c": cluster, "p": phase, "cap": overview.get("capacity"),
+                 "used": overview.get("fs_used"), "live": overview.get("live_workers"),
+                 "lost": overview.get("lost_workers"), "files": overview.get("files_total"),
+                 "dirs": overview.get("dir_total"), "d": _json(dict(overview))},
+            )
+
+    # ---- drift -------------------------------------------------------------------------------------------
+    def sync_findings(self, cluster: str, findings: Iterable[Mapping[str, Any]], run_key: str,
+                      scope_kinds: Iterable[str] | None = None) -> dict[str, int]:
+        """Open new findings, touch the ones still seen, resolve the ones no longer seen (for this cluster)."""
+        seen = {f["fingerprint"]: f for f in findings}
+        opened = touched = 0
+        with self.engine.begin() as conn:
+            for fp, f in seen.items():
+                row = conn.execute(
+                    text("UPDATE drift_findings SET last_seen = now(), last_run_key = :k, actual = :a "
+                         "WHERE fingerprint = :fp AND resolved_at IS NULL RETURNING id"),
+                    {"k": run_key, "a": f.get("actual"), "fp": fp},
+                ).first()
+                if row:
+                    touched += 1
+                    continue
+                conn.execute(
+                    text(
+                        "INSERT INTO drift_findings (fingerprint, cluster, lob, endpoint, kind, severity, object_ref, "
+                        "field, expected, actual, first_run_key, last_run_key) VALUES (:fp, :c, :lob, :e, :kind, "
+                        ":sev, :obj, :field, :exp, :act, :k, :k)"
+                    ),
+                    {"fp": fp, "c": cluster, "lob": f.get("lob"), "e": f.get("endpoint"), "kind": f["kind"],
+                     "sev": f["severity"], "obj": f["object_ref"], "field": f.get("field"),
+                     "exp": f.get("expected"), "act": f.get("actual"), "k": run_key},
+                )
+                opened += 1
+            stmt = text(
+                "UPDATE drift_findings SET resolved_at = now(), last_run_key = :k WHERE cluster = :c "
+                "AND resolved_at IS NULL AND NOT (fingerprint = ANY(:fps))"
+                + (" AND kind = ANY(:kinds)" if scope_kinds is not None else "")
+                + " RETURNING id"
+            )
+            params: dict[str, Any] = {"k": run_key, "c": cluster, "fps": list(seen)}
+            if scope_kinds is not None:
+                params["kinds"] = list(scope_kinds)
+            resolved = len(conn.execute(stmt, params).fetchall())
+        return {"opened": opened, "still_open": touched, "resolved": resolved}
+
+    def record_remediation(self, fingerprint: str, remediation: Mapping[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE drift_findings SET remediation = CAST(:r AS jsonb) WHERE fingerprint = :fp "
+                     "AND resolved_at IS NULL"),
+                {"r": _json(dict(remediation)), "fp": fingerprint},
+            )
+
+    # ---- named queries -------------------------------------------------------------------------------------
+    def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Run ``sql/queries/<name>.sql`` with bound parameters; returns rows as dicts."""
+        sql = (sql_dir() / "queries" / f"{name}.sql").read_text()
+        stmt = text(sql)
+        for key, value in params.items():
+            if isinstance(value, dict | list):
+                stmt = stmt.bindparams(bindparam(key, type_=JSONB))
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(stmt, params).mappings()]
+
+
+def since_to_timedelta(since: str) -> timedelta:
+    """'7d', '12h', '30m' -> timedelta. A clear error for anything else."""
+    units = {"d": "days", "h": "hours", "m": "minutes"}
+    if len(since) >= 2 and since[:-1].isdigit() and since[-1] in units:
+        return timedelta(**{units[since[-1]]: int(since[:-1])})
+    raise ValueError(f"--since: {since!r} is not a duration like 7d, 12h or 30m")
+
+
+def since_cutoff(since: str, now: datetime) -> datetime:
+    return now - since_to_timedelta(since)

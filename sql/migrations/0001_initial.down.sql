@@ -1,0 +1,10 @@
+DROP TABLE IF EXISTS cluster_locks;
+DROP TRIGGER IF EXISTS audit_log_append_only ON audit_log;
+DROP TABLE IF EXISTS audit_log;
+DROP FUNCTION IF EXISTS kvfleet_audit_log_append_only();
+DROP TABLE IF EXISTS capacity_snapshots;
+DROP TABLE IF EXISTS hit_verifications;
+DROP TABLE IF EXISTS drift_findings;
+DROP TABLE IF EXISTS curvine_releases;
+DROP TABLE IF EXISTS step_events;
+DROP TABLE IF EXISTS runs;

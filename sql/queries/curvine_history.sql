@@ -1,0 +1,6 @@
+-- Curvine release history of one cluster, with the format flags at every revision.
+SELECT cluster, namespace, release, revision, chart_version, status,
+       format_master, format_worker, format_journal, recorded_at, run_key
+FROM curvine_releases
+WHERE cluster = :cluster
+ORDER BY release, revision

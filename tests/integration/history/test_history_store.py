@@ -1,0 +1,90 @@
+"""The history store on real PostgreSQL: migrations, idempotent writes, append-only audit, drift life cycle."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import InternalError
+
+from kvfleet.history import migrate
+from kvfleet.history.repo import History, StepEvent, StepKey
+
+pytestmark = pytest.mark.integration
+
+TABLES = {"runs", "step_events", "curvine_releases", "drift_findings", "hit_verifications", "capacity_snapshots",
+          "audit_log", "cluster_locks"}
+
+
+def test_migrations_from_empty_then_down_and_up_again(fresh_db_url: str) -> None:
+    engine = create_engine(fresh_db_url)
+    assert migrate.current_revision(engine) is None
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    migrate.downgrade(engine, "base")
+    assert migrate.current_revision(engine) is None
+    assert not TABLES & set(inspect(engine).get_table_names())
+    migrate.upgrade(engine)
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    engine.dispose()
+
+
+def _open(h: History, key: str = "kvfleet_rollout/r1") -> StepKey:
+    h.start_run(key, dag_id="kvfleet_rollout", run_id="r1", trigger="manual", triggered_by="alice",
+                params={"fleet": "f.yaml"})
+    return StepKey(key, "cluster.stage1", 0)
+
+
+def test_a_retried_step_writes_one_row_and_one_audit_line(history: History) -> None:
+    key = _open(history)
+    ev = StepEvent(step="tiered_storage", stage="tiered_storage", outcome="changed", cluster="c1",
+                   detail={"json_with_colon": "a:2", "ratio": "1:2"})
+    assert history.record_step(key, ev) is True
+    assert history.record_step(key, ev) is False  # the retry
+    assert history.record_step(StepKey(key.run_key, key.task_id, 1), ev) is True  # another map index
+    assert len(history.steps(key.run_key)) == 2
+    with history.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM audit_log")).scalar() == 2
+        detail = conn.execute(text("SELECT detail FROM step_events LIMIT 1")).scalar()
+    assert detail["json_with_colon"] == "a:2"
+
+
+def test_audit_log_is_append_only(history: History) -> None:
+    history.audit("k1", actor="bob", action="operator:paused", cluster="c1")
+    with pytest.raises(InternalError, match="append-only"), history.engine.begin() as conn:
+        conn.execute(text("UPDATE audit_log SET actor = 'mallory'"))
+    with pytest.raises(InternalError, match="append-only"), history.engine.begin() as conn:
+        conn.execute(text("DELETE FROM audit_log"))
+
+
+def test_verification_retry_is_idempotent(history: History) -> None:
+    key = _open(history)
+    result = {"cluster": "c1", "endpoint": "retail/chat", "lob": "retail", "verdict": "pass", "hit_ratio": 1.0}
+    assert history.record_verification(key, "verify", result)
+    assert not history.record_verification(key, "verify", result)
+    rows = history.query("verifications", cutoff=datetime.now(UTC) - timedelta(days=1), lob="retail", endpoint=None)
+    assert [r["verdict"] for r in rows] == ["pass"]
+
+
+def test_drift_opens_touches_and_resolves(history: History) -> None:
+    f = {"fingerprint": "c1|operator_paused|op", "kind": "operator_paused", "severity": "critical",
+         "object_ref": "deployment/op", "field": "spec.replicas", "expected": "1", "actual": "0"}
+    assert history.sync_findings("c1", [f], "run1") == {"opened": 1, "still_open": 0, "resolved": 0}
+    assert history.sync_findings("c1", [f], "run2") == {"opened": 0, "still_open": 1, "resolved": 0}
+    (row,) = history.query("open_drift")
+    assert row["kind"] == "operator_paused" and row["first_seen"] <= row["last_seen"]
+    assert history.sync_findings("c1", [], "run3") == {"opened": 0, "still_open": 0, "resolved": 1}
+    assert history.query("open_drift") == []
+    # seen again later: a new finding, with a new first_seen
+    assert history.sync_findings("c1", [f], "run4")["opened"] == 1
+
+
+def test_recent_runs_counts_outcomes(history: History) -> None:
+    key = _open(history)
+    history.record_step(key, StepEvent("a", "tiered_storage", "changed", cluster="c1"))
+    history.record_step(key, StepEvent("b", "curvine", "unchanged", cluster="c1"))
+    history.end_run(key.run_key, "success", {"ok": True})
+    (run,) = history.query("recent_runs", cutoff=datetime.now(UTC) - timedelta(days=7), limit=10)
+    assert (run["status"], run["changed"], run["unchanged"], run["triggered_by"]) == ("success", 1, 1, "alice")

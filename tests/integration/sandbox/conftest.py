@@ -9,11 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from kube_manifests import TOKEN, TOOLS
 
 from kvfleet.sandbox.kube import KubeApiServer, KubeStore
-
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import yaml
-
 from kube_manifests import DEPLOYMENT, IEC_CRD, TOOLS, iec
 
 pytestmark = pytest.mark.integration
@@ -18,8 +17,12 @@ def test_get_nodes_lists_a_node_created_through_the_store(kube, run):
     store, _ = kube
     store.create("", "nodes", {"metadata": {"name": "gpu-node-1", "labels": {"nvidia.com/gpu.present": "true"}},
                                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    store.reset_request_log()
     out = run("kubectl", "get", "nodes").stdout
     assert "gpu-node-1" in out and "Ready" in out
+    # Discovery is logged but kept out of the per-resource counts.
+    assert dict(store.request_counts()) == {("list", "nodes"): 1}
+    assert any(r.verb == "discovery" and r.user_agent.startswith("kubectl/") for r in store.request_log)
     names = run("kubectl", "get", "nodes", "-l", "nvidia.com/gpu.present=true", "-o", "name").stdout.split()
     assert names == ["node/gpu-node-1"]
     assert run("kubectl", "get", "nodes", "-l", "nvidia.com/gpu.present!=true", "-o", "name").stdout == ""

@@ -23,7 +23,7 @@ from kvfleet.sandbox.kube import discovery, patching, protobuf
 from kvfleet.sandbox.kube.errors import ApiError, not_found
 from kvfleet.sandbox.kube.resources import ResourceType
 from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher
-from kvfleet.sandbox.kube.store import KubeStore, RequestRecord, WatchEvent
+from kvfleet.sandbox.kube.store import RequestRecord, WatchEvent
 
 if TYPE_CHECKING:
     from kvfleet.sandbox.kube.server import KubeApiServer, _Handler
@@ -104,7 +104,7 @@ def urllib_unquote(part: str) -> str:
 def _verb(method: str, route: Route, params: dict[str, str]) -> str:
     if method == "GET":
         if route.name is None:
-            return "watch" if params.get("watch") in ("true", "1") else "list"
+            return "watch" if params.get("watch", "").lower() in ("true", "1") else "list"
         return "get"
     if method == "DELETE" and route.name is None:
         return "deletecollection"

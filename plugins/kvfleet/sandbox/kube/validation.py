@@ -50,8 +50,8 @@ def to_jsonschema(schema: dict[str, Any]) -> dict[str, Any]:
             continue
         if key == "properties":
             out[key] = {k: to_jsonschema(v) for k, v in value.items()}
-        elif key == "items" and isinstance(value, dict) or key in ("additionalProperties", "not") \
-                and isinstance(value, dict):
+        elif (key == "items" and isinstance(value, dict)) or (key in ("additionalProperties", "not") \
+                and isinstance(value, dict)):
             out[key] = to_jsonschema(value)
         elif key in ("oneOf", "anyOf", "allOf"):
             out[key] = [to_jsonschema(v) for v in value]

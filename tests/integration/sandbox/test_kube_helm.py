@@ -55,3 +55,21 @@ def test_upgrade_values_history_rollback_uninstall(kube, run):
     assert store.list("", "secrets", "default", label_selector="owner=helm,name=r1") == []
     assert store.get("apps", "deployments", "r1", "default") is None
     assert store.get("", "services", "r1", "default") is None
+
+
+def test_server_side_upgrade_removes_what_the_chart_no_longer_renders(kube, run, tmp_path):
+    """A value dropped from the chart (here an env var) must disappear from the live object, or a removed
+    format flag would survive a helm upgrade."""
+    import shutil
+    store, _ = kube
+    chart = tmp_path / "tiny"
+    shutil.copytree(CHARTS / "tiny", chart)
+    template = chart / "templates" / "deployment.yaml"
+    template.write_text(template.read_text().replace(
+        "          ports:", "            - name: FORMAT\n              value: \"true\"\n          ports:"))
+    run("helm", "install", "fmt", str(chart))
+    env = store.get("apps", "deployments", "fmt", "default")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env] == ["GREETING", "FORMAT"]
+    run("helm", "upgrade", "fmt", CHART)
+    env = store.get("apps", "deployments", "fmt", "default")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env] == ["GREETING"]

@@ -3,8 +3,9 @@
 Called from ``store.KubeStore.patch``. Strategic merge uses the real merge keys of the built-in types for the
 lists kvfleet and kubectl touch (containers/env/volumes by ``name``, volumeMounts by ``mountPath``, ports by
 ``containerPort``…); other lists are replaced, as the apiserver does for lists without a patch strategy.
-Server-side apply is reduced to "merge the applied configuration into the live object like a strategic merge";
-field ownership is not tracked (see the package docstring for what that leaves out).
+Server-side apply is reduced to "remove what this field manager applied last time and no longer applies, then
+merge the applied configuration into the live object like a strategic merge"; ownership across managers and
+apply conflicts are not modelled (see the package docstring).
 """
 
 from __future__ import annotations
@@ -211,15 +212,57 @@ def strategic_merge(live: Any, patch: Any) -> Any:
     return result
 
 
-def apply_patch(live: dict[str, Any], applied: dict[str, Any], *, custom: bool) -> dict[str, Any]:
-    """Server-side apply, simplified: the applied configuration is merged into the live object
-    (merge keys for built-in types, plain merge for custom resources)."""
+def _removals(previous: Any, current: Any, custom: bool) -> Any:
+    """A strategic-merge patch deleting what ``previous`` set and ``current`` no longer sets."""
+    if not isinstance(previous, dict) or not isinstance(current, dict):
+        return None
+    patch: dict[str, Any] = {}
+    for key, old in previous.items():
+        if key not in current:
+            patch[key] = None
+            continue
+        new = current[key]
+        merge_key = None if custom or not isinstance(old, list) else _merge_key_for(key, old)
+        if isinstance(old, dict):
+            sub = _removals(old, new, custom)
+            if sub:
+                patch[key] = sub
+        elif merge_key and isinstance(new, list):
+            patch[key] = _keyed_removals(old, new, merge_key, custom)
+            if not patch[key]:
+                del patch[key]
+    return patch
+
+
+def _keyed_removals(old: list[Any], new: list[Any], merge_key: str, custom: bool) -> list[Any]:
+    by_key = {i.get(merge_key): i for i in new if isinstance(i, dict)}
+    out = []
+    for item in old:
+        if not isinstance(item, dict):
+            continue
+        if item.get(merge_key) not in by_key:
+            out.append({merge_key: item.get(merge_key), "$patch": "delete"})
+            continue
+        sub = _removals(item, by_key[item.get(merge_key)], custom)
+        if sub:
+            out.append({merge_key: item.get(merge_key), **sub})
+    return out
+
+
+def apply_patch(live: dict[str, Any], applied: dict[str, Any], *, custom: bool,
+                previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Server-side apply, simplified: fields the same manager applied last time and no longer applies are
+    removed, then the applied configuration is merged into the live object (merge keys for built-in types,
+    plain merge for custom resources). Ownership by other managers and conflicts are not modelled."""
+    if previous:
+        live = strategic_merge(live, _removals(previous, applied, custom) or {})
     if custom:
         return merge_patch(live, applied)
     return strategic_merge(live, applied)
 
 
-def apply_any(live: dict[str, Any], body: Any, patch_type: str, *, custom: bool) -> dict[str, Any]:
+def apply_any(live: dict[str, Any], body: Any, patch_type: str, *, custom: bool,
+              previous: dict[str, Any] | None = None) -> dict[str, Any]:
     if patch_type == JSON_PATCH:
         return json_patch(live, body)
     if not isinstance(body, dict):
@@ -234,5 +277,5 @@ def apply_any(live: dict[str, Any], body: Any, patch_type: str, *, custom: bool)
                            "application/apply-patch+yaml")
         return strategic_merge(live, body)
     if patch_type == APPLY_PATCH:
-        return apply_patch(live, body, custom=custom)
+        return apply_patch(live, body, custom=custom, previous=previous)
     raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {patch_type!r}")

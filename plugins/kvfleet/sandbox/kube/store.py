@@ -114,6 +114,8 @@ class KubeStore:
         self._proxies: list[Callable[..., ProxyResponse | None]] = []
         self._log_sources: list[Callable[..., str | None]] = []
         self.request_log: list[RequestRecord] = []
+        # Server-side apply: the last configuration each field manager applied, per object.
+        self._applied: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
         for ns in SYSTEM_NAMESPACES:
             self.create("", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
@@ -405,10 +407,14 @@ class KubeStore:
                field_manager: str | None) -> dict[str, Any]:
         rtype = self.resource_type(group, resource)
         current = self._bucket(rtype).get(self._key(rtype, name, namespace))
-        if current is None and patch_type == patching.APPLY_PATCH and subresource is None:
-            body = copy.deepcopy(patch_body)
-            body.setdefault("metadata", {}).update(name=name, **({"namespace": namespace} if namespace else {}))
-            return self._create(events, group, resource, body, dry_run=dry_run)
+        applied_key = (group, resource, *self._key(rtype, name, namespace), field_manager or "")
+        if patch_type == patching.APPLY_PATCH and subresource is None:
+            if not isinstance(patch_body, dict):
+                raise ApiError(400, "BadRequest", "an apply patch must be an object")
+            result = self._apply(events, rtype, current, name, namespace, patch_body, applied_key, dry_run)
+            if not dry_run:
+                self._applied[applied_key] = copy.deepcopy(patch_body)
+            return result
         if current is None:
             raise not_found(group, resource, name)
         if subresource == "scale":
@@ -417,14 +423,29 @@ class KubeStore:
                                          else patch_type, custom=True)
             return self._write_scale(events, rtype, current, patched, dry_run=dry_run)
         patched = patching.apply_any(copy.deepcopy(current), patch_body, patch_type, custom=rtype.is_custom)
+        return self._write_patched(events, rtype, current, patched, subresource, dry_run)
+
+    def _write_patched(self, events: list[WatchEvent], rtype: ResourceType, current: dict[str, Any],
+                       patched: dict[str, Any], subresource: str | None, dry_run: bool) -> dict[str, Any]:
         pmeta = patched.setdefault("metadata", {})
         wanted_rv = pmeta.get("resourceVersion")
         if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
-            raise conflict(group, resource, name)
-        pmeta.update(name=name, resourceVersion=current["metadata"]["resourceVersion"])
+            raise conflict(rtype.group, rtype.plural, current["metadata"]["name"])
+        pmeta.update(name=current["metadata"]["name"], resourceVersion=current["metadata"]["resourceVersion"])
         if rtype.namespaced:
             pmeta["namespace"] = current["metadata"]["namespace"]
-        return self._update(events, group, resource, patched, subresource=subresource, dry_run=dry_run)
+        return self._update(events, rtype.group, rtype.plural, patched, subresource=subresource, dry_run=dry_run)
+
+    def _apply(self, events: list[WatchEvent], rtype: ResourceType, current: dict[str, Any] | None, name: str,
+               namespace: str | None, body: dict[str, Any], applied_key: tuple[str, ...],
+               dry_run: bool) -> dict[str, Any]:
+        if current is None:
+            body = copy.deepcopy(body)
+            body.setdefault("metadata", {}).update(name=name, **({"namespace": namespace} if namespace else {}))
+            return self._create(events, rtype.group, rtype.plural, body, dry_run=dry_run)
+        patched = patching.apply_any(copy.deepcopy(current), body, patching.APPLY_PATCH, custom=rtype.is_custom,
+                                     previous=self._applied.get(applied_key))
+        return self._write_patched(events, rtype, current, patched, None, dry_run)
 
     # --- scale subresource --------------------------------------------------------------------------------
 
@@ -486,6 +507,8 @@ class KubeStore:
         if rtype.key == ("", "namespaces"):
             self._empty_namespace(events, name)
         del self._bucket(rtype)[key]
+        for applied_key in [k for k in self._applied if k[:4] == (group, resource, *key)]:
+            del self._applied[applied_key]
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):

@@ -205,10 +205,45 @@ def test_pod_proxy_streams_chunks_as_they_are_produced(kube, api):
     assert first.startswith(b"data: POST") and received == [False]
     assert rest.endswith(b"data: [DONE]\n\n")
 
-    # Without a port the first container port is used; an unknown path gets no handler → 503.
+    # Query string and body pass through; without a port the first container port (8000) is used.
+    resp = api.call_api("/api/v1/namespaces/{namespace}/pods/{name}/proxy/v1/completions", "POST",
+                        {"namespace": "default", "name": "vllm-0"}, [("stream", "true")],
+                        {"Content-Type": "application/json"}, body={"prompt": "hi"},
+                        auth_settings=["BearerToken"], _preload_content=False)
+    assert resp.data.startswith(b'data: POST stream=true {"prompt": "hi"}')
+    # No handler answers for this path → 503 with a Status body.
     with pytest.raises(client.ApiException) as exc:
         client.CoreV1Api(api).connect_get_namespaced_pod_proxy_with_path("vllm-0", "default", "other")
     assert exc.value.status == 503
+    assert store.request_counts()[("create", "pods/proxy")] == 2
+
+
+def test_stop_ends_open_watches_and_closes_the_port(api):
+    import socket
+
+    from kvfleet.sandbox.kube import KubeApiServer, KubeStore
+    store = KubeStore("other")
+    server = KubeApiServer(store)
+    server.start()
+    cfg = client.Configuration()
+    cfg.host = server.url
+    ended = threading.Event()
+
+    def watch_forever():
+        with client.ApiClient(cfg) as c:
+            for _ in watch.Watch().stream(client.CoreV1Api(c).list_namespace, timeout_seconds=60):
+                pass
+        ended.set()
+
+    watcher = threading.Thread(target=watch_forever, daemon=True)
+    watcher.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 3
+    assert ended.wait(3)
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=1):
+        pass
 
 
 def test_invalid_or_missing_token_is_a_401(kube):

@@ -127,3 +127,16 @@ def test_get_watch_streams_changes(kube, run, kubeconfig):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_create_generators_send_protobuf_that_the_emulator_decodes(kube, run):
+    import base64
+    store, _ = kube
+    run("kubectl", "create", "namespace", "team")
+    run("kubectl", "-n", "team", "create", "secret", "generic", "s", "--from-literal=token=abc")
+    run("kubectl", "-n", "team", "label", "secret", "s", "tier=gpu")
+    secret = store.get("", "secrets", "s", "team")
+    assert base64.b64decode(secret["data"]["token"]) == b"abc" and secret["type"] == "Opaque"
+    assert secret["metadata"]["labels"] == {"tier": "gpu"}
+    run("kubectl", "delete", "namespace", "team")
+    assert store.get("", "secrets", "s", "team") is None

@@ -1,10 +1,10 @@
-"""A minimal decoder for the Kubernetes protobuf encoding of the few kinds helm sends that way.
+"""A minimal decoder for the Kubernetes protobuf encoding of the few kinds helm and kubectl send that way.
 
 Called from ``routing`` when a request body has ``Content-Type: application/vnd.kubernetes.protobuf``. Helm's
-release storage uses client-go's typed Secret client, which writes protobuf (it accepts JSON answers, so only
-request bodies need decoding). The wire format is the ``k8s\\x00`` magic followed by a ``runtime.Unknown``
-envelope (typeMeta, raw); field numbers below come from k8s.io/api's ``generated.proto`` files. Other kinds are
-refused with 415, as a server that does not speak protobuf for them would.
+release storage uses client-go's typed Secret client, which writes protobuf, and so do kubectl's ``create``
+generators (both accept JSON answers, so only request bodies need decoding). The wire format is the
+``k8s\\x00`` magic followed by a ``runtime.Unknown`` envelope (typeMeta, raw); field numbers come from
+k8s.io/api's ``generated.proto`` files. Other kinds are refused with 415 and a hint to send JSON.
 """
 
 from __future__ import annotations
@@ -119,7 +119,19 @@ def _configmap(buf: bytes) -> dict[str, Any]:
     return obj
 
 
-_DECODERS = {("v1", "Secret"): _secret, ("v1", "ConfigMap"): _configmap}
+def _namespace(buf: bytes) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for n, v in fields(buf):
+        if n == 1:
+            obj["metadata"] = _object_meta(v)
+        elif n == 2:
+            finalizers = [fv.decode() for fn, fv in fields(v) if fn == 1]
+            obj["spec"] = {"finalizers": finalizers} if finalizers else {}
+    return obj
+
+
+# Secret and ConfigMap: helm's release storage (and kubectl create secret/configmap); Namespace: kubectl create ns.
+_DECODERS = {("v1", "Secret"): _secret, ("v1", "ConfigMap"): _configmap, ("v1", "Namespace"): _namespace}
 
 
 def decode(body: bytes) -> dict[str, Any]:
@@ -139,5 +151,6 @@ def decode(body: bytes) -> dict[str, Any]:
     decoder = _DECODERS.get((api_version, kind))
     if decoder is None:
         raise ApiError(415, "UnsupportedMediaType",
-                       f"the sandbox decodes protobuf only for {sorted(k for _, k in _DECODERS)}, not {kind}")
+                       f"the sandbox decodes protobuf only for {sorted(k for _, k in _DECODERS)}, not {kind}; "
+                       "send JSON (e.g. kubectl apply -f) instead")
     return {"apiVersion": api_version, "kind": kind, **decoder(raw)}

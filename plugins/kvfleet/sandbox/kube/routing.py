@@ -14,12 +14,14 @@ import datetime as dt
 import json
 import queue
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from kvfleet.sandbox.kube import discovery, patching, protobuf
+from kvfleet.sandbox.kube.auth import token_ok
 from kvfleet.sandbox.kube.errors import ApiError, not_found
 from kvfleet.sandbox.kube.resources import ResourceType
 from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher
@@ -74,7 +76,7 @@ def _no_resource() -> Any:
 
 
 def parse_route(path: str) -> Route:
-    parts = [urllib_unquote(p) for p in path.split("/") if p]
+    parts = [urllib.parse.unquote(p) for p in path.split("/") if p]
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
     elif len(parts) >= 3 and parts[0] == "apis":
@@ -96,11 +98,6 @@ def parse_route(path: str) -> Route:
     return route
 
 
-def urllib_unquote(part: str) -> str:
-    import urllib.parse
-    return urllib.parse.unquote(part)
-
-
 def _verb(method: str, route: Route, params: dict[str, str]) -> str:
     if method == "GET":
         if route.name is None:
@@ -116,7 +113,6 @@ def handle(api: KubeApiServer, req: _Handler) -> None:
         time.sleep(api.latency_s)
     path, query, params = req.query()
     user_agent = req.headers.get("User-Agent", "")
-    from kvfleet.sandbox.kube.server import token_ok
     if not token_ok(req.headers.get("Authorization"), allow_anonymous=api.allow_anonymous):
         req.read_body()
         raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -384,7 +380,7 @@ class Request:
         pod = self._pod(name)
         headers = {k: v for k, v in self.req.headers.items()}
         resp = self.store.pod_proxy(self.route.namespace, name, self._port(pod, port or None), self.req.command,
-                                    "/" + self.route.rest, _strip_proxy_query(self.query), headers, self.body)
+                                    "/" + self.route.rest, self.query, headers, self.body)
         if resp is None:
             raise ApiError(503, "ServiceUnavailable",
                            f'no endpoints available for pod "{name}": no handler serves this pod')
@@ -395,10 +391,6 @@ class Request:
         for chunk in resp.body:
             self.req.write_chunk(chunk.encode() if isinstance(chunk, str) else chunk)
         self.req.end_chunked()
-
-
-def _strip_proxy_query(query: str) -> str:
-    return query
 
 
 def _decode_continue(token: str | None) -> int:

@@ -19,7 +19,6 @@ it, so the token path is exercised there. Set ``allow_anonymous = False`` to ref
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import socket
@@ -31,27 +30,6 @@ from typing import Any
 from kvfleet.sandbox.kube import routing
 from kvfleet.sandbox.kube.errors import ApiError
 from kvfleet.sandbox.kube.store import KubeStore
-
-TOKEN_PREFIX = "k8s-aws-v1."
-
-
-def token_ok(header: str | None, *, allow_anonymous: bool = False) -> bool:
-    """EKS tokens are ``k8s-aws-v1.`` + base64url(presigned STS GetCallerIdentity URL). A payload that decodes
-    to a URL must be a GetCallerIdentity one; opaque payloads (test kubeconfigs) are accepted."""
-    if not header:
-        return allow_anonymous
-    if not header.startswith("Bearer " + TOKEN_PREFIX):
-        return False
-    payload = header[len("Bearer " + TOKEN_PREFIX):].strip()
-    if not payload:
-        return False
-    try:
-        decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
-    except (ValueError, UnicodeDecodeError):
-        return True
-    if decoded.startswith("http"):
-        return "GetCallerIdentity" in decoded
-    return True
 
 
 class _Server(ThreadingHTTPServer):

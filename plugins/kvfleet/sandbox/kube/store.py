@@ -302,7 +302,7 @@ class KubeStore:
                     for t, r in (("NamesAccepted", "NoConflicts"), ("Established", "InitialNamesAccepted"))],
             }
         elif rtype.key == ("", "secrets"):
-            obj.setdefault("type", "Opaque")
+            obj["type"] = obj.get("type") or "Opaque"
         elif rtype.key == ("", "services"):
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")

@@ -148,6 +148,7 @@ class KubeApiServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
+        self.stopping.clear()
         self._httpd = _Server((self.host, self.port), self)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},

@@ -1,0 +1,86 @@
+{{/* Release name alone when it already says "curvine" (the usual `helm install curvine ...`). */}}
+{{- define "curvine.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "curvine.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "curvine.labels" -}}
+{{ include "curvine.selector" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "curvine.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default (printf "v%s" .Chart.AppVersion) }}
+{{- end -}}
+
+{{/* Kubernetes quantity -> Curvine size unit: 100Gi -> 100GB (Curvine's units are binary). */}}
+{{- define "curvine.size" -}}
+{{- . | replace "Ti" "TB" | replace "Gi" "GB" | replace "Mi" "MB" | replace "Ki" "KB" -}}
+{{- end -}}
+
+{{/* The worker data dirs in Curvine's `[TYPE:SIZE]PATH` form, comma separated. */}}
+{{- define "curvine.dataDirs" -}}
+{{- $dirs := list -}}
+{{- range .Values.worker.storage.dataDirs -}}
+{{- if .enabled -}}
+{{- $dirs = append $dirs (printf "[%s:%s]%s" (.type | default "SSD") (include "curvine.size" .size) .mountPath) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $dirs -}}
+{{- end -}}
+
+{{/* Format flags travel in every Curvine container's env: a pod acts on the flags it was created with. */}}
+{{- define "curvine.formatEnv" -}}
+- name: CURVINE_CLUSTER_ID
+  value: {{ .Values.cluster.id | quote }}
+- name: CURVINE_FORMAT_MASTER
+  value: {{ .Values.cluster.formatMaster | toString | quote }}
+- name: CURVINE_FORMAT_WORKER
+  value: {{ .Values.cluster.formatWorker | toString | quote }}
+- name: CURVINE_FORMAT_JOURNAL
+  value: {{ .Values.cluster.formatJournal | toString | quote }}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* One volume of master.storage.*: hostPath, a claim template (see curvine.claims) or an emptyDir. */}}
+{{- define "curvine.podVolume" -}}
+{{- $v := index . 1 -}}
+{{- if and $v.enabled $v.hostPath (not $v.storageClass) }}
+- name: {{ index . 0 }}
+  hostPath:
+    path: {{ $v.hostPath }}
+    type: DirectoryOrCreate
+{{- else if not $v.enabled }}
+- name: {{ index . 0 }}
+  emptyDir: {}
+{{- end -}}
+{{- end -}}
+
+{{- define "curvine.claim" -}}
+{{- $v := index . 1 -}}
+{{- if and $v.enabled (or $v.storageClass (not $v.hostPath)) }}
+- metadata:
+    name: {{ index . 0 }}
+  spec:
+    accessModes: [ReadWriteOnce]
+    {{- with $v.storageClass }}
+    storageClassName: {{ . }}
+    {{- end }}
+    resources:
+      requests:
+        storage: {{ $v.size }}
+{{- end -}}
+{{- end -}}

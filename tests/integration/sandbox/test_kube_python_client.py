@@ -247,13 +247,14 @@ def test_stop_ends_open_watches_and_closes_the_port(api):
 
 
 def test_invalid_or_missing_token_is_a_401(kube):
-    _, server = kube
+    store, server = kube
     cfg = client.Configuration()
     cfg.host = server.url
     cfg.api_key = {"authorization": "Bearer not-an-eks-token"}
     with client.ApiClient(cfg) as bad, pytest.raises(client.ApiException) as exc:
         client.CoreV1Api(bad).list_namespace()
     assert exc.value.status == 401
+    assert [r.verb for r in store.request_log] == ["unauthorized"] and not store.request_counts()
     server.allow_anonymous = False
     cfg.api_key = {}
     with client.ApiClient(cfg) as anon, pytest.raises(client.ApiException) as exc:

@@ -115,6 +115,7 @@ def handle(api: KubeApiServer, req: _Handler) -> None:
     user_agent = req.headers.get("User-Agent", "")
     if not token_ok(req.headers.get("Authorization"), allow_anonymous=api.allow_anonymous):
         req.read_body()
+        api.store.record_request(RequestRecord("unauthorized", "", "", None, None, None, False, user_agent))
         raise ApiError(401, "Unauthorized", "Unauthorized")
     doc = _discovery(api, path)
     if doc is not None:

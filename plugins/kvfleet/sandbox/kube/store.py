@@ -40,7 +40,8 @@ SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One HTTP request as the server saw it (verb is the RBAC-style verb, or ``discovery``)."""
+    """One HTTP request as the server saw it: verb is the RBAC-style verb, or ``discovery`` / ``unauthorized``
+    (both logged, neither counted by ``request_counts``)."""
 
     verb: str
     group: str
@@ -181,7 +182,7 @@ class KubeStore:
             records = list(self.request_log)
         return collections.Counter(
             (r.verb, f"{r.resource}/{r.subresource}" if r.subresource else r.resource)
-            for r in records if r.verb != "discovery")
+            for r in records if r.verb not in ("discovery", "unauthorized"))
 
     def reset_request_log(self) -> None:
         with self._lock:

@@ -1,0 +1,208 @@
+"""Kubernetes access for one HyperPod cluster: the production path, and the one place that builds a kubeconfig.
+
+HyperPod DescribeCluster -> ``Orchestrator.Eks.ClusterArn`` -> EKS DescribeCluster (endpoint, CA) -> an EKS
+bearer token (a presigned STS GetCallerIdentity URL carrying ``x-k8s-aws-id``, as ``aws eks get-token`` makes)
+-> the official Kubernetes client. ``write_kubeconfig`` gives helm and kubectl the same credentials.
+
+Called by every stage that touches Kubernetes, by ``clients.helm`` (kubeconfig), ``clients.inference`` and
+``clients.curvine`` (pod proxy). API errors become kvfleet's error model: 404 is ``None`` where a lookup is
+asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from kvfleet.errors import PermanentError, TemporaryError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
+K8S_AWS_ID_HEADER = "x-k8s-aws-id"
+
+
+def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
+    """An EKS bearer token: ``k8s-aws-v1.`` + base64url(presigned GetCallerIdentity URL), no padding."""
+
+    def add_cluster_header(request: Any, **_: Any) -> None:
+        request.headers[K8S_AWS_ID_HEADER] = eks_cluster_name
+
+    events = sts_client.meta.events
+    events.register_first("before-sign.sts.GetCallerIdentity", add_cluster_header)
+    try:
+        url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
+    finally:
+        events.unregister("before-sign.sts.GetCallerIdentity", add_cluster_header)
+    return "k8s-aws-v1." + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+
+
+def api_error(exc: ApiException, what: str) -> Exception:
+    message = exc.reason or ""
+    try:
+        body = json.loads(exc.body or "{}")
+        message = body.get("message") or message
+    except (ValueError, AttributeError):
+        pass
+    text = f"{what}: Kubernetes {exc.status}: {message}"
+    if exc.status in (409, 429) or (exc.status or 0) >= 500:
+        return TemporaryError(text, delay=5)
+    return PermanentError(text)
+
+
+def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except ApiException as exc:
+        raise api_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
+
+
+def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    try:
+        return fn(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise api_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
+
+
+class ClusterAccess:
+    """Clients for one EKS cluster, with a self-refreshing EKS token."""
+
+    def __init__(self, *, eks_name: str, endpoint: str, ca_data: str | None, token_source: Callable[[], str]) -> None:
+        self.eks_name = eks_name
+        self.endpoint = endpoint
+        self._token_source = token_source
+        self._token = ""
+        self._token_at = 0.0
+        self._lock = threading.Lock()
+        self._ca_file: str | None = None
+        if ca_data and endpoint.startswith("https://"):
+            fd, self._ca_file = tempfile.mkstemp(prefix="kvfleet-ca-", suffix=".pem")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(base64.b64decode(ca_data))
+        self.ca_data = ca_data
+        cfg = k8s.Configuration()
+        cfg.host = endpoint
+        cfg.verify_ssl = bool(self._ca_file)
+        cfg.ssl_ca_cert = self._ca_file
+        cfg.api_key = {"authorization": self.token()}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        cfg.refresh_api_key_hook = self._refresh
+        self.api_client = k8s.ApiClient(cfg)
+        self.core = k8s.CoreV1Api(self.api_client)
+        self.apps = k8s.AppsV1Api(self.api_client)
+        self.custom = k8s.CustomObjectsApi(self.api_client)
+        self.storage = k8s.StorageV1Api(self.api_client)
+        self.apiext = k8s.ApiextensionsV1Api(self.api_client)
+
+    @classmethod
+    def from_hyperpod(cls, hyperpod: Any, cluster_name: str) -> ClusterAccess:
+        """Build from a ``HyperPodClient`` and the HyperPod cluster name (the production path)."""
+        cluster = hyperpod.require_cluster(cluster_name)
+        eks_name = cluster.eks_cluster_name
+        eks = hyperpod.describe_eks(eks_name)
+        endpoint = eks.get("endpoint")
+        if not endpoint:
+            raise TemporaryError(f"EKS cluster {eks_name} has no endpoint yet (status {eks.get('status')})")
+        return cls(eks_name=eks_name, endpoint=endpoint,
+                   ca_data=(eks.get("certificateAuthority") or {}).get("data"),
+                   token_source=lambda: eks_token(hyperpod.sts, eks_name))
+
+    def token(self) -> str:
+        with self._lock:
+            if not self._token or time.monotonic() - self._token_at > TOKEN_TTL_S:
+                self._token = self._token_source()
+                self._token_at = time.monotonic()
+            return self._token
+
+    def _refresh(self, cfg: k8s.Configuration) -> None:
+        cfg.api_key = {"authorization": self.token()}
+
+    def kubeconfig(self) -> dict[str, Any]:
+        cluster: dict[str, Any] = {"server": self.endpoint}
+        if self.ca_data and self.endpoint.startswith("https://"):
+            cluster["certificate-authority-data"] = self.ca_data
+        return {
+            "apiVersion": "v1", "kind": "Config", "current-context": self.eks_name,
+            "clusters": [{"name": self.eks_name, "cluster": cluster}],
+            "users": [{"name": "kvfleet", "user": {"token": self.token()}}],
+            "contexts": [{"name": self.eks_name, "context": {"cluster": self.eks_name, "user": "kvfleet"}}],
+        }
+
+    def write_kubeconfig(self, directory: str | Path | None = None) -> Path:
+        """A private kubeconfig file (0600) for helm/kubectl; the caller deletes it."""
+        fd, path = tempfile.mkstemp(prefix=f"kubeconfig-{self.eks_name}-", dir=directory)
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(self.kubeconfig(), fh)
+        return Path(path)
+
+    # ---- pod proxy (vLLM API, Curvine master API) ---------------------------------------------------------
+    def proxy_path(self, namespace: str, pod: str, port: int, path: str) -> str:
+        return f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path.lstrip('/')}"
+
+    def proxy_get_json(self, namespace: str, pod: str, port: int, path: str, timeout: float = 30) -> Any:
+        resp = self._proxy("GET", namespace, pod, port, path, None, timeout)
+        try:
+            return json.loads(resp.data or b"null")
+        finally:
+            resp.release_conn()
+
+    def proxy_stream(self, namespace: str, pod: str, port: int, path: str, body: dict[str, Any],
+                     timeout: float = 120) -> Iterator[bytes]:
+        """POST through the API-server pod proxy and yield the response body as it arrives."""
+        resp = self._proxy("POST", namespace, pod, port, path, body, timeout)
+        try:
+            yield from resp.stream(4096, decode_content=False)
+        finally:
+            resp.release_conn()
+
+    def _proxy(self, method: str, namespace: str, pod: str, port: int, path: str, body: Any, timeout: float) -> Any:
+        what = f"{method} pod proxy {namespace}/{pod}:{port}/{path.lstrip('/')}"
+        try:
+            resp = self.api_client.call_api(
+                self.proxy_path(namespace, pod, port, path), method,
+                header_params={"Content-Type": "application/json", "Accept": "*/*"},
+                body=body, auth_settings=["BearerToken"], _preload_content=False,
+                _request_timeout=timeout, _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            raise api_error(exc, what) from exc
+        return resp
+
+    def close(self) -> None:
+        self.api_client.close()
+        if self._ca_file:
+            Path(self._ca_file).unlink(missing_ok=True)
+
+
+def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s: float = 2.0, what: str,
+             progress: Callable[[str], None] = log.info) -> str:
+    """Poll ``check`` (returns done, observed-state text) until done; TemporaryError on timeout, with the
+    last observed state. Logs progress with elapsed time."""
+    started = time.monotonic()
+    last_logged = -1e9
+    while True:
+        done, state = check()
+        elapsed = time.monotonic() - started
+        if done:
+            progress(f"{what}: {state} ({elapsed:.1f}s)")
+            return state
+        if elapsed > timeout_s:
+            raise TemporaryError(f"{what}: not done after {timeout_s:.0f}s; last observed: {state}")
+        if elapsed - last_logged >= 10:
+            progress(f"{what}: waiting ({elapsed:.0f}s): {state}")
+            last_logged = elapsed
+        time.sleep(poll_s)

@@ -1,0 +1,112 @@
+"""Stage 2: the HyperPod Inference Operator and its dependencies, as EKS add-ons, in order.
+
+``aws-mountpoint-s3-csi-driver``, ``aws-fsx-csi-driver``, ``metrics-server``, ``cert-manager``, then
+``amazon-sagemaker-hyperpod-inference`` with its configuration values from the inventory. Create what is
+missing, update what differs (version or configuration), leave what matches. Each one must be ACTIVE before
+the next starts (the operator add-on fails without cert-manager); CREATE_FAILED, DEGRADED and UPDATE_FAILED
+fail at once with the add-on's health issues.
+
+resolveConflicts policy:
+- on **create**, ``OVERWRITE``: a cluster that had the operator installed by Helm before has objects the add-on
+  must take over (FACTS.md §2.4, helm_to_addon.sh);
+- on **update**, ``PRESERVE``: a platform team's own changes to add-on resources survive a version or config
+  change kvfleet makes.
+Then verify that the operator's controller Deployment is Ready and that the InferenceEndpointConfig CRD is served.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvfleet.clients.kube import get_or_none, wait_for
+from kvfleet.fleet import constants as C
+from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+
+STAGE = "operator_addons"
+RESOLVE_ON_CREATE = "OVERWRITE"
+RESOLVE_ON_UPDATE = "PRESERVE"
+
+
+def _config_of(addon: dict[str, Any]) -> dict[str, Any] | None:
+    raw = addon.get("configurationValues")
+    if not raw:
+        return None
+    try:
+        return dict(json.loads(raw))
+    except ValueError:
+        return {"unparseable": raw}
+
+
+def addon_diff(live: dict[str, Any] | None, version: str | None, config: dict[str, Any] | None) -> list[str]:
+    """What differs between a live add-on and the inventory (empty: leave it alone)."""
+    if live is None:
+        return ["missing"]
+    diffs = []
+    if version and live.get("addonVersion") != version:
+        diffs.append(f"version {live.get('addonVersion')} -> {version}")
+    if config is not None and _config_of(live) != config:
+        diffs.append("configurationValues differ")
+    if live.get("status") in ("CREATE_FAILED", "UPDATE_FAILED", "DEGRADED"):
+        diffs.append(f"status {live.get('status')}")
+    return diffs
+
+
+def _ensure_one(ctx: StageContext, eks: str, name: str) -> str:
+    spec = ctx.cluster.addon(name)
+    config = dict(spec.configuration) if spec.configuration is not None else None
+    live = ctx.hyperpod.describe_addon(eks, name)
+    diffs = addon_diff(live, spec.version, config)
+    if not diffs:
+        if live and live.get("status") != "ACTIVE":
+            ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
+        return "unchanged"
+    version_arg = f" --addon-version {spec.version}" if spec.version else ""
+    config_arg = f" --configuration-values '{json.dumps(config, sort_keys=True)}'" if config else ""
+    if live is None:
+        action = (f"aws eks create-addon --cluster-name {eks} --addon-name {name}{version_arg}{config_arg} "
+                  f"--resolve-conflicts {RESOLVE_ON_CREATE}")
+    else:
+        action = (f"aws eks update-addon --cluster-name {eks} --addon-name {name}{version_arg}{config_arg} "
+                  f"--resolve-conflicts {RESOLVE_ON_UPDATE}")
+    if ctx.dry_run:
+        ctx.plan(STAGE, action, diff="; ".join(diffs))
+        return "planned"
+    ctx.say(f"stage 2: {action} ({'; '.join(diffs)})")
+    if live is None:
+        ctx.hyperpod.create_addon(eks, name, spec.version, config, RESOLVE_ON_CREATE)
+    else:
+        ctx.hyperpod.update_addon(eks, name, spec.version, config, RESOLVE_ON_UPDATE)
+    ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
+    return "changed"
+
+
+def verify_operator(ctx: StageContext) -> str:
+    kube = ctx.kube
+
+    def check() -> tuple[bool, str]:
+        dep = get_or_none(kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
+        if dep is None:
+            return False, "controller Deployment not created yet"
+        ready = dep.status.ready_replicas or 0
+        crd = get_or_none(kube.apiext.read_custom_resource_definition, C.IEC_CRD_NAME)
+        served = bool(crd) and any(v.name == C.IEC_VERSION and v.served for v in crd.spec.versions)
+        return ready >= 1 and served, f"controller ready {ready}, CRD {C.IEC_CRD_NAME} served={served}"
+
+    return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
+                    what=f"[{ctx.cluster.name}] inference operator", progress=ctx.progress)
+
+
+def reconcile(ctx: StageContext) -> Outcome:
+    eks = ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name
+    results = {name: _ensure_one(ctx, eks, name) for name in C.ADDON_ORDER}
+    changed = [n for n, r in results.items() if r == "changed"]
+    planned = [n for n, r in results.items() if r == "planned"]
+    if ctx.dry_run:
+        outcome = "planned" if planned else "unchanged"
+        return ctx.record("addons", STAGE, outcome, addons=results)
+    state = verify_operator(ctx)
+    outcome = "changed" if changed else "unchanged"
+    if not changed:
+        ctx.say("stage 2: all five add-ons ACTIVE with the inventory's version and configuration")
+    return ctx.record("addons", STAGE, outcome, addons=results, operator=state)

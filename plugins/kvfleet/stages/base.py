@@ -1,0 +1,117 @@
+"""What every reconciler shares: the per-cluster context (clients, run identity, dry run, recording) and the
+shape of its outcome.
+
+Called by the stage modules; built by the Airflow task bodies (``kvfleet.airflow``) and by `kvfleet plan
+--diff`. Clients are created lazily, so a dry run that only needs AWS never builds a Kubernetes client.
+A reconciler observes, diffs, acts only on the difference, verifies and records — and in a dry run it records
+the exact action it would take (``ctx.plan``) instead of acting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from kvfleet.fleet.inventory import Cluster, Inventory
+from kvfleet.history.repo import History, StepEvent, StepKey
+
+log = logging.getLogger("kvfleet")
+
+
+def poll_seconds() -> float:
+    """How often waits poll: 5 s against real AWS; the demo and tests set KVFLEET_POLL_SECONDS lower."""
+    return float(os.environ.get("KVFLEET_POLL_SECONDS", "5"))
+
+
+@dataclass
+class Timeouts:
+    cluster_update_s: float = float(os.environ.get("KVFLEET_TIMEOUT_CLUSTER_S", 3600))
+    addon_s: float = float(os.environ.get("KVFLEET_TIMEOUT_ADDON_S", 1200))
+    pods_s: float = float(os.environ.get("KVFLEET_TIMEOUT_PODS_S", 1800))
+    pvc_s: float = float(os.environ.get("KVFLEET_TIMEOUT_PVC_S", 300))
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """One change a dry run would make: the call or command, exactly, plus a human diff when useful."""
+
+    cluster: str
+    stage: str
+    action: str
+    endpoint: str | None = None
+    diff: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Outcome:
+    """What one reconciler did on one cluster (or endpoint)."""
+
+    stage: str
+    cluster: str
+    outcome: str  # changed | unchanged | planned | refused | failed | reported
+    detail: dict[str, Any] = field(default_factory=dict)
+    endpoint: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "cluster": self.cluster, "endpoint": self.endpoint, "outcome": self.outcome,
+                "detail": self.detail}
+
+
+@dataclass
+class StageContext:
+    inventory: Inventory
+    cluster: Cluster
+    step_key: StepKey | None = None
+    actor: str = "kvfleet"
+    dry_run: bool = False
+    history: History | None = None
+    aws_conn_id: str | None = "aws_default"
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    progress: Callable[[str], None] = log.info
+    planned: list[PlannedAction] = field(default_factory=list)
+
+    @cached_property
+    def hyperpod(self) -> Any:
+        from kvfleet.clients.hyperpod import HyperPodClient
+
+        return HyperPodClient(self.cluster.region, self.aws_conn_id)
+
+    @cached_property
+    def kube(self) -> Any:
+        from kvfleet.clients.kube import ClusterAccess
+
+        return ClusterAccess.from_hyperpod(self.hyperpod, self.cluster.name)
+
+    @cached_property
+    def helm(self) -> Any:
+        from kvfleet.clients.helm import Helm
+
+        return Helm(self.kube)
+
+    def say(self, msg: str) -> None:
+        self.progress(f"[{self.cluster.name}] {msg}")
+
+    def plan(self, stage: str, action: str, *, endpoint: str | None = None, diff: str | None = None) -> None:
+        self.planned.append(PlannedAction(self.cluster.name, stage, action, endpoint, diff))
+        self.say(f"DRY RUN would: {action}" + (f"\n{diff}" if diff else ""))
+
+    def record(self, step: str, stage: str, outcome: str, *, endpoint: str | None = None, lob: str | None = None,
+               **detail: Any) -> Outcome:
+        if self.history is not None and self.step_key is not None:
+            self.history.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=outcome,
+                                                              cluster=self.cluster.name, endpoint=endpoint, lob=lob,
+                                                              detail=detail), actor=self.actor)
+        return Outcome(stage, self.cluster.name, outcome, detail, endpoint)
+
+    def close(self) -> None:
+        if "helm" in self.__dict__:
+            self.helm.close()
+        if "kube" in self.__dict__:
+            self.kube.close()

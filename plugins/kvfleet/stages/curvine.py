@@ -1,0 +1,312 @@
+"""Stage 3: Curvine (the shared NVMe L2), with format-flag safety, as an idempotent reconciler.
+
+- Prerequisites: the EBS StorageClass the inventory names (the master's metadata and journal volumes) must
+  exist; the VPC CNI and EBS CSI driver are reported when they cannot be observed.
+- First install: curvine-csi, the Curvine StorageClass, then the Curvine chart with the three format flags
+  **true** (the very first start must format) — and, as soon as every Curvine pod is Running, **immediately**
+  ``helm upgrade --reuse-values`` with all three false (DOMAIN.md stage 3). The flip runs in a ``finally``:
+  an error inside the window still attempts it, and the task fails loudly if it did not happen.
+- Existing release: never installs again and never passes a flag true. A deployed release with a flag true is a
+  hazard: it is flipped to false with --reuse-values, recorded, and warned about. Differences in chart version,
+  worker count or dataDirs are *reported* and left to kvfleet_curvine_upgrade / kvfleet_curvine_scale_out.
+- The RWX PVC in every endpoint namespace, waited to Bound; then the master API must report the inventory's
+  live workers and a capacity of about workers × dataDir size, recorded as a capacity snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.helm import render, set_args
+from kvfleet.clients.kube import call, get_or_none, wait_for
+from kvfleet.errors import PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
+from kvfleet.fleet.endpoint_spec import pvc_manifest
+from kvfleet.fleet.inventory import size_to_bytes
+from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+
+STAGE = "curvine"
+CAPACITY_TOLERANCE = 0.05
+
+
+def repo_url(ctx: StageContext) -> str:
+    """The chart repository: the inventory's, unless the connection-level override names a mirror."""
+    return os.environ.get("KVFLEET_HELM_REPO_CURVINE") or ctx.cluster.curvine.repo_url
+
+
+def storage_class_manifest(ctx: StageContext) -> dict[str, Any]:
+    spec = ctx.cluster.curvine
+    master = f"{C.CURVINE_MASTER_STS}-0.{C.CURVINE_MASTER_STS}.{spec.namespace}.svc.cluster.local:8995"
+    return {
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": spec.storage_class, "labels": {C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}},
+        "provisioner": "curvine",
+        "parameters": {"master-addrs": master, "fs-path": spec.fs_path, "path-type": "DirectoryOrCreate"},
+        "reclaimPolicy": "Retain", "volumeBindingMode": "Immediate",
+    }
+
+
+def check_prerequisites(ctx: StageContext) -> list[str]:
+    """Fail on what blocks the install; return warnings for what could only be partly observed."""
+    name = ctx.cluster.ebs_storage_class
+    if get_or_none(ctx.kube.storage.read_storage_class, name) is None:
+        raise PermanentError(
+            f"stage 3 prerequisite: StorageClass {name!r} not found on {ctx.cluster.name}. Curvine's master keeps "
+            f"metadata and journal on EBS: install the EBS CSI driver and create StorageClass {name} "
+            "(provisioner ebs.csi.aws.com), or set clusters.<name>.ebs_storage_class to an existing class.")
+    warnings = []
+    if get_or_none(ctx.kube.apps.read_namespaced_daemon_set, "aws-node", "kube-system") is None:
+        warnings.append("VPC CNI DaemonSet kube-system/aws-node not found: upgrade/install the VPC CNI plugin")
+    if get_or_none(ctx.kube.apps.read_namespaced_deployment, "ebs-csi-controller", "kube-system") is None:
+        warnings.append("EBS CSI controller not found in kube-system: install the EBS CSI driver and grant its "
+                        "role attach permissions")
+    for w in warnings:
+        ctx.say(f"warning: {w}")
+    return warnings
+
+
+def _curvine_pods(ctx: StageContext) -> list[Any]:
+    ns = ctx.cluster.curvine.namespace
+    pods = call(ctx.kube.core.list_namespaced_pod, ns, what="list curvine pods").items
+    return [p for p in pods if p.metadata.name.startswith((C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS))]
+
+
+def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> str:
+    spec = ctx.cluster.curvine
+    want = spec.master_replicas + spec.worker_replicas
+
+    def check() -> tuple[bool, str]:
+        pods = _curvine_pods(ctx)
+        running = [p for p in pods if p.status.phase == "Running"]
+        return len(running) >= want and len(running) == len(pods), f"{len(running)}/{want} Curvine pods Running"
+
+    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+                    what=f"[{ctx.cluster.name}] curvine pods", progress=ctx.progress)
+
+
+def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
+    ns = ctx.cluster.curvine.namespace
+    out = []
+    for rev in ctx.helm.history(release, ns):
+        n = int(rev["revision"])
+        values = ctx.helm.values(release, ns, revision=n)
+        flags = cv.flags_of(values)
+        out.append({"revision": n, "status": rev.get("status"), "flags": flags})
+        if ctx.history is not None:
+            ctx.history.record_curvine_release(
+                cluster=ctx.cluster.name, namespace=ns, release=release, revision=n,
+                chart_version=str(rev.get("chart", "")).rsplit("-", 1)[-1] if rev.get("chart") else None,
+                status=rev.get("status"), flags=flags, values=values,
+                run_key=ctx.step_key.run_key if ctx.step_key else None)
+    return out
+
+
+def _ensure_csi(ctx: StageContext) -> str:
+    spec = ctx.cluster.curvine
+    if ctx.helm.status(C.CURVINE_CSI_RELEASE, spec.namespace) is not None:
+        return "unchanged"
+    args = ctx.helm.install_args(C.CURVINE_CSI_RELEASE, spec.csi_chart, spec.namespace, repo=repo_url(ctx),
+                                 version=spec.version, values={
+                                     "controller.sidecars.provisioner.image":
+                                         "registry.k8s.io/sig-storage/csi-provisioner:v3.6.0",
+                                     "node.sidecars.nodeDriverRegistrar.image":
+                                         "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0"})
+    if ctx.dry_run:
+        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
+        return "planned"
+    ctx.helm.run(*args, what="helm install curvine-csi")
+    return "changed"
+
+
+def _ensure_storage_class(ctx: StageContext) -> str:
+    desired = storage_class_manifest(ctx)
+    live = get_or_none(ctx.kube.storage.read_storage_class, desired["metadata"]["name"])
+    if live is not None:
+        if (live.provisioner, dict(live.parameters or {})) != (desired["provisioner"], desired["parameters"]):
+            ctx.say(f"warning: StorageClass {desired['metadata']['name']} differs from the inventory "
+                    "(StorageClass parameters are immutable; recreate it deliberately if needed)")
+            return "reported"
+        return "unchanged"
+    if ctx.dry_run:
+        ctx.plan(STAGE, f"kubectl create storageclass {desired['metadata']['name']} (provisioner curvine, "
+                        f"master-addrs {desired['parameters']['master-addrs']}, fs-path {desired['parameters']['fs-path']})")
+        return "planned"
+    call(ctx.kube.storage.create_storage_class, desired, what="create Curvine StorageClass")
+    return "changed"
+
+
+def first_install(ctx: StageContext) -> dict[str, Any]:
+    """Install with the flags true, then flip them false as soon as every pod runs — flip guaranteed."""
+    spec = ctx.cluster.curvine
+    args = ctx.helm.install_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
+                                 version=spec.version, values=cv.install_values(ctx.cluster))
+    flip = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
+                                 version=spec.version, values=cv.safe_flags())
+    if ctx.dry_run:
+        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
+        ctx.plan(STAGE, render(ctx.helm.argv(*flip)) + "   # immediately, once every Curvine pod is Running")
+        return {"install": "planned"}
+    ctx.say("stage 3: installing Curvine with the format flags TRUE (first start only)")
+    window_error: BaseException | None = None
+    try:
+        ctx.helm.run(*args, what="helm install curvine")
+        wait_curvine_running(ctx)
+    except BaseException as exc:  # the flip below must still be attempted
+        window_error = exc
+    finally:
+        ctx.say("stage 3: flipping the format flags to false (--reuse-values)")
+        ctx.helm.run(*flip, what="helm upgrade curvine (format flags false)")
+    if window_error is not None:
+        raise window_error
+    return {"install": "changed"}
+
+
+def verify_flags_false(ctx: StageContext) -> dict[str, bool | None]:
+    values = ctx.helm.values(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    flags = cv.flags_of(values)
+    if any(flags.values()):
+        raise PermanentError(f"Curvine release on {ctx.cluster.name} still has format flags set after the flip: "
+                             f"{flags}. A pod restart would wipe L2 metadata; fix with `helm upgrade curvine "
+                             f"--reuse-values {' '.join(set_args(cv.safe_flags()))}`")
+    return flags
+
+
+def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
+    spec = ctx.cluster.curvine
+    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
+                                 version=_live_version(ctx) or spec.version, values=cv.safe_flags())
+    ctx.say(f"warning: HAZARD: deployed Curvine release has {', '.join(set_flags)} true — the next pod restart "
+            "would reformat. Flipping to false with --reuse-values.")
+    if ctx.dry_run:
+        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
+        return "planned"
+    ctx.helm.run(*args, what="helm upgrade curvine (fix format-flag hazard)")
+    return "changed"
+
+
+def _live_version(ctx: StageContext) -> str | None:
+    status = ctx.helm.status(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace) or {}
+    chart = (status.get("chart") or {}).get("metadata", {}) if isinstance(status.get("chart"), dict) else {}
+    return chart.get("version")
+
+
+def release_drift(ctx: StageContext, values: dict[str, Any]) -> list[str]:
+    spec = ctx.cluster.curvine
+    diffs = []
+    live_version = _live_version(ctx)
+    if live_version and live_version != spec.version:
+        diffs.append(f"chart version {live_version} (inventory {spec.version}): use kvfleet_curvine_upgrade")
+    workers = cv.get_path(values, "worker.replicas")
+    if workers is not None and int(workers) != spec.worker_replicas:
+        diffs.append(f"worker.replicas {workers} (inventory {spec.worker_replicas}): use kvfleet_curvine_scale_out")
+    size = cv.get_path(values, "worker.storage.dataDirs[0].size")
+    if size is not None and size != spec.worker_size:
+        diffs.append(f"dataDirs[0].size {size} (inventory {spec.worker_size})")
+    path = cv.get_path(values, "worker.storage.dataDirs[0].hostPath")
+    if path is not None and path != spec.worker_host_path:
+        diffs.append(f"dataDirs[0].hostPath {path} (inventory {spec.worker_host_path})")
+    return diffs
+
+
+def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
+    """The RWX Curvine PVC in every endpoint namespace of this cluster, waited to Bound."""
+    spec = ctx.cluster.curvine
+    namespaces = sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2})
+    out: dict[str, str] = {}
+    for ns in namespaces:
+        if get_or_none(ctx.kube.core.read_namespace, ns) is None:
+            if ctx.dry_run:
+                ctx.plan(STAGE, f"kubectl create namespace {ns}")
+            else:
+                call(ctx.kube.core.create_namespace, {"metadata": {"name": ns, "labels": {
+                    C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {ns}")
+        live = get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns) \
+            if not ctx.dry_run or get_or_none(ctx.kube.core.read_namespace, ns) else None
+        if live is None:
+            if ctx.dry_run:
+                ctx.plan(STAGE, f"kubectl create pvc {ns}/{C.CURVINE_PVC} (ReadWriteMany, class {spec.storage_class})")
+                out[ns] = "planned"
+                continue
+            call(ctx.kube.core.create_namespaced_persistent_volume_claim, ns,
+                 pvc_manifest(ns, spec.storage_class), what=f"create PVC {ns}/{C.CURVINE_PVC}")
+            out[ns] = "changed"
+        else:
+            out[ns] = "unchanged"
+        if not ctx.dry_run:
+            _wait_bound(ctx, ns)
+    return out
+
+
+def _wait_bound(ctx: StageContext, ns: str) -> None:
+    def check() -> tuple[bool, str]:
+        pvc = call(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns, what="read PVC")
+        phase = pvc.status.phase if pvc.status else None
+        if phase == "Bound":
+            return True, "Bound"
+        conds = "; ".join(f"{c.type}={c.status}: {c.message}" for c in (pvc.status.conditions or [])) if pvc.status \
+            else ""
+        events = call(ctx.kube.core.list_namespaced_event, ns,
+                      field_selector=f"involvedObject.name={C.CURVINE_PVC}", what="PVC events").items
+        ev = "; ".join(f"{e.reason}: {e.message}" for e in events[-3:])
+        return False, f"{phase or 'Pending'}" + (f" ({conds})" if conds else "") + (f" events: {ev}" if ev else "")
+
+    wait_for(check, timeout_s=ctx.timeouts.pvc_s, poll_s=min(poll_seconds(), 1.0),
+             what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}", progress=ctx.progress)
+
+
+def verify_capacity(ctx: StageContext, phase: str = "verify") -> dict[str, Any]:
+    spec = ctx.cluster.curvine
+    master = CurvineMaster(ctx.kube, spec.namespace)
+    want_bytes = spec.worker_replicas * size_to_bytes(spec.worker_size)
+
+    def check() -> tuple[bool, str]:
+        ov = master.overview()
+        ok = ov.live_workers == spec.worker_replicas and abs(ov.capacity - want_bytes) <= CAPACITY_TOLERANCE * want_bytes
+        return ok, f"live workers {ov.live_workers}/{spec.worker_replicas}, capacity {ov.capacity / 2**30:.0f} GiB " \
+                   f"(expected ~{want_bytes / 2**30:.0f} GiB)"
+
+    state = wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+                     what=f"[{ctx.cluster.name}] Curvine master API", progress=ctx.progress)
+    snap = master.overview().snapshot()
+    if ctx.history is not None:
+        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step="curvine",
+                                    cluster=ctx.cluster.name, phase=phase, overview=snap)
+    return {"state": state, **snap}
+
+
+def reconcile(ctx: StageContext) -> Outcome:
+    spec = ctx.cluster.curvine
+    warnings = check_prerequisites(ctx)
+    csi = _ensure_csi(ctx)
+    sc = _ensure_storage_class(ctx)
+    detail: dict[str, Any] = {"csi": csi, "storage_class": sc, "warnings": warnings}
+    status = ctx.helm.status(C.CURVINE_RELEASE, spec.namespace)
+    changed = "changed" in (csi, sc)
+    if status is None:
+        detail.update(first_install(ctx))
+        changed = changed or not ctx.dry_run
+    else:
+        values = ctx.helm.values(C.CURVINE_RELEASE, spec.namespace)
+        hazard = cv.flags_set(values)
+        if hazard:
+            detail["hazard_fixed"] = {"flags": hazard, "result": _fix_hazard(ctx, hazard)}
+            changed = changed or not ctx.dry_run
+        drift = release_drift(ctx, values)
+        if drift:
+            detail["reported"] = drift
+            for d in drift:
+                ctx.say(f"reported, not changed by the rollout: {d}")
+    if ctx.dry_run:
+        detail["pvcs"] = ensure_pvcs(ctx) if status is not None else "after install"
+        planned = [p for p in ctx.planned if p.stage == STAGE]
+        return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
+    detail["flags"] = verify_flags_false(ctx)
+    detail["revisions"] = _record_revisions(ctx, C.CURVINE_RELEASE)
+    pvcs = ensure_pvcs(ctx)
+    detail["pvcs"] = pvcs
+    changed = changed or "changed" in pvcs.values()
+    detail["capacity"] = verify_capacity(ctx)
+    return ctx.record("curvine", STAGE, "changed" if changed else "unchanged", **detail)

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -116,8 +117,15 @@ class Sandbox:
         return env
 
     def ports(self) -> list[int]:
+        """Every port the sandbox listens on, including servers controllers registered as ``*_url`` services
+        (the curvine chart repository), so ``sandbox down`` can prove all of them closed."""
         ports = [self.aws.port, self.admin.port, *(s.port for s in self.servers.values())]
-        return [p for p in ports if p]
+        for twin in self.twins.values():
+            for key, value in twin.services.items():
+                url = urlsplit(value) if key.endswith("_url") and isinstance(value, str) else None
+                if url is not None and url.hostname in ("127.0.0.1", "localhost") and url.port:
+                    ports.append(url.port)
+        return sorted({p for p in ports if p})
 
     def describe(self) -> dict[str, Any]:
         """What ports.json records and ``sandbox status`` / the admin ``GET /clusters`` report."""
@@ -143,7 +151,9 @@ class Sandbox:
         self.env_file.write_text("# kvfleet sandbox: source this file\n" + "\n".join(lines) + "\n")
 
     def stop(self) -> None:
-        # The clock goes first: it wakes every controller and AWS timer sleeping on model time.
+        # AWS first, so its pending transitions are cancelled rather than fired into stopping controllers; then
+        # the clock, which wakes every controller and AWS timer sleeping on model time.
+        self.aws.stop()
         self.clock.stop()
         for twin in self.twins.values():
             try:
@@ -153,7 +163,6 @@ class Sandbox:
         self.admin.stop()
         for server in self.servers.values():
             server.stop()
-        self.aws.stop()
 
 
 def start_sandbox(

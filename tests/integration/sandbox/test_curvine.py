@@ -1,0 +1,368 @@
+"""The Curvine simulation and its stand-in charts, driven through the real helm and the official Kubernetes client:
+installs from the sandbox chart repository, the values schema, format flags that bite at pod start (master,
+worker, and a helm rollback to the install revision), and the master API (capacity, files, scale-out)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_manifests import TOOLS
+
+from kvfleet.sandbox.chart_repo import ChartRepository, acquire_shared, release_shared
+from kvfleet.sandbox.runtime import Sandbox
+from kvfleet.sandbox.twin import ClusterTwin
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "ml-curvine"
+NS = "curvine"
+GIB = 1024**3
+FLEET = f"""
+clusters:
+  - name: {CLUSTER}
+    region: us-east-1
+    gpu_nodes: {{count: 4, instance_type: ml.g5.4xlarge}}
+    curvine:
+      worker: {{replicas: 2, size: 100Gi}}
+"""
+HAVE_WORKLOADS = importlib.util.find_spec("kvfleet.sandbox.controllers.workloads") is not None
+# The blog's install flags (DOMAIN.md stage 3), minus the format flags each test chooses.
+BLOG_VALUES = (
+    "master.replicas=1", "worker.replicas=2",
+    "master.nodeSelector.sagemaker\\.amazonaws\\.com/compute-type=hyperpod",
+    "master.storage.meta.storageClass=ebs-sc", "master.storage.journal.storageClass=ebs-sc",
+    "worker.storage.dataDirs[0].name=data1", "worker.storage.dataDirs[0].type=SSD",
+    "worker.storage.dataDirs[0].enabled=true", "worker.storage.dataDirs[0].size=100Gi",
+    "worker.storage.dataDirs[0].storageClass=", "worker.storage.dataDirs[0].hostPath=/opt/dlami/nvme/curvine-data",
+    "worker.storage.dataDirs[0].mountPath=/data/data1",
+)
+
+
+class StatefulSetStub:
+    """Test-only stand-in for the workloads controller while it does not exist: StatefulSet -> pods
+    ``<sts>-<i>``, Running and Ready shortly after creation, recreated when deleted or when the template changes."""
+
+    def __init__(self, twin: ClusterTwin, startup_s: float = 0.1) -> None:
+        self.store, self.startup_s = twin.store, startup_s
+        self._stop = threading.Event()
+        self._first_seen: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            for sts in self.store.list("apps", "statefulsets"):
+                self._reconcile(sts)
+
+    def _reconcile(self, sts: dict[str, Any]) -> None:
+        ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
+        template = sts["spec"]["template"]
+        revision = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        replicas = int(sts["spec"].get("replicas", 1))
+        pods = {p["metadata"]["name"]: p for p in self.store.list("", "pods", ns)
+                if p["metadata"]["name"].startswith(f"{name}-")}
+        for i in range(replicas):
+            pod_name = f"{name}-{i}"
+            pod = pods.pop(pod_name, None)
+            if pod is not None and pod["metadata"]["labels"].get("controller-revision-hash") != revision:
+                self.store.delete("", "pods", pod_name, ns)
+                pod = None
+            if pod is None:
+                labels = {**template["metadata"].get("labels", {}), "controller-revision-hash": revision,
+                          "statefulset.kubernetes.io/pod-name": pod_name}
+                self.store.create("", "pods", {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                                 "annotations": template["metadata"].get("annotations", {})},
+                    "spec": {**template["spec"], "nodeName": f"node-{i}"},
+                })
+                self.store.mutate("", "pods", pod_name, ns, lambda p: {**p, "status": {"phase": "Pending"}})
+            elif pod.get("status", {}).get("phase") == "Pending" and self._age(pod) > self.startup_s:
+                self.store.mutate("", "pods", pod_name, ns, lambda p, i=i: {**p, "status": {
+                    "phase": "Running", "podIP": f"10.1.0.{i + 10}",
+                    "conditions": [{"type": "Ready", "status": "True"}]}})
+        for extra in pods:
+            if extra.rsplit("-", 1)[-1].isdigit():
+                self.store.delete("", "pods", extra, ns)
+
+    def _age(self, pod: dict[str, Any]) -> float:
+        return time.monotonic() - self._first_seen.setdefault(pod["metadata"]["uid"], time.monotonic())
+
+
+@dataclass
+class CurvineCluster:
+    sandbox: Sandbox
+    twin: ClusterTwin
+    repo: str
+    helm: Callable[..., subprocess.CompletedProcess[str]]
+    kube: Any  # kubernetes.client.ApiClient
+
+    @property
+    def sim(self) -> Any:
+        return self.twin.services["curvine"]
+
+    def install(self, *, format_master: bool = True, format_worker: bool = True, format_journal: bool = True,
+                server_side: bool = True, extra: tuple[str, ...] = ()) -> None:
+        ssa = () if server_side else ("--server-side=false",)
+        self.helm("install", "curvine-csi", "curvine-csi", "--repo", self.repo, "--version", "0.3.2-alpha",
+                  "-n", NS, "--create-namespace", *ssa)
+        flags = [f"cluster.formatMaster={str(format_master).lower()}",
+                 f"cluster.formatWorker={str(format_worker).lower()}",
+                 f"cluster.formatJournal={str(format_journal).lower()}"]
+        self.helm("install", "curvine", "curvine", "--repo", self.repo, "--version", "0.3.2-alpha", "-n", NS,
+                  *_sets(*BLOG_VALUES, *flags, *extra), *ssa)
+        self.wait_live(2)
+
+    def upgrade(self, *sets: str, version: str = "0.3.2-alpha", server_side: bool = True) -> None:
+        ssa = () if server_side else ("--server-side=false",)
+        self.helm("upgrade", "curvine", "curvine", "--repo", self.repo, "--version", version, "-n", NS,
+                  "--reuse-values", *_sets(*sets), *ssa)
+
+    def values(self) -> dict[str, Any]:
+        return json.loads(self.helm("get", "values", "curvine", "-n", NS, "--all", "-o", "json").stdout)
+
+    def pod_uids(self) -> dict[str, str]:
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.twin.store.list("", "pods", NS)
+                if p["metadata"]["name"].startswith("curvine-")}
+
+    def wait_rolled(self, before: dict[str, str], names: tuple[str, ...]) -> None:
+        """Until each named pod is a new instance (other uid) and Curvine has it live again."""
+        _wait(lambda: all(self.pod_uids().get(n) not in (None, before.get(n)) for n in names), "pods recreated")
+        self.wait_live(self.sim._worker_replicas())
+
+    def wait_live(self, workers: int) -> None:
+        _wait(lambda: self.sim.master_running() and self.sim.overview()["live_workers"] == workers
+              and all(_ready(p) for p in self.twin.store.list("", "pods", NS)
+                      if p["metadata"]["name"].startswith("curvine-")),
+              f"master running and {workers} live workers")
+
+    def master_api(self, route: str, **query: str) -> str:
+        """GET on the master's web port through the API server's pod proxy, as kvfleet's client does."""
+        from kubernetes import client
+        if not query:
+            resp = client.CoreV1Api(self.kube).connect_get_namespaced_pod_proxy_with_path(
+                "curvine-master-0:9000", NS, route, _preload_content=False)
+        else:  # the generated method has no query parameters for the proxied request
+            resp = self.kube.call_api(f"/api/v1/namespaces/{NS}/pods/curvine-master-0:9000/proxy/{route}", "GET",
+                                      query_params=list(query.items()), header_params={"Accept": "*/*"},
+                                      auth_settings=["BearerToken"], _preload_content=False)
+        return resp.data.decode()
+
+    def write_files(self, n: int, prefix: str = "/l2cache/pvc-1/vllm@qwen") -> list[str]:
+        paths = [f"{prefix}/chunk-{i:03d}.pt" for i in range(n)]
+        for p in paths:
+            self.twin.l2.write(p, 1_000_000 + len(p))
+            time.sleep(0.001)  # distinct write times: round-robin placement follows write order
+        return paths
+
+
+def _sets(*pairs: str) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for: {what}")
+
+
+@pytest.fixture
+def curvine(sandbox_factory, kube_api, tmp_path: Path) -> Iterator[CurvineCluster]:
+    if not (TOOLS / "helm").exists():
+        pytest.skip("helm missing: run tools/fetch-k8s-binaries.sh")
+    controllers = ("workloads", "curvine") if HAVE_WORKLOADS else ("curvine",)
+    sandbox = sandbox_factory(FLEET, controllers=controllers, time_scale=0.005)
+    twin = sandbox.twin(CLUSTER)
+    stub = None if HAVE_WORKLOADS else StatefulSetStub(twin)
+    env = {**os.environ, "KUBECONFIG": str(sandbox.kubeconfig), "HOME": str(tmp_path),
+           "HELM_CACHE_HOME": str(tmp_path / "helm-cache"), "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
+           "HELM_DATA_HOME": str(tmp_path / "helm-data")}
+
+    def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(TOOLS / "helm"), "--kube-context", CLUSTER, *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
+        return proc
+
+    try:
+        yield CurvineCluster(sandbox, twin, twin.services["chart_repo_url"], helm, kube_api(sandbox, CLUSTER))
+    finally:
+        if stub is not None:
+            stub.stop()
+
+
+# --- charts and repository ----------------------------------------------------------------------------------
+
+
+def test_repository_index_and_shared_lifetime():
+    first = acquire_shared()
+    try:
+        assert acquire_shared() is first  # one server per process, however many twins
+        release_shared()
+        import urllib.request
+        index = urllib.request.urlopen(f"{first.url}/index.yaml", timeout=5).read().decode()
+        assert "curvine-0.3.2-alpha.tgz" in index and "curvine-0.3.3-alpha.tgz" in index
+        assert "curvine-csi-0.3.2-alpha.tgz" in index
+    finally:
+        release_shared()
+    assert first._server is None  # the last user stopped it
+    with pytest.raises(ValueError):
+        ChartRepository(host="0.0.0.0")
+
+
+def test_install_values_schema_and_rendered_objects(curvine):
+    curvine.install(server_side=False)
+    values = curvine.values()
+    assert {k: values["cluster"][k] for k in ("formatMaster", "formatWorker", "formatJournal")} == {
+        "formatMaster": True, "formatWorker": True, "formatJournal": True}
+    store = curvine.twin.store
+    toml = store.get("", "configmaps", "curvine-config", NS)["data"]["curvine-cluster.toml"]
+    assert "format_master = true" in toml and '"[SSD:100GB]/data/data1"' in toml
+    worker = store.get("apps", "statefulsets", "curvine-worker", NS)["spec"]["template"]
+    assert {"name": "data1", "hostPath": {"path": "/opt/dlami/nvme/curvine-data", "type": "DirectoryOrCreate"}} \
+        in worker["spec"]["volumes"]
+    assert "podAntiAffinity" in worker["spec"]["affinity"] and "checksum/config" in worker["metadata"]["annotations"]
+    master = store.get("apps", "statefulsets", "curvine-master", NS)["spec"]
+    assert [c["spec"]["storageClassName"] for c in master["volumeClaimTemplates"]] == ["ebs-sc", "ebs-sc"]
+    assert store.get("", "services", "curvine-master", NS)["spec"]["clusterIP"] == "None"
+    assert store.get("storage.k8s.io", "csidrivers", "curvine") is not None
+    csi_node = store.get("apps", "daemonsets", "curvine-csi-node", NS)["spec"]["template"]["spec"]
+    assert csi_node["containers"][1]["securityContext"]["privileged"] is True
+
+    curvine.upgrade("cluster.formatMaster=false", "cluster.formatWorker=false", "cluster.formatJournal=false")
+    assert not any(curvine.values()["cluster"][k] for k in ("formatMaster", "formatWorker", "formatJournal"))
+    toml = store.get("", "configmaps", "curvine-config", NS)["data"]["curvine-cluster.toml"]
+    assert "format_master = false" in toml
+
+    bad = curvine.helm("upgrade", "curvine", "curvine", "--repo", curvine.repo, "--version", "0.3.2-alpha", "-n", NS,
+                       "--reuse-values", "--set", "cluster.formatMaster=notabool", check=False)
+    assert bad.returncode != 0 and "formatMaster" in bad.stderr and "want boolean" in bad.stderr
+    bad = curvine.helm("upgrade", "curvine", "curvine", "--repo", curvine.repo, "--version", "0.3.2-alpha", "-n",
+                       NS, "--reuse-values", "--set", "worker.replicas=0", check=False)
+    assert bad.returncode != 0 and "worker/replicas" in bad.stderr
+    missing = curvine.helm("upgrade", "curvine", "curvine", "--repo", curvine.repo, "--version", "9.9.9", "-n", NS,
+                           "--reuse-values", check=False)
+    assert missing.returncode != 0
+
+
+# --- format flags ---------------------------------------------------------------------------------------------
+
+
+def test_master_restart_with_format_true_loses_l2_and_with_false_keeps_it(curvine):
+    curvine.install()  # the install revision: all three flags true
+    sim = curvine.sim
+    paths = curvine.write_files(5)
+    assert curvine.twin.l2.file_count() == 5
+
+    before = curvine.pod_uids()
+    assert sim.restart_master()
+    _wait(lambda: not curvine.twin.l2.available, "L2 unavailable while the master is down", timeout=5)
+    curvine.wait_rolled(before, ("curvine-master-0",))
+    assert curvine.twin.l2.file_count() == 0 and curvine.twin.l2.available
+    from kubernetes import client
+    text = client.CoreV1Api(curvine.kube).read_namespaced_pod_log("curvine-master-0", NS, container="master")
+    assert "Delete(format) exists db path" in text
+
+    before = curvine.pod_uids()
+    curvine.upgrade("cluster.formatMaster=false", "cluster.formatWorker=false", "cluster.formatJournal=false")
+    curvine.wait_rolled(before, ("curvine-master-0", "curvine-worker-0", "curvine-worker-1"))  # config checksum
+    paths = curvine.write_files(5)
+    before = curvine.pod_uids()
+    assert sim.restart_master()
+    curvine.wait_rolled(before, ("curvine-master-0",))
+    assert all(curvine.twin.l2.exists(p) for p in paths)
+    text = client.CoreV1Api(curvine.kube).read_namespaced_pod_log("curvine-master-0", NS, container="master")
+    assert "Delete(format)" not in text and "loaded existing metadata" in text
+    assert [f["kind"] for f in sim.formats].count("master") >= 1
+
+
+def test_format_worker_drops_only_that_workers_blocks(curvine):
+    curvine.install(format_master=False, format_journal=False, format_worker=True)
+    paths = curvine.write_files(6)
+    placement = curvine.sim.placement()
+    on_0 = {p for p in paths if placement[p] == "curvine-worker-0"}
+    assert len(on_0) == 3 and {placement[p] for p in paths} == {"curvine-worker-0", "curvine-worker-1"}
+
+    before = curvine.pod_uids()
+    assert curvine.sim.restart_worker(0)
+    curvine.wait_rolled(before, ("curvine-worker-0",))
+    assert {p for p in paths if curvine.twin.l2.exists(p)} == set(paths) - on_0
+    live = {w["address"]["hostname"].split(".")[0]: w for w in curvine.sim.workers()["live_workers"]}
+    assert live["curvine-worker-0"]["fs_used"] == 0 and live["curvine-worker-1"]["block_num"] == 3
+
+
+def test_rollback_to_the_install_revision_reformats(curvine):
+    """The accident kvfleet's upgrade workflow must refuse: revision 1 carries the install's format flags."""
+    curvine.install()
+    curvine.upgrade("cluster.formatMaster=false", "cluster.formatWorker=false", "cluster.formatJournal=false",
+                    server_side=False)
+    curvine.wait_live(2)
+    paths = curvine.write_files(4)
+    before = curvine.pod_uids()
+    curvine.helm("rollback", "curvine", "1", "-n", NS)
+    assert curvine.values()["cluster"]["formatMaster"] is True
+    curvine.wait_rolled(before, ("curvine-master-0", "curvine-worker-0", "curvine-worker-1"))
+    assert not any(curvine.twin.l2.exists(p) for p in paths)
+
+
+# --- master API ----------------------------------------------------------------------------------------------
+
+
+def test_master_api_capacity_files_and_scale_out(curvine):
+    curvine.install(format_master=False, format_worker=False, format_journal=False)
+    paths = curvine.write_files(3, prefix="/l2cache/pvc-abc/model")
+    overview = json.loads(curvine.master_api("api/overview"))
+    assert overview["capacity"] == 2 * 100 * GIB and overview["live_workers"] == 2
+    assert overview["files_total"] == 3 and overview["fs_used"] == curvine.twin.l2.total_bytes()
+    assert overview["available"] == overview["capacity"] - overview["fs_used"]
+    assert set(overview) >= {"cluster_id", "master_addr", "start_time", "lost_workers", "reserved_bytes",
+                             "dir_total", "master_state"}
+    workers = json.loads(curvine.master_api("api/workers"))
+    assert len(workers["live_workers"]) == 2 and workers["lost_workers"] == []
+    info = workers["live_workers"][0]
+    assert set(info["address"]) >= {"hostname", "ip_addr", "rpc_port"} and info["capacity"] == 100 * GIB
+    assert {"status", "last_update", "block_num", "fs_used", "available"} <= set(info)
+    metrics = curvine.master_api("metrics")
+    assert 'worker_num{tag="live"} 2' in metrics and "inode_file_num 3" in metrics
+    assert f"capacity {200 * GIB}" in metrics
+    browse = json.loads(curvine.master_api("api/browse", path=paths[0]))
+    assert browse[0]["path"] == paths[0] and browse[0]["len"] == curvine.twin.l2.read(paths[0]).size
+
+    curvine.upgrade("worker.replicas=4", "cluster.formatMaster=false", "cluster.formatWorker=false",
+                    "cluster.formatJournal=false", version="0.3.3-alpha")
+    _wait(lambda: json.loads(curvine.master_api("api/overview"))["live_workers"] == 4, "4 live workers")
+    overview = json.loads(curvine.master_api("api/overview"))
+    assert overview["capacity"] == 4 * 100 * GIB and overview["files_total"] == 3  # the upgrade kept L2
+    assert all(curvine.twin.l2.exists(p) for p in paths)
+
+    # Scale-in: the worker that goes away is reported lost (the master remembers it), capacity shrinks.
+    curvine.upgrade("worker.replicas=3", version="0.3.3-alpha")
+    _wait(lambda: json.loads(curvine.master_api("api/overview"))["lost_workers"] == 1, "a lost worker")
+    workers = json.loads(curvine.master_api("api/workers"))
+    assert [w["status"] for w in workers["lost_workers"]] == ["Lost"] and len(workers["live_workers"]) == 3
+    assert json.loads(curvine.master_api("api/overview"))["capacity"] == 3 * 100 * GIB

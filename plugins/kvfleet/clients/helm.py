@@ -31,6 +31,11 @@ _PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invali
 
 def helm_binary() -> str:
     found = os.environ.get("KVFLEET_HELM") or shutil.which("helm")
+    if not found:  # the pinned binary `make tools` unpacks beside a source checkout
+        from kvfleet.history.db import project_root
+
+        local = project_root() / ".tools" / "bin" / "helm"
+        found = str(local) if local.exists() else None
     if not found:
         raise PermanentError("helm not found on PATH (set KVFLEET_HELM, or run `make tools` for .tools/bin/helm)")
     return found

@@ -98,8 +98,10 @@ class ClusterAccess:
         cfg.host = endpoint
         cfg.verify_ssl = bool(self._ca_file)
         cfg.ssl_ca_cert = self._ca_file
-        cfg.api_key = {"authorization": self.token()}
-        cfg.api_key_prefix = {"authorization": "Bearer"}
+        # kubernetes 36 reads the key and its prefix under "BearerToken" (the old "authorization" key loses
+        # its prefix there).
+        cfg.api_key = {"BearerToken": self.token()}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.refresh_api_key_hook = self._refresh
         self.api_client = k8s.ApiClient(cfg)
         self.core = k8s.CoreV1Api(self.api_client)
@@ -129,7 +131,7 @@ class ClusterAccess:
             return self._token
 
     def _refresh(self, cfg: k8s.Configuration) -> None:
-        cfg.api_key = {"authorization": self.token()}
+        cfg.api_key = {"BearerToken": self.token()}
 
     def kubeconfig(self) -> dict[str, Any]:
         cluster: dict[str, Any] = {"server": self.endpoint}

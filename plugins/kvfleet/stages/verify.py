@@ -1,0 +1,196 @@
+"""Stage 5: cross-pod L2 hit verification of one endpoint (a reusable step: rollout gates, the hourly DAG).
+
+1. Pick two Ready pods on **different nodes**; none -> ``unverifiable`` with the reason (never a pass).
+2. Pre-check their env (PYTHONHASHSEED, chunk size, URL, serde, model): a mismatch is diagnosed before any
+   request is sent.
+3. Probe: a prompt new for every run (a nonce first, then deterministic filler) of N tokens — at least two
+   chunks, because LMCache stores nothing shorter than a chunk — sent streaming through the API-server pod proxy
+   to pod A (cold), then to pod B; TTFT measured as vLLM's benchmark does.
+4. Read both pods' logs since the request (``sinceTime``), parse the LMCache lines of those request ids with the
+   one tolerant parser, and judge: ``pass`` (hit ratio >= 0.99 and speedup not below the published curve minus
+   a tolerance), ``degraded`` (full hits but slow, or partial hits), ``fail`` (with a diagnosis).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kvfleet.clients.inference import pod_log_since, stream_completion
+from kvfleet.clients.kube import call
+from kvfleet.errors import PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import lmcache_log
+from kvfleet.fleet.economics import expected_speedup
+from kvfleet.fleet.inventory import Endpoint
+from kvfleet.stages.base import StageContext
+
+PASS_HIT_RATIO = 0.99
+SPEEDUP_TOLERANCE = 0.15  # relative: measured may be 15 % below the published curve and still pass
+SWEEP_LENGTHS = (500, 1000, 1500, 2000, 2500, 3000)
+_WORDS = ("cache", "tier", "prefill", "decode", "block", "chunk", "token", "replica", "node", "router", "prompt",
+          "shared", "context", "session", "history", "vector")
+
+
+@dataclass
+class Verification:
+    cluster: str
+    endpoint: str
+    lob: str
+    instance_type: str
+    verdict: str  # pass | degraded | fail | unverifiable
+    diagnosis: str | None = None
+    prompt_tokens: int | None = None
+    stored_tokens: int | None = None
+    hit_tokens: int | None = None
+    hit_ratio: float | None = None
+    l2_read_ms: float | None = None
+    ttft_cold_ms: float | None = None
+    ttft_warm_ms: float | None = None
+    speedup: float | None = None
+    expected_speedup: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_prompt(tokens: int, nonce: str) -> str:
+    """``tokens`` whitespace-separated words: a run nonce first (a new prefix every run), then filler."""
+    words = [f"run-{nonce}"]
+    i = 0
+    while len(words) < tokens:
+        words.append(_WORDS[int(hashlib.sha1(f"{nonce}{i}".encode()).hexdigest(), 16) % len(_WORDS)])
+        i += 1
+    return " ".join(words)
+
+
+def check_prompt_length(tokens: int, chunk_size: int) -> None:
+    if tokens < 2 * chunk_size:
+        raise PermanentError(f"prompt_tokens: {tokens} is too short to verify L2: LMCache stores nothing shorter "
+                             f"than one {chunk_size}-token chunk, so use at least {2 * chunk_size} tokens "
+                             "(default 2,000)")
+
+
+def _ready(pod: Any) -> bool:
+    return pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True"
+                                                 for c in pod.status.conditions or [])
+
+
+def pick_pods(pods: list[Any]) -> tuple[Any, Any] | str:
+    """Two Ready pods on different nodes, or the reason there are none."""
+    ready = [p for p in pods if _ready(p)]
+    if len(pods) < 2:
+        return f"only {len(pods)} replica(s): cross-pod reuse needs two pods on two nodes"
+    if len(ready) < 2:
+        return f"only {len(ready)} of {len(pods)} pods Ready"
+    by_node: dict[str, Any] = {}
+    for p in sorted(ready, key=lambda p: p.metadata.name):
+        by_node.setdefault(p.spec.node_name, p)
+    if len(by_node) < 2:
+        return f"all {len(ready)} Ready pods run on one node ({next(iter(by_node))}): no cross-node reuse to verify"
+    a, b = list(by_node.values())[:2]
+    return a, b
+
+
+def _env(pod: Any, container: str) -> dict[str, str | None]:
+    c = next((c for c in pod.spec.containers if c.name == container), pod.spec.containers[0])
+    env: dict[str, str | None] = {}
+    for e in c.env or []:
+        env[e.name] = e.value  # the last entry wins, as in Kubernetes
+    return env
+
+
+def env_mismatches(env_a: dict[str, str | None], env_b: dict[str, str | None]) -> list[str]:
+    keys = (C.ENV_HASHSEED, C.ENV_CHUNK_SIZE, C.ENV_REMOTE_URL, C.ENV_REMOTE_SERDE)
+    return [f"{k}: pod A {env_a.get(k)!r} vs pod B {env_b.get(k)!r}" for k in keys if env_a.get(k) != env_b.get(k)]
+
+
+def diagnose(stored: int, hits: int, total: int, env_a: dict[str, str | None], scan_a: lmcache_log.LogScan,
+             settings_seed: str) -> str:
+    url = str(env_a.get(C.ENV_REMOTE_URL) or "")
+    if stored == 0:
+        why = f" ({scan_a.errors[-1]})" if scan_a.errors else ""
+        return f"no store line: L2 not written (URL or serde){why}; URL={url!r}, serde={env_a.get(C.ENV_REMOTE_SERDE)!r}"
+    if hits == 0 and url.startswith("sagemaker-hyperpod://"):
+        return "0 hits: pods on the operator's node-local L2 URL (sagemaker-hyperpod://), not the shared Curvine fs://"
+    if hits == 0 and env_a.get(C.ENV_HASHSEED) != settings_seed:
+        return (f"stored on A but 0 hits on B with differing PYTHONHASHSEED (unset or random: {env_a.get(C.ENV_HASHSEED)!r}); "
+                f"each pod derives different LMCache keys — set PYTHONHASHSEED={settings_seed}")
+    if hits == 0:
+        return "stored on A but 0 hits on B: the pods do not share the L2 path (check the Curvine mount and PVC)"
+    return f"partial hit: {hits}/{total} tokens"
+
+
+def verdict_of(hit_ratio: float, speedup: float, expected: float) -> str:
+    if hit_ratio >= PASS_HIT_RATIO and speedup >= expected * (1 - SPEEDUP_TOLERANCE):
+        return "pass"
+    if hit_ratio > 0:
+        return "degraded"
+    return "fail"
+
+
+def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None) -> Verification:
+    settings = ctx.inventory.settings
+    check_prompt_length(prompt_tokens, settings.chunk_size)
+    base = Verification(ctx.cluster.name, ep.key, ep.lob, ep.instance_type, "unverifiable",
+                        expected_speedup=expected_speedup(prompt_tokens, ep.instance_type))
+    if not ep.l2:
+        base.diagnosis = "L2 disabled for this endpoint in the inventory"
+        return base
+    pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
+                what=f"pods of {ep.key}").items
+    picked = pick_pods(pods)
+    if isinstance(picked, str):
+        base.diagnosis = picked
+        return base
+    pod_a, pod_b = picked
+    env_a, env_b = _env(pod_a, ep.name), _env(pod_b, ep.name)
+    mismatch = env_mismatches(env_a, env_b)
+    base.detail = {"pod_a": pod_a.metadata.name, "node_a": pod_a.spec.node_name, "pod_b": pod_b.metadata.name,
+                   "node_b": pod_b.spec.node_name}
+    if mismatch:
+        base.verdict, base.diagnosis = "fail", "pods disagree before any request: " + "; ".join(mismatch)
+        return base
+    nonce = nonce or uuid.uuid4().hex[:12]
+    prompt = build_prompt(prompt_tokens, nonce)
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    ctx.say(f"stage 5: {ep.key}: {prompt_tokens}-token probe, cold on {pod_a.metadata.name} "
+            f"({pod_a.spec.node_name}), then {pod_b.metadata.name} ({pod_b.spec.node_name})")
+    cold = stream_completion(ctx.kube, ep.namespace, pod_a.metadata.name, model=ep.model, prompt=prompt)
+    time.sleep(0.05)  # let the store land before B looks it up (LMCache stores after prefill)
+    warm = stream_completion(ctx.kube, ep.namespace, pod_b.metadata.name, model=ep.model, prompt=prompt)
+    scan_a = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.metadata.name, ep.name, since))
+    scan_b = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
+    lookup_b = scan_b.lookup_for(warm.request_id)
+    total = (lookup_b.total if lookup_b else None) or warm.prompt_tokens or prompt_tokens
+    hits = (lookup_b.hit or 0) if lookup_b else 0
+    stored = scan_a.stored_tokens(cold.request_id)
+    speedup = cold.ttft_s / warm.ttft_s if warm.ttft_s > 0 else 0.0
+    expected = expected_speedup(total, ep.instance_type)
+    ratio = hits / total if total else 0.0
+    verdict = verdict_of(ratio, speedup, expected)
+    garbled = scan_a.garbled + scan_b.garbled
+    result = Verification(
+        ctx.cluster.name, ep.key, ep.lob, ep.instance_type, verdict, prompt_tokens=total, stored_tokens=stored,
+        hit_tokens=hits, hit_ratio=round(ratio, 4), l2_read_ms=scan_b.retrieve_ms(warm.request_id),
+        ttft_cold_ms=round(cold.ttft_s * 1000, 1), ttft_warm_ms=round(warm.ttft_s * 1000, 1),
+        speedup=round(speedup, 3), expected_speedup=expected,
+        detail={**base.detail, "request_a": cold.request_id, "request_b": warm.request_id,
+                "lookup_b_found": lookup_b is not None, "garbled_lines": garbled[:5], "errors_a": scan_a.errors[-3:]},
+    )
+    if verdict == "fail" or ratio < PASS_HIT_RATIO:
+        result.diagnosis = diagnose(stored, hits, total, env_a, scan_a, settings.hash_seed)
+    elif verdict == "degraded":
+        result.diagnosis = f"full hits but speedup {speedup:.2f}x below the expected {expected:.2f}x"
+    if lookup_b is None:
+        result.diagnosis = (result.diagnosis or "") + f" [no LMCache lookup line for request {warm.request_id} on B]"
+    return result
+
+
+def sweep_endpoint(ctx: StageContext, ep: Endpoint, lengths: tuple[int, ...] = SWEEP_LENGTHS) -> list[Verification]:
+    return [verify_endpoint(ctx, ep, n) for n in lengths]

@@ -29,6 +29,7 @@ import random
 import re
 import shlex
 import socket
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -195,6 +196,7 @@ def start_sandbox(
         sandbox.admin.start()
         _write_kubeconfig(sandbox)
         _wait_answering(sandbox)
+        _wait_system_ready(sandbox)
         sandbox.write_state_files()
     except BaseException:
         sandbox.stop()
@@ -379,6 +381,27 @@ def _wait_answering(sandbox: Sandbox, timeout_s: float = 10.0) -> None:
     for twin in sandbox.twins.values():
         twin.store.reset_request_log()
     sandbox.aws.reset_request_log()
+
+
+def _system_ready(store: KubeStore) -> bool:
+    ds = (store.get("apps", "daemonsets", "aws-node", "kube-system") or {}).get("status") or {}
+    deploy = store.get("apps", "deployments", "ebs-csi-controller", "kube-system") or {}
+    want = (deploy.get("spec") or {}).get("replicas", 1)
+    return bool(ds.get("numberReady", 0) >= ds.get("desiredNumberScheduled", 1) > 0
+            and (deploy.get("status") or {}).get("readyReplicas", 0) >= want)
+
+
+def _wait_system_ready(sandbox: Sandbox, timeout_s: float = 15.0) -> None:
+    """A real cluster is handed over with its system pods running; once the workloads controller owns them,
+    wait for its pods to start (pod_startup_s of model time) so stage 3's prerequisite checks see them Ready."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(sandbox.twins.values())
+    while pending and time.monotonic() < deadline:
+        pending = [t for t in pending if not _system_ready(t.store)]
+        if pending:
+            time.sleep(0.05)
+    for twin in pending:
+        log.warning("sandbox: kube-system workloads of %s not ready after %.0fs", twin.name, timeout_s)
 
 
 def port_refuses(port: int, host: str = "127.0.0.1") -> bool:

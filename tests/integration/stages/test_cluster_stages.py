@@ -1,0 +1,123 @@
+"""Stages 1–3 as idempotent reconcilers, driven against the sandbox through the production clients."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvfleet.errors import PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
+from kvfleet.stages import addons, curvine, tiered_storage
+
+from stagekit import mutating_calls, reset_counters, with_cluster
+
+pytestmark = pytest.mark.integration
+CLUSTER = "ml-stage-usw2"
+
+
+def _converge(make_ctx, history=None):  # type: ignore[no-untyped-def]
+    ctx = make_ctx(CLUSTER, history=history)
+    return [stage.reconcile(ctx).outcome for stage in (tiered_storage, addons, curvine)]
+
+
+def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
+    assert _converge(make_ctx) == ["changed", "changed", "changed"]
+    twin = fleet_env.twin(CLUSTER)
+    # full cluster state: tiered storage, ai-toolkit on every node, operator, Curvine with safe flags, PVCs bound
+    hp = fleet_env.aws.hyperpod_cluster(CLUSTER)
+    assert hp["TieredStorageConfig"] == {"Mode": "Enable", "InstanceMemoryAllocationPercentage": 25}
+    ds = twin.store.get("apps", "daemonsets", C.AI_TOOLKIT_DAEMONSET, C.AI_TOOLKIT_NAMESPACE)
+    assert ds["status"]["numberReady"] == 12
+    assert {fleet_env.aws.addon_status(twin.eks_name, a) for a in C.ADDON_ORDER} == {"ACTIVE"}
+    for ns in ("retail", "payments", "support"):
+        assert twin.store.get("", "persistentvolumeclaims", C.CURVINE_PVC, ns)["status"]["phase"] == "Bound"
+    # every UpdateCluster carried NodeRecovery (tiered storage alone is refused by the service)
+    updates = [r for r in fleet_env.aws.request_log if r.operation == "UpdateCluster"]
+    assert updates and all("NodeRecovery" in r.params for r in updates)
+
+    reset_counters(fleet_env)
+    assert _converge(make_ctx) == ["unchanged", "unchanged", "unchanged"]
+    assert mutating_calls(fleet_env, CLUSTER) == {"k8s": [], "aws": []}
+
+
+def test_percentage_15_is_refused_before_any_call(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+    bad = with_cluster(inventory, CLUSTER, memory_percent=15)
+    ctx = make_ctx(CLUSTER, inv=bad)
+    reset_counters(fleet_env)
+    with pytest.raises(PermanentError, match="15 is outside 20–100"):
+        tiered_storage.reconcile(ctx)
+    assert fleet_env.aws.operations() == []
+
+
+def test_addon_create_failed_fails_fast_with_its_health_issue(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
+    twin = fleet_env.twin(CLUSTER)
+    fleet_env.aws.fail_addon(twin.eks_name, "metrics-server", "metrics-server: image pull backoff in kube-system")
+    ctx = make_ctx(CLUSTER)
+    started = time.monotonic()
+    with pytest.raises(PermanentError) as err:
+        addons.reconcile(ctx)
+    assert "metrics-server" in str(err.value) and "CREATE_FAILED" in str(err.value)
+    assert "image pull backoff" in str(err.value)
+    assert time.monotonic() - started < ctx.timeouts.addon_s  # failed on the terminal state, not the timeout
+    # the operator add-on after it was never attempted
+    assert fleet_env.aws.addon_status(twin.eks_name, C.OPERATOR_ADDON) is None
+
+
+def test_install_ends_with_flags_false_and_a_master_restart_keeps_l2_files(fleet_env, make_ctx, history) -> None:  # type: ignore[no-untyped-def]
+    ctx = make_ctx(CLUSTER, history=history)
+    from kvfleet.history.repo import StepKey
+
+    history.start_run("t/1", dag_id="t", run_id="1", trigger="test", triggered_by=None, params={})
+    ctx.step_key = StepKey("t/1", "stages")
+    out = curvine.reconcile(ctx)
+    assert out.outcome == "changed"
+    assert ctx.helm.values(C.CURVINE_RELEASE, "curvine") and not cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, "curvine"))
+    rows = history.query("curvine_history", cluster=CLUSTER)
+    assert [(r["revision"], r["format_master"]) for r in rows] == [(1, True), (2, False)]
+
+    twin = fleet_env.twin(CLUSTER)
+    curvine.wait_curvine_running(ctx)
+    twin.l2.write("/l2cache/pvc-x/l2cache/chunk-1", 1024)
+    twin.services["curvine"].restart_master()
+    time.sleep(0.3)
+    curvine.wait_curvine_running(ctx)
+    assert twin.l2.exists("/l2cache/pvc-x/l2cache/chunk-1")
+
+
+def test_release_found_with_format_master_true_is_fixed_and_recorded(fleet_env, make_ctx, history) -> None:  # type: ignore[no-untyped-def]
+    ctx = make_ctx(CLUSTER)
+    curvine.reconcile(ctx)
+    spec = ctx.cluster.curvine
+    ctx.helm.upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx), version=spec.version,
+                     values={"cluster.formatMaster": True})
+    assert cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace)) == ["formatMaster"]
+
+    from kvfleet.history.repo import StepKey
+
+    history.start_run("t/2", dag_id="t", run_id="2", trigger="test", triggered_by=None, params={})
+    ctx2 = make_ctx(CLUSTER, history=history)
+    ctx2.step_key = StepKey("t/2", "stages")
+    out = curvine.reconcile(ctx2)
+    assert out.outcome == "changed"
+    assert out.detail["hazard_fixed"] == {"flags": ["formatMaster"], "result": "changed"}
+    assert not cv.flags_set(ctx2.helm.values(C.CURVINE_RELEASE, spec.namespace))
+    steps = history.steps("t/2")
+    assert steps[0]["detail"]["hazard_fixed"]["flags"] == ["formatMaster"]
+
+
+def test_dry_run_changes_nothing_and_lists_the_actions(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
+    twin = fleet_env.twin(CLUSTER)
+    rv_before = twin.store.resource_version
+    reset_counters(fleet_env)
+    ctx = make_ctx(CLUSTER, dry_run=True)
+    outcomes = [stage.reconcile(ctx).outcome for stage in (tiered_storage, addons, curvine)]
+    assert outcomes == ["planned", "planned", "planned"]
+    assert mutating_calls(fleet_env, CLUSTER) == {"k8s": [], "aws": []}
+    assert twin.store.resource_version == rv_before
+    actions = [p.action for p in ctx.planned]
+    assert any(a.startswith("aws sagemaker update-cluster") and "--node-recovery Automatic" in a for a in actions)
+    assert any("create-addon" in a and C.OPERATOR_ADDON in a for a in actions)
+    assert any(a.startswith("helm install curvine curvine") and "cluster.formatMaster=true" in a for a in actions)
+    assert any("--reuse-values" in a and "cluster.formatMaster=false" in a for a in actions)

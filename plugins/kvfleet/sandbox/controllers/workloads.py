@@ -783,7 +783,7 @@ class WorkloadController:
             live_uids.add(uid_of(pod))
             status = pod.get("status") or {}
             node = (pod.get("spec") or {}).get("nodeName")
-            if status.get("phase") != "Pending" and not (status.get("phase") == "Running" and node in slots
+            if status.get("phase", "Pending") != "Pending" and not (status.get("phase") == "Running" and node in slots
                                                         and slots[node].lost):
                 continue
             if node:
@@ -866,7 +866,7 @@ class WorkloadController:
 
         def start(p: dict[str, Any]) -> dict[str, Any] | None:
             status = p.setdefault("status", {})
-            if status.get("phase") != "Pending":
+            if status.get("phase", "Pending") != "Pending":
                 return None
             status.update(phase="Running", hostIP=slot.ip, podIP=pod_ip, podIPs=[{"ip": pod_ip}],
                           startTime=status.get("startTime") or now)

@@ -88,7 +88,7 @@ def vllm_container(pod: dict[str, Any]) -> dict[str, Any] | None:
     for container in (pod.get("spec") or {}).get("containers") or []:
         ports = {int(p.get("containerPort", 0)) for p in container.get("ports") or []}
         if container.get("name") == app and VLLM_PORT in ports:
-            return container
+            return dict(container)
     return None
 
 
@@ -543,7 +543,8 @@ class VllmSimulation:
                                  self._sse(engine, plan, response, usage_wanted))
         for _ in self._timeline(engine, plan):
             pass
-        time.sleep(max(0, output - 1) * engine.profile.inter_token_ms * plan.cost.noise_factor / 1000)
+        factor = plan.cost.noise_factor if plan.cost else 1.0
+        time.sleep(max(0, output - 1) * engine.profile.inter_token_ms * factor / 1000)
         with engine.lock:
             engine.metrics.generation_tokens += output
         return _json(200, response.whole())

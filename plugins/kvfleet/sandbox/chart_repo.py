@@ -235,15 +235,23 @@ def _semver_key(version: str) -> tuple[Any, ...]:
 
 _shared: ChartRepository | None = None
 _users = 0
+_last_port = 0
 _shared_lock = threading.Lock()
 
 
 def acquire_shared() -> ChartRepository:
-    """The process-wide repository, started on first use; pair every call with ``release_shared``."""
-    global _shared, _users
+    """The process-wide repository, started on first use; pair every call with ``release_shared``.
+
+    A restart reuses the previous port when it is free, so a URL a process exported earlier
+    (``KVFLEET_HELM_REPO_CURVINE``) keeps working across sandboxes started one after another."""
+    global _shared, _users, _last_port
     with _shared_lock:
         if _shared is None:
-            _shared = ChartRepository().start()
+            try:
+                _shared = ChartRepository(port=_last_port).start()
+            except OSError:
+                _shared = ChartRepository().start()
+            _last_port = int(_shared.url.rsplit(":", 1)[1])
         _users += 1
         return _shared
 

@@ -4,12 +4,9 @@ worker, and a helm rollback to the install revision), and the master API (capaci
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +33,6 @@ clusters:
     curvine:
       worker: {{replicas: 2, size: 100Gi}}
 """
-HAVE_WORKLOADS = importlib.util.find_spec("kvfleet.sandbox.controllers.workloads") is not None
 # The blog's install flags (DOMAIN.md stage 3), minus the format flags each test chooses.
 BLOG_VALUES = (
     "master.replicas=1", "worker.replicas=2",
@@ -47,61 +43,6 @@ BLOG_VALUES = (
     "worker.storage.dataDirs[0].storageClass=", "worker.storage.dataDirs[0].hostPath=/opt/dlami/nvme/curvine-data",
     "worker.storage.dataDirs[0].mountPath=/data/data1",
 )
-
-
-class StatefulSetStub:
-    """Test-only stand-in for the workloads controller while it does not exist: StatefulSet -> pods
-    ``<sts>-<i>``, Running and Ready shortly after creation, recreated when deleted or when the template changes."""
-
-    def __init__(self, twin: ClusterTwin, startup_s: float = 0.1) -> None:
-        self.store, self.startup_s = twin.store, startup_s
-        self._stop = threading.Event()
-        self._first_seen: dict[str, float] = {}
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            for sts in self.store.list("apps", "statefulsets"):
-                self._reconcile(sts)
-
-    def _reconcile(self, sts: dict[str, Any]) -> None:
-        ns, name = sts["metadata"]["namespace"], sts["metadata"]["name"]
-        template = sts["spec"]["template"]
-        revision = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-        replicas = int(sts["spec"].get("replicas", 1))
-        pods = {p["metadata"]["name"]: p for p in self.store.list("", "pods", ns)
-                if p["metadata"]["name"].startswith(f"{name}-")}
-        for i in range(replicas):
-            pod_name = f"{name}-{i}"
-            pod = pods.pop(pod_name, None)
-            if pod is not None and pod["metadata"]["labels"].get("controller-revision-hash") != revision:
-                self.store.delete("", "pods", pod_name, ns)
-                pod = None
-            if pod is None:
-                labels = {**template["metadata"].get("labels", {}), "controller-revision-hash": revision,
-                          "statefulset.kubernetes.io/pod-name": pod_name}
-                self.store.create("", "pods", {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                                 "annotations": template["metadata"].get("annotations", {})},
-                    "spec": {**template["spec"], "nodeName": f"node-{i}"},
-                })
-                self.store.mutate("", "pods", pod_name, ns, lambda p: {**p, "status": {"phase": "Pending"}})
-            elif pod.get("status", {}).get("phase") == "Pending" and self._age(pod) > self.startup_s:
-                self.store.mutate("", "pods", pod_name, ns, lambda p, i=i: {**p, "status": {
-                    "phase": "Running", "podIP": f"10.1.0.{i + 10}",
-                    "conditions": [{"type": "Ready", "status": "True"}]}})
-        for extra in pods:
-            if extra.rsplit("-", 1)[-1].isdigit():
-                self.store.delete("", "pods", extra, ns)
-
-    def _age(self, pod: dict[str, Any]) -> float:
-        return time.monotonic() - self._first_seen.setdefault(pod["metadata"]["uid"], time.monotonic())
 
 
 @dataclass
@@ -194,10 +135,9 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> No
 def curvine(sandbox_factory, kube_api, tmp_path: Path) -> Iterator[CurvineCluster]:
     if not (TOOLS / "helm").exists():
         pytest.skip("helm missing: run tools/fetch-k8s-binaries.sh")
-    controllers = ("workloads", "curvine") if HAVE_WORKLOADS else ("curvine",)
-    sandbox = sandbox_factory(FLEET, controllers=controllers, time_scale=0.005)
+    # Workloads turns the chart's StatefulSets into pods; Curvine gives them their behaviour.
+    sandbox = sandbox_factory(FLEET, controllers=("workloads", "curvine"), time_scale=0.005)
     twin = sandbox.twin(CLUSTER)
-    stub = None if HAVE_WORKLOADS else StatefulSetStub(twin)
     env = {**os.environ, "KUBECONFIG": str(sandbox.kubeconfig), "HOME": str(tmp_path),
            "HELM_CACHE_HOME": str(tmp_path / "helm-cache"), "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
            "HELM_DATA_HOME": str(tmp_path / "helm-data")}
@@ -209,11 +149,7 @@ def curvine(sandbox_factory, kube_api, tmp_path: Path) -> Iterator[CurvineCluste
             raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr}")
         return proc
 
-    try:
-        yield CurvineCluster(sandbox, twin, twin.services["chart_repo_url"], helm, kube_api(sandbox, CLUSTER))
-    finally:
-        if stub is not None:
-            stub.stop()
+    yield CurvineCluster(sandbox, twin, twin.services["chart_repo_url"], helm, kube_api(sandbox, CLUSTER))
 
 
 # --- charts and repository ----------------------------------------------------------------------------------
@@ -353,9 +289,10 @@ def test_master_api_capacity_files_and_scale_out(curvine):
     browse = json.loads(curvine.master_api("api/browse", path=paths[0]))
     assert browse[0]["path"] == paths[0] and browse[0]["len"] == curvine.twin.l2.read(paths[0]).size
 
+    before = curvine.pod_uids()
     curvine.upgrade("worker.replicas=4", "cluster.formatMaster=false", "cluster.formatWorker=false",
-                    "cluster.formatJournal=false", version="0.3.3-alpha")
-    _wait(lambda: json.loads(curvine.master_api("api/overview"))["live_workers"] == 4, "4 live workers")
+                    "cluster.formatJournal=false", version="0.3.3-alpha")  # new image tag: every pod rolls
+    curvine.wait_rolled(before, ("curvine-master-0", *(f"curvine-worker-{i}" for i in range(4))))
     overview = json.loads(curvine.master_api("api/overview"))
     assert overview["capacity"] == 4 * 100 * GIB and overview["files_total"] == 3  # the upgrade kept L2
     assert all(curvine.twin.l2.exists(p) for p in paths)
@@ -366,3 +303,30 @@ def test_master_api_capacity_files_and_scale_out(curvine):
     workers = json.loads(curvine.master_api("api/workers"))
     assert [w["status"] for w in workers["lost_workers"]] == ["Lost"] and len(workers["live_workers"]) == 3
     assert json.loads(curvine.master_api("api/overview"))["capacity"] == 3 * 100 * GIB
+
+
+def test_losing_a_worker_node_loses_only_that_workers_hostpath_blocks(curvine):
+    """hostPath NVMe stays with its node: a worker rescheduled elsewhere starts empty (recomputable KV blocks)."""
+    workloads = curvine.twin.services["workloads"]
+    curvine.install(format_master=False, format_worker=False, format_journal=False)
+    paths = curvine.write_files(4)
+    placement = curvine.sim.placement()
+    store = curvine.twin.store
+    node = store.get("", "pods", "curvine-worker-1", NS)["spec"]["nodeName"]
+    before = curvine.pod_uids()
+    workloads.lose_node(node)
+    curvine.wait_rolled(before, ("curvine-worker-1",))
+    assert store.get("", "pods", "curvine-worker-1", NS)["spec"]["nodeName"] != node
+    kept = {p for p in paths if curvine.twin.l2.exists(p)}
+    assert kept == {p for p in paths if placement[p] == "curvine-worker-0"} and len(kept) == 2
+
+
+def test_a_restarted_shared_repository_keeps_its_url():
+    first = acquire_shared()
+    url = first.url
+    release_shared()
+    second = acquire_shared()
+    try:
+        assert second is not first and second.url == url
+    finally:
+        release_shared()

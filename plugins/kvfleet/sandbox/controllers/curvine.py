@@ -131,11 +131,13 @@ class CurvineSimulation:
         self._placement: dict[str, str] = {}  # L2 path -> worker pod name holding its blocks
         self._rr = 0
         self._known_workers: dict[str, dict[str, Any]] = {}  # worker name -> last WorkerInfo seen live
+        self._worker_nodes: dict[str, str] = {}  # worker name -> node its data dir lives on
         self._logs: dict[tuple[str, str], _PodLog] = {}
         self._installed = False  # once a Curvine master StatefulSet is seen, L2 availability follows the master
         self._master_start = twin.clock.now()
         self._inode_seq = 1000  # Curvine's inode ids; reset by a master format
-        self.formats: list[dict[str, Any]] = []  # every format that happened: {"pod", "kind", "files_lost", ...}
+        # Every data loss that happened: {"pod", "kind": master|worker|node-change, "files_lost", "at"}.
+        self.formats: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._repo = chart_repo.acquire_shared()
         twin.services["chart_repo_url"] = self._repo.url
@@ -295,22 +297,34 @@ class CurvineSimulation:
         dirs = env.get(ENV_DATA_DIRS, "")
         self._log(pod, f"Starting curvine worker {name}, rpc_port={WORKER_RPC_PORT}, data_dir={dirs}")
         self._sync()
+        node = (pod.get("spec") or {}).get("nodeName", "")
+        with self._lock:
+            previous_node = self._worker_nodes.get(name)
+            self._worker_nodes[name] = node
+        moved = bool(previous_node and node and previous_node != node and _host_path_data(pod))
         if _flag(env, ENV_FORMAT_WORKER):
-            with self._lock:
-                doomed = {p for p, w in self._placement.items() if w == name}
-                lost = self.twin.l2.drop_where(lambda path, _e: path in doomed)
-                for path in doomed:
-                    self._placement.pop(path, None)
-                self.formats.append({"pod": name, "kind": "worker", "files_lost": lost,
-                                     "at": self.twin.clock.now()})
+            lost = self._drop_blocks_of(name, "worker")
             for _type, _size, path in data_dir_sizes(dirs) or [("SSD", 0, "/data/data1")]:
                 self._log(pod, f"Delete(format) data dir {path}")
             self._log(pod, f"worker formatted: blocks of {lost} files dropped")
+        elif moved:
+            # hostPath data stays on the node it was written to: a worker rescheduled elsewhere starts empty.
+            lost = self._drop_blocks_of(name, "node-change")
+            self._log(pod, f"data dir empty on node {node} (was {previous_node}): blocks of {lost} files lost")
         else:
             with self._lock:
                 held = sum(1 for w in self._placement.values() if w == name)
             self._log(pod, f"loaded existing blocks of {held} files")
         self._log(pod, "worker registered with the master")
+
+    def _drop_blocks_of(self, worker: str, reason: str) -> int:
+        with self._lock:
+            doomed = {p for p, w in self._placement.items() if w == worker}
+            lost = self.twin.l2.drop_where(lambda path, _e: path in doomed)
+            for path in doomed:
+                self._placement.pop(path, None)
+            self.formats.append({"pod": worker, "kind": reason, "files_lost": lost, "at": self.twin.clock.now()})
+        return lost
 
     def _refresh_availability(self) -> None:
         if self.namespace() is not None:
@@ -559,6 +573,13 @@ def _json(status: int, body: Any) -> ProxyResponse:
 def _file_status(path: str, entry: L2Entry) -> dict[str, Any]:
     return {"path": path, "name": path.rsplit("/", 1)[-1], "is_dir": False, "len": entry.size,
             "mtime": _ms(entry.written_at), "block_size": BLOCK_SIZE, "replicas": 1, "file_type": "File"}
+
+
+def _host_path_data(pod: dict[str, Any]) -> bool:
+    """Whether the worker's data dirs are hostPath volumes (node-local NVMe), not claims that follow the pod.
+    The chart's worker pod has the ``config`` volume and its data dirs, nothing else."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return any("hostPath" in v for v in volumes if v.get("name") != "config")
 
 
 def _image_tag(pod: dict[str, Any]) -> str:

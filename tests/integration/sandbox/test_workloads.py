@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,11 @@ def pods_of(core: client.CoreV1Api, app: str) -> list[Any]:
     return core.list_namespaced_pod("default", label_selector=f"app={app}").items
 
 
+def status_of(obj: Any) -> Any:
+    """A workload's status; None until the controller first writes it, as on a real cluster."""
+    return obj.status or types.SimpleNamespace(ready_replicas=None, number_ready=None)
+
+
 def env_of(pod: Any) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env or []}
 
@@ -111,7 +117,7 @@ def test_gpu_pods_bind_one_per_free_gpu_and_the_rest_stay_pending_with_the_reaso
     assert scheduled.message.startswith("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
     events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={pending[0].metadata.name}")
     assert any(e.reason == "FailedScheduling" for e in events.items)
-    status = wait_for("deployment status", lambda: (s := apps.read_namespaced_deployment("llm", "default").status)
+    status = wait_for("deployment status", lambda: (s := status_of(apps.read_namespaced_deployment("llm", "default")))
                       .ready_replicas == 2 and s)
     assert (status.replicas, status.updated_replicas, status.unavailable_replicas) == (3, 3, 1)
     conditions = {c.type: (c.status, c.reason) for c in status.conditions}
@@ -196,8 +202,9 @@ def test_statefulset_pods_are_ordered_and_an_on_delete_pod_stays_stale_until_kil
     assert {env_of(p)["V"] for p in pods_of(core, "db")} == {"1"}  # OnDelete: stale until the pod goes
     old_uid = core.read_namespaced_pod("db-1", "default").metadata.uid
     assert sb.twin(CLUSTER).services["workloads"].kill_pod("default", "db-1")
-    pod = wait_for("db-1 recreated", lambda: (p := core.read_namespaced_pod("db-1", "default")).metadata.uid != old_uid
-                   and p.status.phase == "Running" and p)
+    pod = wait_for("db-1 recreated", lambda: next((p for p in pods_of(core, "db") if p.metadata.name == "db-1"
+                                                   and p.metadata.uid != old_uid and p.status.phase == "Running"),
+                                                  None))
     assert env_of(pod)["V"] == "2" and env_of(core.read_namespaced_pod("db-0", "default"))["V"] == "1"
     status = apps.read_namespaced_stateful_set("db", "default").status
     assert (status.replicas, status.ready_replicas, status.updated_replicas) == (2, 2, 1)
@@ -209,7 +216,8 @@ def test_statefulset_rolling_update_replaces_pods_one_at_a_time(sb, core, apps) 
                     "template": {"metadata": {"labels": {"app": "kv"}}, "spec": {"containers": [
                         {"name": "kv", "image": "kv:1"}]}}}}
     apps.create_namespaced_stateful_set("default", sts)
-    wait_for("two ready", lambda: (apps.read_namespaced_stateful_set("kv", "default").status.ready_replicas or 0) == 2)
+    wait_for("two ready", lambda: (status_of(apps.read_namespaced_stateful_set("kv", "default")).ready_replicas
+                                   or 0) == 2)
     apps.patch_namespaced_stateful_set("kv", "default", {"spec": {"template": {"spec": {"containers": [
         {"name": "kv", "image": "kv:2"}]}}}})
     counts = []
@@ -233,11 +241,11 @@ def test_daemonset_honours_node_selector(sb, core, apps, kubectl) -> None:
               "metadata": {"labels": {"app": "agent"}},
               "spec": {"nodeSelector": {"role": "cache"}, "containers": [{"name": "a", "image": "agent:1"}]}}}}
     apps.create_namespaced_daemon_set("default", ds)
-    wait_for("one ready agent", lambda: (apps.read_namespaced_daemon_set("agent", "default").status.number_ready
+    wait_for("one ready agent", lambda: (status_of(apps.read_namespaced_daemon_set("agent", "default")).number_ready
                                          or 0) == 1)
     assert [p.spec.node_name for p in pods_of(core, "agent")] == [nodes[0]]
     kubectl("label", "node", nodes[1], "role=cache")
-    wait_for("two agents", lambda: apps.read_namespaced_daemon_set("agent", "default").status.number_ready == 2)
+    wait_for("two agents", lambda: status_of(apps.read_namespaced_daemon_set("agent", "default")).number_ready == 2)
     assert apps.read_namespaced_daemon_set("agent", "default").status.desired_number_scheduled == 2
 
 
@@ -360,7 +368,7 @@ def test_ai_toolkit_appears_on_enable_and_goes_on_disable(sb, core, apps) -> Non
     update("Enable")
     ds = wait_for("ai-toolkit ready on every node", lambda: [
         d for d in apps.list_namespaced_daemon_set("aws-hyperpod").items
-        if d.metadata.name == "ai-toolkit" and (d.status.number_ready or 0) == 2])
+        if d.metadata.name == "ai-toolkit" and (status_of(d).number_ready or 0) == 2])
     assert ds[0].status.desired_number_scheduled == 2
     pods = core.list_namespaced_pod("aws-hyperpod", label_selector="app=ai-toolkit").items
     assert sorted(p.spec.node_name for p in pods) == sorted(sb.twin(CLUSTER).gpu_nodes)

@@ -148,8 +148,8 @@ class Env:
             "metadata": {"name": "curvine-pvc"},
             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "curvine-sc",
                      "resources": {"requests": {"storage": "100Gi"}}}})
-        wait_for("curvine-pvc Bound", lambda: self.core.read_namespaced_persistent_volume_claim(
-            "curvine-pvc", "default").status.phase == "Bound")
+        wait_for("curvine-pvc Bound", lambda: getattr(self.core.read_namespaced_persistent_volume_claim(
+            "curvine-pvc", "default").status, "phase", "") == "Bound")
 
     def patch_to_curvine(self, name: str) -> None:
         """The blog's one JSON patch: replace the operator URL in place, add the volume and its mount."""

@@ -304,8 +304,8 @@ def test_curvine_pvc_binds_only_while_the_master_runs(sb, core, kube_api) -> Non
     assert core.read_namespaced_persistent_volume_claim("curvine-pvc", "default").status.phase == "Pending"
     stub.running = True
     twin.services["workloads"].wake()
-    pvc = wait_for("Bound", lambda: (c := core.read_namespaced_persistent_volume_claim("curvine-pvc", "default"))
-                   .status.phase == "Bound" and c)
+    pvc = wait_for("Bound", lambda: getattr((c := core.read_namespaced_persistent_volume_claim(
+        "curvine-pvc", "default")).status, "phase", "") == "Bound" and c)
     pv = core.read_persistent_volume(pvc.spec.volume_name)
     assert pvc.spec.volume_name == f"pvc-{pvc.metadata.uid}"
     assert pv.spec.csi.driver == "curvine"
@@ -330,7 +330,8 @@ def test_ebs_claims_bind_at_once_or_at_first_consumer(sb, core, kube_api) -> Non
         core.create_namespaced_persistent_volume_claim("default", {"metadata": {"name": name}, "spec": spec})
 
     def phase(name: str) -> str:
-        return core.read_namespaced_persistent_volume_claim(name, "default").status.phase
+        status = core.read_namespaced_persistent_volume_claim(name, "default").status
+        return status.phase if status else ""
 
     claim("now", "gp3-now")
     wait_for("Immediate EBS claim bound", lambda: phase("now") == "Bound")
@@ -342,15 +343,17 @@ def test_ebs_claims_bind_at_once_or_at_first_consumer(sb, core, kube_api) -> Non
     core.create_namespaced_pod("default", {"metadata": {"name": "user", "labels": {"app": "user"}}, "spec": {
         "containers": [{"name": "c", "image": "busybox"}],
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "later"}}]}})
-    wait_for("the consumer runs", lambda: core.read_namespaced_pod("user", "default").status.phase == "Running")
+    wait_for("the consumer runs", lambda: getattr(core.read_namespaced_pod("user", "default").status, "phase", "")
+             == "Running")
     pvc = core.read_namespaced_persistent_volume_claim("later", "default")
     assert pvc.status.phase == "Bound" and pvc.spec.storage_class_name == "ebs-sc"
     assert core.read_persistent_volume(pvc.spec.volume_name).spec.csi.volume_handle.startswith("vol-")
     core.create_namespaced_pod("default", {"metadata": {"name": "orphan"}, "spec": {
         "containers": [{"name": "c", "image": "busybox"}],
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "missing"}}]}})
-    cond = wait_for("unschedulable", lambda: [c for c in core.read_namespaced_pod("orphan", "default").status
-                                              .conditions or [] if c.reason == "Unschedulable"])
+    cond = wait_for("unschedulable", lambda: [c for c in getattr(core.read_namespaced_pod("orphan", "default")
+                                                                 .status, "conditions", None) or []
+                                              if c.reason == "Unschedulable"])
     assert 'persistentvolumeclaim "missing" not found' in cond[0].message
 
 

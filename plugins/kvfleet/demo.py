@@ -44,10 +44,13 @@ def _sandbox_env(stack: ExitStack, fleet: Path, root: Path, keep: bool) -> dict[
     except ImportError:
         print("    (sandbox not available in this build: the rollout only plans)")
         return {}
+    started = time.monotonic()
     sandbox = start_sandbox(fleet=fleet, state_dir=root / "sandbox")
     if not keep:
         stack.callback(sandbox.stop)
-    return sandbox.exports()
+    print(f"    {len(sandbox.twins)} clusters up in {time.monotonic() - started:.1f}s; kubeconfig {sandbox.kubeconfig}")
+    # Waits poll faster than against real AWS: the sandbox runs its control plane on a scaled clock.
+    return {**sandbox.exports(), "KVFLEET_POLL_SECONDS": "0.2"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
         conf = json.dumps({"fleet": str(fleet)})
         _run([sys.executable, "-m", "airflow", "dags", "test", "kvfleet_rollout", "-c", conf], env, quiet=True)
 
-        _step("summary")
+        _step("per-LOB summary of the rollout (kvfleet audit rollout)")
         _run([sys.executable, "-m", "kvfleet.cli", "audit", "rollout"], env)
+
+        _step("cross-pod L2 verification per endpoint (kvfleet audit verifications --since 1h)")
+        _run([sys.executable, "-m", "kvfleet.cli", "audit", "verifications", "--since", "1h"], env)
 
         _step("kvfleet audit runs")
         _run([sys.executable, "-m", "kvfleet.cli", "audit", "runs"], env)

@@ -87,6 +87,29 @@ def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> s
                     what=f"[{ctx.cluster.name}] curvine pods", progress=ctx.progress)
 
 
+def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None) -> str:
+    """Both StatefulSets fully rolled out on their newest revision (after an install, flip or upgrade: a
+    values change rolls the pods, and L2 is unavailable while the master restarts)."""
+    ns = ctx.cluster.curvine.namespace
+
+    def check() -> tuple[bool, str]:
+        states = []
+        done = True
+        for name in (C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS):
+            sts = get_or_none(ctx.kube.apps.read_namespaced_stateful_set, name, ns)
+            if sts is None:
+                return False, f"{name} missing"
+            st, want = sts.status, sts.spec.replicas or 0
+            ok = ((st.observed_generation or 0) >= (sts.metadata.generation or 0) and (st.updated_replicas or 0) == want
+                  and (st.ready_replicas or 0) == want and (st.replicas or 0) == want)
+            done = done and ok
+            states.append(f"{name} updated {st.updated_replicas or 0}/{want} ready {st.ready_replicas or 0}/{want}")
+        return done, ", ".join(states)
+
+    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+                    what=f"[{ctx.cluster.name}] curvine rollout", progress=ctx.progress)
+
+
 def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     ns = ctx.cluster.curvine.namespace
     out = []
@@ -304,6 +327,7 @@ def reconcile(ctx: StageContext) -> Outcome:
         planned = [p for p in ctx.planned if p.stage == STAGE]
         return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
     detail["flags"] = verify_flags_false(ctx)
+    detail["rollout"] = wait_rolled_out(ctx)
     detail["revisions"] = _record_revisions(ctx, C.CURVINE_RELEASE)
     pvcs = ensure_pvcs(ctx)
     detail["pvcs"] = pvcs

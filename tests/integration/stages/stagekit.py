@@ -27,3 +27,69 @@ def reset_counters(sandbox) -> None:  # type: ignore[no-untyped-def]
 def with_cluster(inv: Inventory, name: str, **changes: Any) -> Inventory:
     clusters = tuple(dataclasses.replace(c, **changes) if c.name == name else c for c in inv.clusters)
     return dataclasses.replace(inv, clusters=clusters)
+
+
+def converge_cluster(make_ctx, cluster: str, **kw: Any):  # type: ignore[no-untyped-def]
+    """Stages 1–3 on one cluster; returns the context used."""
+    from kvfleet.stages import addons, curvine, tiered_storage
+
+    ctx = make_ctx(cluster, **kw)
+    for stage in (tiered_storage, addons, curvine):
+        stage.reconcile(ctx)
+    return ctx
+
+
+def endpoint(inv: Inventory, cluster: str, name: str):  # type: ignore[no-untyped-def]
+    return next(e for e in inv.endpoints if e.cluster == cluster and e.name == name)
+
+
+def tamper_deployment_env(twin, ep, *, set_env: dict[str, str] | None = None,  # type: ignore[no-untyped-def]
+                          remove: tuple[str, ...] = ()) -> None:
+    """Break an endpoint the way a hand edit would: pause the operator (so it does not re-render), change the
+    vLLM container's env, and delete the pods so they are recreated from the changed template."""
+    from kvfleet.fleet import constants as C
+
+    def scale0(d):  # type: ignore[no-untyped-def]
+        d["spec"]["replicas"] = 0
+        return d
+
+    twin.store.mutate("apps", "deployments", C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE, scale0)
+    import time
+
+    deadline = time.monotonic() + 20
+    while (twin.store.get("apps", "deployments", C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
+           .get("status", {}).get("readyReplicas")):
+        assert time.monotonic() < deadline, "operator did not stop"
+        time.sleep(0.05)
+
+    def edit(d):  # type: ignore[no-untyped-def]
+        c = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == ep.name)
+        env = [e for e in c.get("env", []) if e["name"] not in remove and e["name"] not in (set_env or {})]
+        env += [{"name": k, "value": v} for k, v in (set_env or {}).items()]
+        c["env"] = env
+        return d
+
+    twin.store.mutate("apps", "deployments", ep.name, ep.namespace, edit)
+    for pod in twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}"):
+        twin.store.delete("", "pods", pod["metadata"]["name"], ep.namespace)
+
+
+def wait_pods_ready(twin, ep, n: int, timeout: float = 30.0, *, env: dict[str, str] | None = None,  # type: ignore[no-untyped-def]
+                    absent: tuple[str, ...] = ()) -> None:
+    """Until exactly n pods are Ready and every one carries ``env`` and lacks ``absent`` (no old pods left)."""
+    import time
+
+    def ok(p):  # type: ignore[no-untyped-def]
+        c = next(c for c in p["spec"]["containers"] if c["name"] == ep.name)
+        have = {e["name"]: e.get("value") for e in c.get("env", [])}
+        ready = any(x.get("type") == "Ready" and x.get("status") == "True"
+                    for x in (p.get("status") or {}).get("conditions", []))
+        return ready and all(have.get(k) == v for k, v in (env or {}).items()) and not any(a in have for a in absent)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}")
+        if len(pods) == n and all(ok(p) for p in pods):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{ep.key}: pods not ready in {timeout}s")

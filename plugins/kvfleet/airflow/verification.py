@@ -1,0 +1,72 @@
+"""Task bodies of the hourly `kvfleet_hit_verification` DAG: stage 5 on every managed endpoint, per cluster.
+
+Called from ``dags/kvfleet_hit_verification.py``. Each mapped task verifies the endpoints of one cluster in
+turn (pods of one cluster share nodes, so probing them in parallel would disturb the TTFT it measures), and
+records every result in the history store. The summary logs one table per LOB.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvfleet.airflow.context import run_info
+from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.history.repo import History, StepEvent
+from kvfleet.stages import verify
+
+log = logging.getLogger(__name__)
+
+
+@permanent_fails_fast
+def open_run(params: dict[str, Any]) -> list[str]:
+    info = run_info()
+    inv = scoped_inventory(params)
+    verify.check_prompt_length(int(params["prompt_tokens"]), inv.settings.chunk_size)
+    history = History()
+    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params)
+    history.record_step(info.step_key, StepEvent("scope", "verify", "planned",
+                                                 detail={"endpoints": len(inv.endpoints)}), actor=info.actor)
+    return sorted({e.cluster for e in inv.endpoints})
+
+
+@permanent_fails_fast
+def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    ctx = _context(cluster, params)
+    out = []
+    try:
+        for ep in ctx.inventory.endpoints_of(cluster):
+            lengths = verify.SWEEP_LENGTHS if params.get("sweep") else (int(params["prompt_tokens"]),)
+            for n in lengths:
+                result = verify.verify_endpoint(ctx, ep, n).as_dict()
+                if ctx.history is not None and ctx.step_key is not None:
+                    ctx.history.record_verification(ctx.step_key, f"verify:{ep.key}:{n}", result)
+                log.info("%s %s tokens: %s hit %s speedup %s (expected %s) %s", ep.ref, n, result["verdict"],
+                         result["hit_ratio"], result["speedup"], result["expected_speedup"],
+                         result.get("diagnosis") or "")
+                out.append({k: result[k] for k in ("cluster", "endpoint", "lob", "prompt_tokens", "verdict",
+                                                   "hit_ratio", "speedup", "expected_speedup", "diagnosis")})
+    finally:
+        ctx.close()
+    return out
+
+
+def summarize(results: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
+    info = run_info()
+    rows = [r for per_cluster in results or [] for r in per_cluster]
+    by_lob: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_lob.setdefault(r["lob"], []).append(r)
+    for lob in sorted(by_lob):
+        lines = [f"{'endpoint':<36}{'tokens':>8}{'verdict':>14}{'hit':>7}{'speedup':>9}{'expected':>10}  diagnosis"]
+        for r in sorted(by_lob[lob], key=lambda r: (r["cluster"], r["endpoint"], r["prompt_tokens"] or 0)):
+            lines.append(f"{r['cluster'] + ':' + r['endpoint']:<36}{r['prompt_tokens'] or '-':>8}{r['verdict']:>14}"
+                         f"{r['hit_ratio'] if r['hit_ratio'] is not None else '-':>7}"
+                         f"{r['speedup'] if r['speedup'] is not None else '-':>9}{r['expected_speedup']:>10}  "
+                         f"{r['diagnosis'] or ''}")
+        log.info("LOB %s\n%s", lob, "\n".join(lines))
+    verdicts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("pass", "degraded", "fail", "unverifiable")}
+    History().end_run(info.run_key, "success", {"verdicts": verdicts, "lobs": sorted(by_lob)})
+    return verdicts

@@ -1,0 +1,122 @@
+"""Stage 4 (safe patch batched per wave, Kyverno mode) and stage 5 (cross-pod hit verification), against the
+sandbox's simulated operator, Kyverno, Curvine and vLLM/LMCache pods."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from stagekit import converge_cluster, endpoint, mutating_calls, reset_counters, tamper_deployment_env, wait_pods_ready
+
+from kvfleet.errors import PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.history.repo import StepKey
+from kvfleet.stages import endpoints, operator_pause, verify
+
+pytestmark = pytest.mark.integration
+PROD = "ml-prod-use1"  # patch mode, ml.g6e.4xlarge
+STAGE_CLUSTER = "ml-stage-usw2"  # kyverno mode, ml.g5.4xlarge
+
+
+def _url_entries(twin, ep):  # type: ignore[no-untyped-def]
+    dep = twin.store.get("apps", "deployments", ep.name, ep.namespace)
+    c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == ep.name)
+    return [e["value"] for e in c["env"] if e["name"] == C.ENV_REMOTE_URL]
+
+
+def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(fleet_env, make_ctx, inventory,
+                                                                              history) -> None:  # type: ignore[no-untyped-def]
+    history.start_run("t/ep", dag_id="t", run_id="ep", trigger="test", triggered_by=None, params={})
+    ctx = converge_cluster(make_ctx, PROD, history=history)
+    ctx.step_key = StepKey("t/ep", "wave")
+    ep = endpoint(inventory, PROD, "retail-assistant")
+    twin = fleet_env.twin(PROD)
+    (out,) = endpoints.reconcile_wave(ctx, [ep], holder="t/ep")
+    assert out.outcome == "changed"
+    assert _url_entries(twin, ep) == [C.L2_URL]
+    assert operator_pause.pause_state(ctx)["ready"] >= 1 and operator_pause.pause_state(ctx)["paused_by"] is None
+    for pod in twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}"):
+        vllm = next(c for c in pod["spec"]["containers"] if c["name"] == ep.name)
+        assert [e["value"] for e in vllm["env"] if e["name"] == C.ENV_REMOTE_URL] == [C.L2_URL]
+
+    result = verify.verify_endpoint(ctx, ep, 2000)
+    assert result.verdict == "pass", result
+    assert result.hit_ratio == 1.0 and result.stored_tokens == 2000
+    assert result.speedup >= result.expected_speedup * (1 - verify.SPEEDUP_TOLERANCE)
+    assert result.node_a != result.node_b if hasattr(result, "node_a") else result.detail["node_a"] != result.detail["node_b"]
+
+    audit = [s["step"] for s in history.steps("t/ep") if s["stage"] == "operator"]
+    assert audit == ["operator_pause:t/ep", "operator_restore:t/ep"]
+
+    reset_counters(fleet_env)
+    (again,) = endpoints.reconcile_wave(make_ctx(PROD), [ep], holder="t/ep2")
+    assert again.outcome == "unchanged"
+    assert mutating_calls(fleet_env, PROD) == {"k8s": [], "aws": []}
+
+
+def test_failure_between_pause_and_restore_still_restores_the_operator(fleet_env, make_ctx, inventory,
+                                                                        history) -> None:  # type: ignore[no-untyped-def]
+    history.start_run("t/drill", dag_id="t", run_id="drill", trigger="test", triggered_by=None, params={})
+    ctx = converge_cluster(make_ctx, PROD, history=history)
+    ctx.step_key = StepKey("t/drill", "wave")
+    eps = [endpoint(inventory, PROD, "retail-assistant"), endpoint(inventory, PROD, "payments-disputes")]
+    with pytest.raises(RuntimeError, match="injected failure after scale-to-0"):
+        endpoints.reconcile_wave(ctx, eps, holder="t/drill", fail_after_scale_down=True)
+    state = operator_pause.pause_state(ctx)
+    assert state["paused_by"] is None and state["ready"] >= 1
+    steps = {s["step"]: s for s in history.steps("t/drill")}
+    assert steps["wave_state:t/drill"]["outcome"] == "failed"
+    assert set(steps["wave_state:t/drill"]["detail"]["states"].values()) == {"scaled_to_0"}
+    assert steps["operator_restore:t/drill"]["detail"]["restored"] is True
+
+
+def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+    inv = dataclasses.replace(inventory, endpoints=tuple(
+        dataclasses.replace(e, replicas=1) if e.name == "support-summaries" and e.cluster == PROD else e
+        for e in inventory.endpoints))
+    ctx = converge_cluster(make_ctx, PROD, inv=inv)
+    twin = fleet_env.twin(PROD)
+    single = endpoint(inv, PROD, "support-summaries")
+    seedless = endpoint(inv, PROD, "retail-assistant")
+    cachegen = endpoint(inv, PROD, "payments-disputes")
+    endpoints.reconcile_wave(ctx, [single, seedless, cachegen], holder="t/diag")
+
+    one = verify.verify_endpoint(ctx, single, 2000)
+    assert one.verdict == "unverifiable" and "only 1 replica" in one.diagnosis
+
+    with pytest.raises(PermanentError, match="300 is too short to verify L2.*at least 512"):
+        verify.verify_endpoint(ctx, seedless, 300)
+
+    tamper_deployment_env(twin, seedless, remove=(C.ENV_HASHSEED,))
+    wait_pods_ready(twin, seedless, 2, absent=(C.ENV_HASHSEED,))
+    r = verify.verify_endpoint(ctx, seedless, 2000)
+    assert r.verdict == "fail" and r.stored_tokens > 0 and r.hit_tokens == 0
+    assert "PYTHONHASHSEED" in r.diagnosis and "stored on A but 0 hits on B" in r.diagnosis
+
+    tamper_deployment_env(twin, cachegen, set_env={C.ENV_REMOTE_SERDE: "cachegen"})
+    wait_pods_ready(twin, cachegen, 2, env={C.ENV_REMOTE_SERDE: "cachegen"})
+    r = verify.verify_endpoint(ctx, cachegen, 2000)
+    assert r.verdict == "fail" and r.stored_tokens == 0
+    assert r.diagnosis.startswith("no store line: L2 not written (URL or serde)")
+
+
+def test_kyverno_mode_injection_survives_a_forced_rerender(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+    ctx = converge_cluster(make_ctx, STAGE_CLUSTER)
+    ep = endpoint(inventory, STAGE_CLUSTER, "retail-assistant")
+    twin = fleet_env.twin(STAGE_CLUSTER)
+    (out,) = endpoints.reconcile_wave(ctx, [ep], holder="t/kyv")
+    assert out.outcome == "changed"
+    assert _url_entries(twin, ep) == [C.L2_URL]
+    assert operator_pause.pause_state(ctx)["paused_by"] is None  # no pause in kyverno mode
+
+    generation = twin.store.get("apps", "deployments", ep.name, ep.namespace)["metadata"]["generation"]
+    twin.services["operator"].rerender_now(ep.namespace, ep.name)
+    import time
+
+    deadline = time.monotonic() + 20
+    while twin.store.get("apps", "deployments", ep.name, ep.namespace)["metadata"]["generation"] == generation:
+        assert time.monotonic() < deadline, "the operator did not re-render"
+        time.sleep(0.1)
+    assert _url_entries(twin, ep) == [C.L2_URL]
+    assert endpoints.endpoint_violations(ctx, ep) == [] or all("pod" in v for v in endpoints.endpoint_violations(ctx, ep))
+    assert verify.verify_endpoint(ctx, ep, 2000).verdict == "pass"

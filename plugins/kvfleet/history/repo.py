@@ -225,6 +225,47 @@ class History:
                 {"r": _json(dict(remediation)), "fp": fingerprint},
             )
 
+    # ---- cluster leases ----------------------------------------------------------------------------------------
+    def try_lock(self, cluster: str, holder: str, purpose: str, ttl_s: float) -> dict[str, Any]:
+        """Take the cluster's lease if it is free, expired, or already ours; return the row now in place."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                text(
+                    "INSERT INTO cluster_locks (cluster, holder, purpose, expires_at) "
+                    "VALUES (:c, :h, :p, now() + make_interval(secs => :ttl)) "
+                    "ON CONFLICT (cluster) DO UPDATE SET holder = EXCLUDED.holder, purpose = EXCLUDED.purpose, "
+                    "acquired_at = CASE WHEN cluster_locks.holder = EXCLUDED.holder THEN cluster_locks.acquired_at "
+                    "ELSE now() END, heartbeat_at = now(), expires_at = EXCLUDED.expires_at "
+                    "WHERE cluster_locks.holder = EXCLUDED.holder OR cluster_locks.expires_at < now() "
+                    "RETURNING *"
+                ),
+                {"c": cluster, "h": holder, "p": purpose, "ttl": ttl_s},
+            ).mappings().first()
+            if row is None:
+                row = conn.execute(text("SELECT * FROM cluster_locks WHERE cluster = :c"), {"c": cluster}).mappings().first()
+            return dict(row) if row else {}
+
+    def heartbeat_lock(self, cluster: str, holder: str, ttl_s: float) -> bool:
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                text("UPDATE cluster_locks SET heartbeat_at = now(), expires_at = now() + make_interval(secs => :ttl) "
+                     "WHERE cluster = :c AND holder = :h RETURNING cluster"),
+                {"c": cluster, "h": holder, "ttl": ttl_s},
+            ).first()
+            return row is not None
+
+    def release_lock(self, cluster: str, holder: str) -> bool:
+        with self.engine.begin() as conn:
+            row = conn.execute(text("DELETE FROM cluster_locks WHERE cluster = :c AND holder = :h RETURNING cluster"),
+                               {"c": cluster, "h": holder}).first()
+            return row is not None
+
+    def lock_of(self, cluster: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(text("SELECT *, expires_at < now() AS expired FROM cluster_locks WHERE cluster = :c"),
+                               {"c": cluster}).mappings().first()
+            return dict(row) if row else None
+
     # ---- named queries -------------------------------------------------------------------------------------
     def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
         """Run ``sql/queries/<name>.sql`` with bound parameters; returns rows as dicts."""

@@ -101,6 +101,9 @@ class StageContext:
     def plan(self, stage: str, action: str, *, endpoint: str | None = None, diff: str | None = None) -> None:
         self.planned.append(PlannedAction(self.cluster.name, stage, action, endpoint, diff))
         self.say(f"DRY RUN would: {action}" + (f"\n{diff}" if diff else ""))
+        # Kept in the history too, so the run's summary (another task) can print the whole diff.
+        self.record(f"planned:{len(self.planned):04d}:{stage}", stage, "planned", endpoint=endpoint, action=action,
+                    diff=diff)
 
     def record(self, step: str, stage: str, outcome: str, *, endpoint: str | None = None, lob: str | None = None,
                **detail: Any) -> Outcome:

@@ -309,11 +309,32 @@ class KyvernoSimulation:
             if _block_matches(exclude, obj, kind):
                 continue
             try:
-                obj = merge(obj, overlay)
+                obj = merge(obj, substitute(overlay, obj))
             except _Skip:
                 continue
             self.applied[(policy["metadata"]["name"], rule.get("name", ""))] += 1
         return obj
+
+
+_VARIABLE = re.compile(r"\{\{\s*request\.object\.([A-Za-z0-9_.]+)\s*\}\}")
+
+
+def substitute(value: Any, obj: dict[str, Any]) -> Any:
+    """Kyverno variables of the form ``{{request.object.<path>}}`` (e.g. ``metadata.name``), resolved against
+    the admitted object before the patch is merged. Unknown paths resolve to an empty string."""
+    if isinstance(value, dict):
+        return {substitute(k, obj): substitute(v, obj) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, obj) for v in value]
+    if isinstance(value, str) and "{{" in value:
+        def lookup(m: re.Match[str]) -> str:
+            node: Any = obj
+            for part in m.group(1).split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            return "" if node is None else str(node)
+
+        return _VARIABLE.sub(lookup, value)
+    return value
 
 
 def attach(twin: ClusterTwin) -> KyvernoSimulation:

@@ -1,0 +1,70 @@
+"""The wave gate: a Human-in-the-loop operator (the standard provider's ``HITLOperator``) that only asks when
+it must.
+
+It sits between two wave slots of a cluster in `kvfleet_rollout`. It reads the previous wave's result and
+decides with ``fleet.gates``: a clean pass goes on without a human; a failed verification stops the cluster's
+later waves; an inconclusive verification (degraded/unverifiable) asks "Approve / Skip endpoint / Abort";
+``approval=after_canary|every_wave`` asks "Approve / Reject" (the ApprovalOperator's options). A timeout takes
+the safe default (Abort / Reject). Lives in the installed package, as Airflow requires for deferrable and
+awaiting-input operators.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import HITLOperator
+
+from kvfleet.fleet import gates
+
+ALL_OPTIONS = [*gates.REVIEW_OPTIONS, "Reject"]
+
+
+class WaveGateOperator(HITLOperator):
+    def __init__(self, *, wave_task_id: str, slot: int, response_timeout: timedelta = timedelta(hours=2),
+                 **kwargs: Any) -> None:
+        super().__init__(subject="kvfleet rollout gate", options=list(ALL_OPTIONS), defaults=["Abort"],
+                         response_timeout=response_timeout, **kwargs)
+        self.wave_task_id = wave_task_id
+        self.slot = slot
+
+    def _wave(self, context: Any) -> dict[str, Any]:
+        ti = context["ti"]
+        return dict(ti.xcom_pull(task_ids=self.wave_task_id, map_indexes=ti.map_index) or {})
+
+    def _decide(self, context: Any) -> tuple[str, str, dict[str, Any]]:
+        wave = self._wave(context)
+        params = context["params"]
+        if wave.get("carry") in (gates.STOP, gates.ABORT):
+            return wave["carry"], "carried from an earlier gate", wave
+        decision, reason = gates.gate_decision(wave.get("verdict", "none"), gate=params.get("gate", "verify"),
+                                               approval=params.get("approval", "none"), slot=self.slot,
+                                               has_next=bool(wave.get("has_next")))
+        return decision, reason, wave
+
+    def execute(self, context: Any) -> Any:
+        decision, reason, wave = self._decide(context)
+        self.log.info("gate after slot %s on %s: %s (%s)", self.slot, wave.get("cluster"), decision, reason)
+        if decision not in (gates.ASK_REVIEW, gates.ASK_APPROVAL):
+            return {"decision": decision, "reason": reason, "cluster": wave.get("cluster"), "by": "kvfleet"}
+        if decision == gates.ASK_REVIEW:
+            self.options, self.defaults = list(gates.REVIEW_OPTIONS), ["Abort"]
+            self.subject = f"kvfleet: inconclusive verification on {wave.get('cluster')} ({wave.get('waves')})"
+            self.body = "\n".join(f"- {e}: {v}" for e, v in sorted((wave.get("endpoints") or {}).items()))
+        else:
+            self.options, self.defaults = list(gates.APPROVAL_OPTIONS), ["Reject"]
+            self.subject = f"kvfleet: approve the next wave on {wave.get('cluster')} after {wave.get('waves')}?"
+            self.body = "\n".join(f"- {e}: {v}" for e, v in sorted((wave.get("endpoints") or {}).items()))
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        payload = super().execute_complete(context, event)
+        decision, _, wave = self._decide(context)
+        chosen = list(payload["chosen_options"])[0]
+        result = gates.decision_from_response(decision, chosen)
+        by = payload.get("responded_by_user") or {}
+        who = by.get("name") if isinstance(by, dict) else str(by or "timeout")
+        self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
+        return {"decision": result, "reason": f"{chosen} by {who or 'timeout default'}", "cluster": wave.get("cluster"),
+                "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}

@@ -225,6 +225,20 @@ class History:
                 {"r": _json(dict(remediation)), "fp": fingerprint},
             )
 
+    def watch(self, cluster: str, watch: str, present: bool, run_key: str | None = None) -> datetime | None:
+        """Since when a thresholded condition has been seen (opened now if new); None, and forgotten, when the
+        condition is gone. Used by the drift check to date an operator scaled to 0 by hand."""
+        with self.engine.begin() as conn:
+            if not present:
+                conn.execute(text("DELETE FROM drift_watches WHERE cluster = :c AND watch = :w"),
+                             {"c": cluster, "w": watch})
+                return None
+            conn.execute(text("INSERT INTO drift_watches (cluster, watch, run_key) VALUES (:c, :w, :k) "
+                              "ON CONFLICT (cluster, watch) DO NOTHING"), {"c": cluster, "w": watch, "k": run_key})
+            since = conn.execute(text("SELECT since FROM drift_watches WHERE cluster = :c AND watch = :w"),
+                                 {"c": cluster, "w": watch}).scalar_one()
+            return since  # type: ignore[no-any-return]
+
     # ---- cluster leases ----------------------------------------------------------------------------------------
     def try_lock(self, cluster: str, holder: str, purpose: str, ttl_s: float) -> dict[str, Any]:
         """Take the cluster's lease if it is free, expired, or already ours; return the row now in place."""

@@ -1,0 +1,304 @@
+"""The drift reconciler: observe one cluster cheaply, classify with ``fleet.drift``, record in the history store,
+and, when asked, remediate with the rollout's own reconcilers under the same cluster lease.
+
+Called by the ``kvfleet_drift_check`` DAG (``kvfleet.airflow.drift``, one mapped task per cluster), by the
+benchmark (``bench/drift_check.py``) and by the tests.
+
+Observation cost is constant per cluster, whatever the number of endpoints (issue 8): four cluster-wide LISTs
+with the ``app.kubernetes.io/managed-by=kvfleet`` label selector (InferenceEndpointConfigs, Deployments, Pods,
+PVCs — the operator copies the CR's labels onto the Deployment and its pod template, and stage 3 labels the
+PVCs), one GET of the operator's controller, one GET of the ClusterPolicy in kyverno mode, ``helm get values``
+of the Curvine release, one read of the Curvine master API through the pod proxy; on the AWS side
+DescribeCluster (HyperPod and EKS, for the kube client), ListAddons and DescribeAddon per installed managed
+add-on. Never one GET per endpoint. Lists are read as raw JSON (``_preload_content=False``): turning thousands of
+pods into client models and back is most of the cost otherwise.
+
+Remediation (off by default; the run's ``remediate`` Param, or per LOB ``remediate_drift``) never rolls back:
+- ``patch_lost_to_reconcile`` / ``operator_l2_url`` / ``duplicate_l2_url``: stage 4's ``reconcile_wave`` on
+  the affected endpoints, one batched safe patch (one operator pause) for all of them;
+- ``operator_paused``: ``operator_pause.restore`` of a pause kvfleet made; a controller scaled to 0 outside
+  kvfleet is reported, never undone (the same rule as ``operator_pause.pause``);
+- ``format_flag_set``: stage 3's ``reconcile``, which flips the flags false with ``--reuse-values``;
+- ``policy_missing``: stage 4's ``ensure_kyverno_policy``.
+Every remediation is written on its findings' history rows and as a step event (audit log).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.kube import api_error, call
+from kvfleet.errors import KvfleetError, PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import drift as rules
+from kvfleet.fleet.endpoint_spec import kyverno_policy
+from kvfleet.fleet.inventory import Endpoint
+from kvfleet.stages import curvine, endpoints, operator_pause
+from kvfleet.stages.addons import addon_diff
+from kvfleet.stages.base import StageContext
+from kvfleet.stages.locks import ClusterLock
+
+log = logging.getLogger(__name__)
+STAGE = "drift"
+MANAGED = f"{C.MANAGED_BY_LABEL}={C.MANAGED_BY_VALUE}"
+REQUEST_TIMEOUT = 20
+OPERATOR_ZERO_WATCH = "operator_zero_replicas"
+# Drift on an endpoint that the batched patch cannot fix (the CR or the seed itself is wrong): the patch would
+# be refused after scale-down, so such endpoints are reported and left to a rollout.
+NOT_PATCHABLE = frozenset({"hash_seed_missing", "serde_mismatch", "cr_mismatch", "endpoint_missing"})
+
+
+@dataclass
+class DriftResult:
+    cluster: str
+    findings: list[rules.Finding]
+    reachable: bool = True
+    sync: dict[str, int] = field(default_factory=dict)
+    remediations: list[dict[str, Any]] = field(default_factory=list)
+    advice: str | None = None
+    patch_losses_7d: int = 0
+    observe_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "reachable": self.reachable, "findings": [f.as_dict() for f in self.findings],
+                "sync": self.sync, "remediations": self.remediations, "advice": self.advice,
+                "patch_losses_7d": self.patch_losses_7d, "observe_s": round(self.observe_s, 3)}
+
+
+# ---- observation ----------------------------------------------------------------------------------------------
+
+
+def _raw(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    resp = call(fn, *args, what=what, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+    try:
+        return json.loads(resp.data or b"null")
+    finally:
+        resp.release_conn()
+
+
+def _raw_or_none(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+    try:
+        resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise api_error(exc, what) from exc
+    try:
+        return json.loads(resp.data or b"null")
+    finally:
+        resp.release_conn()
+
+
+def _items(fn: Callable[..., Any], *args: Any, what: str) -> list[dict[str, Any]]:
+    return list((_raw(fn, *args, what=what, label_selector=MANAGED) or {}).get("items") or [])
+
+
+def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
+    cl = ctx.cluster
+    obs = rules.ClusterObservation(now=now)
+    hp = ctx.hyperpod.require_cluster(cl.name)
+    obs.tiered_mode, obs.tiered_percent = hp.tiered_storage.mode, hp.tiered_storage.memory_percent
+    eks = hp.eks_cluster_name
+    installed = set(ctx.hyperpod.list_addons(eks))
+    for name in C.ADDON_ORDER:
+        live = ctx.hyperpod.describe_addon(eks, name) if name in installed else None
+        if live is None:
+            obs.addons[name] = None
+            continue
+        spec = cl.addon(name)
+        diffs = addon_diff(live, spec.version, dict(spec.configuration) if spec.configuration is not None else None)
+        obs.addons[name] = {"status": live.get("status"), "version": live.get("addonVersion"), "diffs": diffs}
+    kube = ctx.kube
+    obs.iecs = _items(kube.custom.list_cluster_custom_object, C.IEC_GROUP, C.IEC_VERSION, C.IEC_PLURAL,
+                      what="list InferenceEndpointConfigs")
+    obs.deployments = _items(kube.apps.list_deployment_for_all_namespaces, what="list Deployments")
+    obs.pods = _items(kube.core.list_pod_for_all_namespaces, what="list Pods")
+    obs.pvcs = _items(kube.core.list_persistent_volume_claim_for_all_namespaces, what="list PVCs")
+    obs.operator = _raw_or_none(kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE,
+                                what="read the operator controller")
+    if cl.l2_injection == "kyverno":
+        name = kyverno_policy(ctx.inventory.settings)["metadata"]["name"]
+        obs.policy = _raw_or_none(kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name,
+                                  what=f"read ClusterPolicy {name}")
+        obs.policy_checked = True
+    try:
+        obs.curvine_values = ctx.helm.values(C.CURVINE_RELEASE, cl.curvine.namespace)
+    except PermanentError as exc:
+        if "not found" not in str(exc).lower():
+            raise
+        obs.curvine_error = "release not found"
+    if obs.curvine_values is not None:
+        try:
+            obs.curvine_live_workers = CurvineMaster(kube, cl.curvine.namespace).overview().live_workers
+        except (KvfleetError, ApiException, OSError, ValueError) as exc:
+            obs.curvine_error = f"master API: {str(exc)[:200]}"
+    obs.operator_zero_since = _operator_zero_since(ctx, obs.operator)
+    return obs
+
+
+def _operator_zero_since(ctx: StageContext, operator: dict[str, Any] | None) -> datetime | None:
+    """Date a hand scale-down (no kvfleet annotation says when) by the first check that saw it."""
+    ann = ((operator or {}).get("metadata") or {}).get("annotations") or {}
+    zero = operator is not None and not int((operator.get("spec") or {}).get("replicas") or 0) \
+        and not ann.get(C.PAUSED_BY_ANNOTATION)
+    if ctx.history is None:
+        return None
+    return ctx.history.watch(ctx.cluster.name, OPERATOR_ZERO_WATCH, zero,
+                             ctx.step_key.run_key if ctx.step_key else None)
+
+
+# ---- the check ------------------------------------------------------------------------------------------------
+
+
+def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = None) -> DriftResult:
+    """Observe, classify, record; remediate what is asked. An unreachable cluster is a finding, not a failure."""
+    cl = ctx.cluster
+    now = now or datetime.now(UTC)
+    run_key = ctx.step_key.run_key if ctx.step_key else f"adhoc/{now.isoformat()}"
+    started = time.monotonic()
+    try:
+        obs = observe(ctx, now)
+    except Exception as exc:  # any failure to observe: record it on this cluster, never fail the others
+        log.warning("[%s] drift check could not observe the cluster: %s", cl.name, exc, exc_info=True)
+        result = DriftResult(cl.name, [rules.unreachable(cl.name, f"{type(exc).__name__}: {exc}")], reachable=False,
+                             observe_s=time.monotonic() - started)
+        if ctx.history is not None:
+            # Only this kind is in scope: what could not be observed stays as it was.
+            result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in result.findings], run_key,
+                                                    scope_kinds=["cluster_unreachable"])
+        ctx.record(f"drift_check:{cl.name}", STAGE, "failed", reachable=False, error=str(exc)[:500])
+        return result
+    findings = rules.classify(ctx.inventory, cl.name, obs)
+    result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started)
+    ctx.say(f"drift: {len(findings)} finding(s) in {result.observe_s:.2f}s"
+            + "".join(f"\n  {f.text()}" for f in findings))
+    if ctx.history is not None:
+        result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in findings], run_key)
+    moved = bool(result.sync.get("opened") or result.sync.get("resolved"))
+    ctx.record(f"drift_check:{cl.name}", STAGE, "reported" if moved else "unchanged", findings=len(findings),
+               kinds=sorted({f.kind for f in findings}), **result.sync)
+    chosen = selected_for_remediation(ctx, findings, remediate)
+    if chosen:
+        result.remediations = remediate_findings(ctx, chosen, findings, holder=run_key)
+    _advise(ctx, result, now)
+    return result
+
+
+def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding],
+                             run_level: bool) -> list[rules.Finding]:
+    """The run's Param covers everything; otherwise a LOB's ``remediate_drift`` covers its endpoints, and
+    cluster-level drift only when every LOB with endpoints on the cluster has opted in."""
+    findings = list(findings)
+    if run_level:
+        return findings
+    opted = {lob.name for lob in ctx.inventory.lobs if lob.remediate_drift}
+    lobs_here = {e.lob for e in ctx.inventory.endpoints_of(ctx.cluster.name)}
+    cluster_ok = bool(lobs_here) and lobs_here <= opted
+    return [f for f in findings if (f.lob in opted if f.endpoint is not None else cluster_ok)]
+
+
+def _advise(ctx: StageContext, result: DriftResult, now: datetime) -> None:
+    if ctx.history is None:
+        return
+    rows = ctx.history.query("drift_recurrence", cutoff=now - rules.ADVICE_WINDOW, kind="patch_lost_to_reconcile")
+    result.patch_losses_7d = next((int(r["occurrences"]) for r in rows if r["cluster"] == ctx.cluster.name), 0)
+    result.advice = rules.kyverno_advice(ctx.cluster, result.patch_losses_7d)
+    if result.advice:
+        ctx.say(f"advice: {result.advice}")
+        ctx.record(f"drift_advice:{ctx.cluster.name}", STAGE, "advised", recommend="kyverno",
+                   patch_losses_7d=result.patch_losses_7d, advice=result.advice)
+
+
+# ---- remediation --------------------------------------------------------------------------------------------
+
+
+def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findings: list[rules.Finding], *,
+                       holder: str, lock_wait_s: float = 60) -> list[dict[str, Any]]:
+    """Fix what the rollout's reconcilers can fix, under the cluster lease; record each action on its findings."""
+    plan = rules.remediation_plan(chosen)
+    policy = [f for f in chosen if f.kind == "policy_missing"]
+    if not any(plan.values()) and not policy:
+        return []
+    lease = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
+                        poll_s=1, progress=ctx.progress) if ctx.history is not None else nullcontext()
+    done: list[dict[str, Any]] = []
+    with lease:
+        if plan["restore_operator"]:
+            done.append(_act(ctx, "restore_operator", plan["restore_operator"], lambda: _restore_operator(ctx)))
+        if plan["flip_format_flags"]:
+            done.append(_act(ctx, "flip_format_flags", plan["flip_format_flags"],
+                             lambda: {"curvine": curvine.reconcile(ctx).detail.get("hazard_fixed")}))
+        if policy:
+            done.append(_act(ctx, "ensure_kyverno_policy", policy,
+                             lambda: {"policy": endpoints.ensure_kyverno_policy(ctx)}))
+        if plan["patch_endpoints"]:
+            done += _patch_endpoints(ctx, plan["patch_endpoints"], all_findings, holder)
+    return done
+
+
+def _restore_operator(ctx: StageContext) -> dict[str, Any]:
+    state = operator_pause.pause_state(ctx)
+    if not state["paused_by"]:
+        raise PermanentError(
+            f"the inference operator on {ctx.cluster.name} was scaled to {state['replicas']} outside kvfleet (no "
+            f"{C.PAUSED_BY_ANNOTATION} annotation); kvfleet never undoes another holder's pause. Ask who paused "
+            f"it, then: kubectl scale deployment {C.OPERATOR_DEPLOYMENT} -n {C.OPERATOR_NAMESPACE} --replicas=1")
+    return operator_pause.restore(ctx)
+
+
+def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings: list[rules.Finding],
+                     holder: str) -> list[dict[str, Any]]:
+    by_ep: dict[str, list[rules.Finding]] = {}
+    for f in found:
+        by_ep.setdefault(str(f.endpoint), []).append(f)
+    blocked = {f.endpoint for f in all_findings if f.kind in NOT_PATCHABLE}
+    declared: dict[str, Endpoint] = {e.key: e for e in ctx.inventory.endpoints_of(ctx.cluster.name)}
+    out = []
+    for key in sorted(k for k in by_ep if k in blocked):
+        out.append(_record(ctx, "patch_endpoints", by_ep[key], "refused", {
+            "reason": "the CR or the worker env is wrong too; the batched patch cannot fix it: run kvfleet_rollout "
+                      f"for {ctx.cluster.name}:{key}"}))
+    eps = [declared[k] for k in sorted(by_ep) if k not in blocked and k in declared]
+    if eps:
+        wave = [f for ep in eps for f in by_ep[ep.key]]
+        out.append(_act(ctx, "patch_endpoints", wave, lambda: {
+            "endpoints": [o.as_dict() for o in endpoints.reconcile_wave(ctx, eps, holder=f"{holder}:drift")]}))
+    return out
+
+
+def _act(ctx: StageContext, action: str, found: list[rules.Finding],
+         fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    ctx.say(f"drift remediation: {action} for {len(found)} finding(s)")
+    try:
+        detail = fn()
+    except PermanentError as exc:
+        return _record(ctx, action, found, "refused", {"reason": str(exc)[:500]})
+    except Exception as exc:
+        _record(ctx, action, found, "failed", {"error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+        raise
+    return _record(ctx, action, found, "changed", detail)
+
+
+def _record(ctx: StageContext, action: str, found: list[rules.Finding], outcome: str,
+            detail: dict[str, Any]) -> dict[str, Any]:
+    entry = {"action": action, "outcome": outcome, "findings": [f.fingerprint for f in found],
+             "kinds": sorted({f.kind for f in found}), "objects": sorted({f.object_ref for f in found}),
+             "run_key": ctx.step_key.run_key if ctx.step_key else None,
+             "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "detail": detail}
+    if ctx.history is not None:
+        for f in found:
+            ctx.history.record_remediation(f.fingerprint, {k: v for k, v in entry.items() if k != "findings"})
+    ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome, **{k: v for k, v in entry.items() if k != "at"})
+    if outcome != "changed":
+        ctx.say(f"drift remediation {action}: {outcome}: {detail}")
+    return entry

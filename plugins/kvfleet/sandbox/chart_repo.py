@@ -40,6 +40,11 @@ DEFAULT_VERSIONS: dict[str, tuple[str, ...]] = {
     "curvine-csi": ("0.3.2-alpha",),
 }
 
+# Default-value overrides for a "broken release": its worker pods crash at start-up and never become Ready
+# (the Curvine simulation's fault hook), e.g. ``repo.publish("curvine", "0.3.4-alpha",
+# value_overrides=CRASHLOOP_WORKER)`` to drive a failed upgrade and its rollback.
+CRASHLOOP_WORKER: dict[str, Any] = {"worker": {"extraEnv": [{"name": "CURVINE_SANDBOX_FAULT", "value": "crashloop"}]}}
+
 _FIXED_MTIME = 1_700_000_000  # reproducible archives: the same version always has the same digest
 
 

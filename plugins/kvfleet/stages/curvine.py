@@ -11,17 +11,21 @@
   worker count or dataDirs are *reported* and left to kvfleet_curvine_upgrade / kvfleet_curvine_scale_out.
 - The RWX PVC in every endpoint namespace, waited to Bound; then the master API must report the inventory's
   live workers and a capacity of about workers × dataDir size, recorded as a capacity snapshot.
+
+The end of the module holds what the upgrade and scale-out workflows share with this stage: the format-flag
+hazard gate, the busy-cluster gate (lease and running rollout), the values diff and capacity snapshots.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
 from kvfleet.clients.helm import render, set_args
 from kvfleet.clients.kube import call, get_or_none, wait_for
-from kvfleet.errors import PermanentError
+from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
@@ -87,24 +91,33 @@ def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> s
                     what=f"[{ctx.cluster.name}] curvine pods", progress=ctx.progress)
 
 
-def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None) -> str:
-    """Both StatefulSets fully rolled out on their newest revision (after an install, flip or upgrade: a
-    values change rolls the pods, and L2 is unavailable while the master restarts)."""
+def rollout_state(ctx: StageContext) -> tuple[bool, str]:
+    """Whether both StatefulSets are fully rolled out on their newest revision, and what was observed."""
     ns = ctx.cluster.curvine.namespace
+    states = []
+    done = True
+    for name in (C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS):
+        sts = get_or_none(ctx.kube.apps.read_namespaced_stateful_set, name, ns)
+        if sts is None:
+            return False, f"{name} missing"
+        st, want = sts.status, sts.spec.replicas or 0
+        ok = ((st.observed_generation or 0) >= (sts.metadata.generation or 0) and (st.updated_replicas or 0) == want
+              and (st.ready_replicas or 0) == want and (st.replicas or 0) == want)
+        done = done and ok
+        states.append(f"{name} updated {st.updated_replicas or 0}/{want} ready {st.ready_replicas or 0}/{want}")
+    return done, ", ".join(states)
+
+
+def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None,
+                    each_poll: Callable[[], None] | None = None) -> str:
+    """Both StatefulSets fully rolled out on their newest revision (after an install, flip or upgrade: a
+    values change rolls the pods, and L2 is unavailable while the master restarts). ``each_poll`` runs before
+    every observation (the rollback uses it to replace pods stuck on a broken revision)."""
 
     def check() -> tuple[bool, str]:
-        states = []
-        done = True
-        for name in (C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS):
-            sts = get_or_none(ctx.kube.apps.read_namespaced_stateful_set, name, ns)
-            if sts is None:
-                return False, f"{name} missing"
-            st, want = sts.status, sts.spec.replicas or 0
-            ok = ((st.observed_generation or 0) >= (sts.metadata.generation or 0) and (st.updated_replicas or 0) == want
-                  and (st.ready_replicas or 0) == want and (st.replicas or 0) == want)
-            done = done and ok
-            states.append(f"{name} updated {st.updated_replicas or 0}/{want} ready {st.ready_replicas or 0}/{want}")
-        return done, ", ".join(states)
+        if each_poll is not None:
+            each_poll()
+        return rollout_state(ctx)
 
     return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
                     what=f"[{ctx.cluster.name}] curvine rollout", progress=ctx.progress)
@@ -121,7 +134,7 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
         if ctx.history is not None:
             ctx.history.record_curvine_release(
                 cluster=ctx.cluster.name, namespace=ns, release=release, revision=n,
-                chart_version=str(rev.get("chart", "")).rsplit("-", 1)[-1] if rev.get("chart") else None,
+                chart_version=_chart_version(ctx, rev.get("chart")),
                 status=rev.get("status"), flags=flags, values=values,
                 run_key=ctx.step_key.run_key if ctx.step_key else None)
     return out
@@ -211,9 +224,33 @@ def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
 
 
 def _live_version(ctx: StageContext) -> str | None:
-    status = ctx.helm.status(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace) or {}
-    chart = (status.get("chart") or {}).get("metadata", {}) if isinstance(status.get("chart"), dict) else {}
-    return chart.get("version")
+    deployed = deployed_revision(ctx)
+    return deployed["chart_version"] if deployed else None
+
+
+def deployed_revision(ctx: StageContext) -> dict[str, Any] | None:
+    """The deployed revision of the Curvine release from ``helm history`` (cheaper than ``helm status``, and in
+    helm 4 the only JSON that names the chart): ``{"revision", "chart_version", "status"}``; None: no release."""
+    try:
+        rows = ctx.helm.history(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    except PermanentError as exc:
+        if "not found" in str(exc).lower():
+            return None
+        raise
+    deployed = [r for r in rows if str(r.get("status")) == "deployed"] or rows
+    if not deployed:
+        return None
+    row = max(deployed, key=lambda r: int(r["revision"]))
+    return {"revision": int(row["revision"]), "chart_version": _chart_version(ctx, row.get("chart")),
+            "status": row.get("status")}
+
+
+def _chart_version(ctx: StageContext, chart: Any) -> str | None:
+    """``curvine-0.3.2-alpha`` -> ``0.3.2-alpha`` (a version may contain dashes; the chart name is known)."""
+    if not chart:
+        return None
+    text, prefix = str(chart), f"{ctx.cluster.curvine.chart}-"
+    return text[len(prefix):] if text.startswith(prefix) else text.rsplit("-", 1)[-1]
 
 
 def release_drift(ctx: StageContext, values: dict[str, Any]) -> list[str]:
@@ -280,22 +317,28 @@ def _wait_bound(ctx: StageContext, ns: str) -> None:
              what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}", progress=ctx.progress)
 
 
-def verify_capacity(ctx: StageContext, phase: str = "verify") -> dict[str, Any]:
+def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | None = None,
+                    step: str = "curvine") -> dict[str, Any]:
+    """The master reports ``workers`` live workers (default: the inventory's) and ~workers × dataDir size.
+
+    The rollout passes the release's own ``worker.replicas``: after kvfleet_curvine_scale_out grew the pool,
+    the inventory's count is a reported difference, not a failure."""
     spec = ctx.cluster.curvine
     master = CurvineMaster(ctx.kube, spec.namespace)
-    want_bytes = spec.worker_replicas * size_to_bytes(spec.worker_size)
+    want_workers = spec.worker_replicas if workers is None else workers
+    want_bytes = want_workers * size_to_bytes(spec.worker_size)
 
     def check() -> tuple[bool, str]:
         ov = master.overview()
-        ok = ov.live_workers == spec.worker_replicas and abs(ov.capacity - want_bytes) <= CAPACITY_TOLERANCE * want_bytes
-        return ok, f"live workers {ov.live_workers}/{spec.worker_replicas}, capacity {ov.capacity / 2**30:.0f} GiB " \
+        ok = ov.live_workers == want_workers and abs(ov.capacity - want_bytes) <= CAPACITY_TOLERANCE * want_bytes
+        return ok, f"live workers {ov.live_workers}/{want_workers}, capacity {ov.capacity / 2**30:.0f} GiB " \
                    f"(expected ~{want_bytes / 2**30:.0f} GiB)"
 
     state = wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
                      what=f"[{ctx.cluster.name}] Curvine master API", progress=ctx.progress)
     snap = master.overview().snapshot()
     if ctx.history is not None:
-        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step="curvine",
+        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
                                     cluster=ctx.cluster.name, phase=phase, overview=snap)
     return {"state": state, **snap}
 
@@ -332,5 +375,108 @@ def reconcile(ctx: StageContext) -> Outcome:
     pvcs = ensure_pvcs(ctx)
     detail["pvcs"] = pvcs
     changed = changed or "changed" in pvcs.values()
-    detail["capacity"] = verify_capacity(ctx)
+    live_workers = cv.get_path(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace), "worker.replicas")
+    detail["capacity"] = verify_capacity(ctx, workers=int(live_workers) if live_workers is not None else None)
     return ctx.record("curvine", STAGE, "changed" if changed else "unchanged", **detail)
+
+
+# ---- shared by the upgrade and scale-out workflows (kvfleet.stages.curvine_upgrade / curvine_scale) ----------
+
+ROLLOUT_PURPOSE = "rollout"  # the lease purpose kvfleet_rollout uses for its per-cluster work
+
+
+def require_release(ctx: StageContext) -> dict[str, Any]:
+    """The deployed Curvine revision (``deployed_revision``); a clear refusal when there is no release."""
+    deployed = deployed_revision(ctx)
+    if deployed is None:
+        raise PermanentError(f"no Curvine release {C.CURVINE_RELEASE!r} in namespace {ctx.cluster.curvine.namespace} "
+                             f"on {ctx.cluster.name}: install it first (kvfleet_rollout, stage 3)")
+    return deployed
+
+
+def refuse_flag_hazard(ctx: StageContext, values: dict[str, Any], revision: int, action: str) -> None:
+    """The deployed release must have every format flag false before kvfleet touches it again."""
+    hazard = cv.flags_set(values)
+    if hazard:
+        raise GateRefused(
+            f"{action} refused on {ctx.cluster.name}: the deployed Curvine release (revision {revision}) has "
+            f"{', '.join('cluster.' + f + '=true' for f in hazard)} — the next pod restart would reformat and wipe "
+            "L2. Fix that first, as the drift check does: run kvfleet_rollout on this cluster (stage 3 flips the "
+            f"flags with --reuse-values) or `helm upgrade curvine -n {ctx.cluster.curvine.namespace} "
+            f"--reuse-values {' '.join(set_args(cv.safe_flags()))}`, then retry.")
+
+
+def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
+    """The cluster lease is free (or ours) and no rollout is working on the cluster.
+
+    A rollout shows itself two ways: its lease (purpose ``rollout``), and — while stage 4 patches endpoints —
+    the Inference Operator paused with its run key in the ``kvfleet.io/paused-by`` annotation."""
+    name = ctx.cluster.name
+    lock = ctx.history.lock_of(name) if ctx.history is not None else None
+    if lock and not lock.get("expired") and lock.get("holder") != holder:
+        since = f"since {lock.get('acquired_at')}, last heartbeat {lock.get('heartbeat_at')}"
+        if lock.get("purpose") == ROLLOUT_PURPOSE:
+            raise GateRefused(f"{action} refused on {name}: a rollout is running on the cluster "
+                              f"({lock.get('holder')}, {since}). Wait for it to finish, then retry.")
+        raise GateRefused(f"{action} refused on {name}: the cluster lock is held by {lock.get('holder')} "
+                          f"({lock.get('purpose')}, {since}). Wait for that run to finish, or stop it (its lease "
+                          "expires when it stops heartbeating), then retry.")
+    dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
+    paused_by = ((dep.metadata.annotations or {}).get(C.PAUSED_BY_ANNOTATION) if dep is not None else None)
+    if paused_by and paused_by != holder:
+        at = (dep.metadata.annotations or {}).get(C.PAUSED_AT_ANNOTATION)
+        raise GateRefused(f"{action} refused on {name}: a rollout is running on the cluster — the inference "
+                          f"operator was paused by {paused_by} at {at} while it patches endpoints. Wait for it to "
+                          "restore the operator (or restore it with the rollout's teardown), then retry.")
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested values as dotted paths (lists indexed: ``worker.storage.dataDirs[0].size``)."""
+    out: dict[str, Any] = {}
+    if isinstance(values, dict):
+        if not values and prefix:
+            out[prefix] = {}
+        for key, value in values.items():
+            name = str(key).replace(".", "\\.")
+            out.update(flatten(value, f"{prefix}.{name}" if prefix else name))
+    elif isinstance(values, list) and values and all(isinstance(v, dict) for v in values):
+        for i, value in enumerate(values):
+            out.update(flatten(value, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = values
+    return out
+
+
+def values_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A readable diff of two values trees, one dotted key per line (``~`` changed, ``+`` added, ``-`` removed)."""
+    a, b = flatten(before), flatten(after)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a:
+            lines.append(f"+ {key}: {b[key]!r}")
+        elif key not in b:
+            lines.append(f"- {key}: {a[key]!r}")
+        elif a[key] != b[key]:
+            lines.append(f"~ {key}: {a[key]!r} -> {b[key]!r}")
+    return "\n".join(lines) if lines else "(no value changes)"
+
+
+def capacity_snapshot(ctx: StageContext, step: str, phase: str) -> dict[str, Any]:
+    """The master API's view (inodes, files, capacity, fs_used, live workers by name), recorded."""
+    master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
+    snap = master.overview().snapshot()
+    workers = master.workers()
+    snap["live_worker_names"] = sorted(_worker_name(w) for w in workers["live_workers"])
+    snap["worker_fs_used"] = {_worker_name(w): int(w.get("fs_used") or 0) for w in workers["live_workers"]}
+    if ctx.history is not None:
+        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
+                                    cluster=ctx.cluster.name, phase=phase, overview=snap)
+    ctx.say(f"{step} {phase}: {snap['files_total']} files, {snap['dir_total']} dirs, capacity "
+            f"{snap['capacity'] / 2**30:.0f} GiB, fs_used {snap['fs_used'] / 2**30:.2f} GiB, live workers "
+            f"{snap['live_workers']} ({', '.join(snap['live_worker_names'])})")
+    return snap
+
+
+def _worker_name(info: dict[str, Any]) -> str:
+    host = str((info.get("address") or {}).get("hostname") or "")
+    return host.split(".", 1)[0] or f"worker-{info.get('worker_id')}"

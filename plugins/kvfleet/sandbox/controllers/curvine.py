@@ -16,6 +16,10 @@ the chart's StatefulSets into pods; this module gives those pods Curvine's behav
   §3.5. Capacity is the sum of the LIVE workers' data dir sizes; ``fs_used`` the bytes of L2 files.
 - **Pod logs** with start-up lines, including ``Delete(format) ...`` when a format happened.
 - The **chart repository** serving the stand-in charts (``kvfleet.sandbox.chart_repo``), one per process.
+- **Fault injection**: a Curvine pod whose container env has ``CURVINE_SANDBOX_FAULT=crashloop`` (e.g. through
+  ``worker.extraEnv``, or a published chart version whose defaults carry it: ``chart_repo.CRASHLOOP_WORKER``)
+  starts, exits and is restarted forever (``CrashLoopBackOff``): Running but never Ready, so a rollout stalls
+  the way a broken image does on a real cluster. It never acts on its format flags (it never gets that far).
 
 Block placement: each L2 file is assigned to one worker (round-robin over the live workers, in write order) when
 the simulation first sees it, within a tick of its write; that is what a worker format drops.
@@ -50,6 +54,7 @@ ENV_FORMAT_WORKER = "CURVINE_FORMAT_WORKER"
 ENV_FORMAT_JOURNAL = "CURVINE_FORMAT_JOURNAL"
 ENV_CLUSTER_ID = "CURVINE_CLUSTER_ID"
 ENV_DATA_DIRS = "CURVINE_WORKER_DATA_DIRS"
+ENV_FAULT = "CURVINE_SANDBOX_FAULT"  # "crashloop": the pod never becomes Ready (see the module docstring)
 _POD_NAME = re.compile(r"^(?:.*-)?curvine-(master|worker)-(\d+)$")
 _DATA_DIR = re.compile(r"\[(?P<type>[A-Za-z_]+):(?P<size>[0-9.]+)\s*(?P<unit>[KMGTP]i?B?|B)?\](?P<path>\S+)")
 _TOML_DATA_DIR = re.compile(r'"(\[[^"\]]+\][^"]+)"')
@@ -255,10 +260,36 @@ class CurvineSimulation:
             if uid in self._started:
                 return
             self._started[uid] = name
+        if _env(pod).get(ENV_FAULT, "").strip().lower() == "crashloop":
+            self._crashloop(pod, component)
+            return
         if component == "master":
             self._master_started(pod)
         else:
             self._worker_started(pod)
+
+    def _crashloop(self, pod: dict[str, Any], component: str) -> None:
+        """The container exits at start-up; the kubelet restarts it with back-off: Running, never Ready."""
+        self._log(pod, f"Starting curvine {component} {pod['metadata']['name']}")
+        self._log(pod, f"panic: {ENV_FAULT}=crashloop: {component} exited during start-up (sandbox fault)")
+
+        def crash(p: dict[str, Any]) -> dict[str, Any] | None:
+            status = p.setdefault("status", {})
+            if status.get("phase") != "Running":
+                return None
+            for cond in status.get("conditions") or []:
+                if cond.get("type") in ("Ready", "ContainersReady"):
+                    cond.update(status="False", reason="ContainersNotReady",
+                                message=f"containers with unready status: [{component}]")
+            for cs in status.get("containerStatuses") or []:
+                cs.update(ready=False, started=False, restartCount=int(cs.get("restartCount") or 0) + 1,
+                          state={"waiting": {"reason": "CrashLoopBackOff",
+                                             "message": f"back-off restarting failed container {component}"}},
+                          lastState={"terminated": {"exitCode": 101, "reason": "Error"}})
+            return p
+
+        meta = pod["metadata"]
+        self.store.mutate("", "pods", meta["name"], meta.get("namespace"), crash)
 
     def _master_started(self, pod: dict[str, Any]) -> None:
         env = _env(pod)

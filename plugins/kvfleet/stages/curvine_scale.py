@@ -1,0 +1,313 @@
+"""Curvine worker scale-out (and, only when explicitly allowed, scale-in): grow the NVMe L2 pool as GPU nodes join.
+
+Called by the ``kvfleet_curvine_scale_out`` DAG (``kvfleet.airflow.curvine``), once per cluster, two ways:
+- **on demand** with a target worker count or "all eligible nodes" (``ScaleRequest.target`` / ``all_eligible``);
+- **detection** (the scheduled path): GPU nodes without a Curvine worker (new nodes joined), or ``fs_used /
+  capacity`` that stays above a threshold (this reading and the previous recorded snapshot both above it). The
+  decision is recorded; it scales only when the inventory says ``curvine.scale_out: auto`` for the cluster, and
+  otherwise reports. Detection never scales in.
+
+Steps: eligible nodes (Ready, schedulable, the HyperPod compute-type label the chart's worker affinity requires,
+and the inventory's GPU instance type), the NVMe hostPath check on the release's dataDirs, the new count, then
+``helm upgrade --reuse-values --set worker.replicas=N`` with the three format flags forced false, under the
+cluster lease; wait until the new workers are live in the master's ``/api/workers``; verify capacity grew by about
+new workers × dataDir size; a capacity snapshot before and after. Scale-in is refused unless the request allows it,
+and the log says how much cached data the removed workers hold (recomputable, but a TTFT hit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.helm import render
+from kvfleet.clients.kube import call, wait_for
+from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
+from kvfleet.fleet.inventory import size_to_bytes
+from kvfleet.stages import curvine as stage3
+from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.locks import ClusterLock
+
+STAGE = "curvine-scale-out"
+PURPOSE = "curvine-scale-out"
+COMPUTE_TYPE_LABEL = "sagemaker.amazonaws.com/compute-type"  # the chart's worker nodeAffinity requires hyperpod
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+NVME_PREFIX = "/opt/dlami/nvme"  # where the HyperPod DLAMI mounts the instance NVMe
+CAPACITY_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    target: int | None = None  # an explicit worker count (on demand)
+    all_eligible: bool = False  # on demand: one worker per eligible node
+    allow_scale_in: bool = False
+    threshold: float = 0.80  # detection: fs_used / capacity
+    timeout_s: float = 900.0
+    lock_wait_s: float = 0.0
+
+    @property
+    def on_demand(self) -> bool:
+        return self.target is not None or self.all_eligible
+
+
+@dataclass
+class PoolState:
+    """What the cluster looks like to the scale decision."""
+
+    revision: int
+    chart_version: str | None
+    values: dict[str, Any]
+    replicas: int
+    eligible: list[str]
+    ineligible: dict[str, str]
+    with_worker: dict[str, str]  # worker pod -> node
+    worker_bytes: int  # capacity each worker brings (its enabled dataDirs)
+    overview: dict[str, Any]
+
+    @property
+    def nodes_without_worker(self) -> list[str]:
+        return sorted(set(self.eligible) - set(self.with_worker.values()))
+
+    @property
+    def usage(self) -> float:
+        cap = int(self.overview.get("capacity") or 0)
+        return int(self.overview.get("fs_used") or 0) / cap if cap else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"revision": self.revision, "chart_version": self.chart_version, "replicas": self.replicas,
+                "eligible": self.eligible, "ineligible": self.ineligible, "with_worker": self.with_worker,
+                "nodes_without_worker": self.nodes_without_worker, "worker_bytes": self.worker_bytes,
+                "usage": round(self.usage, 4), "overview": self.overview}
+
+
+# ---- observation -------------------------------------------------------------------------------------------------
+
+
+def eligible_nodes(ctx: StageContext) -> tuple[list[str], dict[str, str]]:
+    """GPU nodes a worker may run on, and why each other node may not."""
+    want_type = ctx.cluster.gpu_instance_type
+    eligible, ineligible = [], {}
+    for node in call(ctx.kube.core.list_node, what="list nodes").items:
+        name, labels = node.metadata.name, node.metadata.labels or {}
+        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        taints = [t.key for t in (node.spec.taints or []) if t.effect in ("NoSchedule", "NoExecute")] \
+            if node.spec else []
+        itype = next((labels[k] for k in INSTANCE_TYPE_LABELS if k in labels), None)
+        if labels.get(COMPUTE_TYPE_LABEL) != "hyperpod":
+            ineligible[name] = f"no {COMPUTE_TYPE_LABEL}=hyperpod label"
+        elif itype != want_type:
+            ineligible[name] = f"instance type {itype} (the cluster's GPU type is {want_type})"
+        elif not ready:
+            ineligible[name] = "not Ready"
+        elif (node.spec and node.spec.unschedulable) or taints:
+            ineligible[name] = f"unschedulable ({', '.join(taints) or 'cordoned'})"
+        else:
+            eligible.append(name)
+    return sorted(eligible), ineligible
+
+
+def check_nvme_host_path(ctx: StageContext, values: Mapping[str, Any]) -> list[str]:
+    """Refuse unless every enabled worker dataDir is node-local NVMe through hostPath; warnings otherwise."""
+    dirs = [d for d in (cv.get_path(values, "worker.storage.dataDirs") or []) if d.get("enabled", True)]
+    if not dirs:
+        raise GateRefused(f"scale-out refused on {ctx.cluster.name}: the Curvine release has no enabled "
+                          "worker.storage.dataDirs, so a new worker would bring no NVMe capacity")
+    warnings = []
+    for i, d in enumerate(dirs):
+        where = f"worker.storage.dataDirs[{i}]"
+        if d.get("storageClass") or not d.get("hostPath"):
+            raise GateRefused(
+                f"scale-out refused on {ctx.cluster.name}: {where} is not in hostPath mode (storageClass "
+                f"{d.get('storageClass')!r}, hostPath {d.get('hostPath')!r}). Workers pool the GPU nodes' local NVMe: "
+                "set storageClass empty and hostPath to the NVMe directory (the two are mutually exclusive).")
+        if d["hostPath"] != ctx.cluster.curvine.worker_host_path:
+            warnings.append(f"{where}.hostPath {d['hostPath']} differs from the inventory's "
+                            f"{ctx.cluster.curvine.worker_host_path}")
+        if not str(d["hostPath"]).startswith(NVME_PREFIX):
+            warnings.append(f"{where}.hostPath {d['hostPath']} is not under {NVME_PREFIX}, where HyperPod mounts "
+                            "the instance NVMe")
+    for w in warnings:
+        ctx.say(f"warning: {w}")
+    return warnings
+
+
+def worker_bytes(values: Mapping[str, Any]) -> int:
+    dirs = [d for d in (cv.get_path(values, "worker.storage.dataDirs") or []) if d.get("enabled", True)]
+    return sum(size_to_bytes(str(d.get("size"))) for d in dirs)
+
+
+def observe(ctx: StageContext) -> PoolState:
+    ns = ctx.cluster.curvine.namespace
+    release = stage3.require_release(ctx)
+    values = ctx.helm.values(C.CURVINE_RELEASE, ns)
+    eligible, ineligible = eligible_nodes(ctx)
+    pods = call(ctx.kube.core.list_namespaced_pod, ns, label_selector="app.kubernetes.io/component=worker",
+                what="list Curvine workers").items
+    with_worker = {p.metadata.name: p.spec.node_name for p in pods
+                   if p.metadata.name.startswith(C.CURVINE_WORKER_STS) and p.spec and p.spec.node_name}
+    overview = CurvineMaster(ctx.kube, ns).overview().snapshot()
+    return PoolState(int(release["revision"]), release["chart_version"], values,
+                     int(cv.get_path(values, "worker.replicas") or 0), eligible, ineligible, with_worker, worker_bytes(values), overview)
+
+
+# ---- decision ----------------------------------------------------------------------------------------------------
+
+
+def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, Any]:
+    """The scheduled path's decision: why a scale-out is due (or not), and to how many workers."""
+    reasons = []
+    if state.nodes_without_worker:
+        reasons.append(f"{len(state.nodes_without_worker)} GPU node(s) without a Curvine worker: "
+                       f"{', '.join(state.nodes_without_worker)}")
+    previous = _previous_usage(ctx)
+    if state.usage > req.threshold and (previous is None or previous > req.threshold):
+        reasons.append(f"fs_used/capacity {state.usage:.0%} above {req.threshold:.0%}"
+                       + (f" (and {previous:.0%} at the previous snapshot)" if previous is not None else ""))
+    target = max(state.replicas, len(state.eligible))
+    if reasons and target == state.replicas:
+        reasons.append("but every eligible node already runs a worker: add GPU nodes to grow the pool")
+        return {"due": False, "reasons": reasons, "target": state.replicas}
+    return {"due": bool(reasons), "reasons": reasons, "target": target if reasons else state.replicas}
+
+
+def _previous_usage(ctx: StageContext) -> float | None:
+    if ctx.history is None:
+        return None
+    rows = [r for r in ctx.history.query("capacity_history", cluster=ctx.cluster.name) if r.get("capacity_bytes")]
+    if not rows:
+        return None
+    last = rows[-1]
+    return int(last.get("fs_used_bytes") or 0) / int(last["capacity_bytes"])
+
+
+def requested_target(ctx: StageContext, state: PoolState, req: ScaleRequest) -> int:
+    if req.all_eligible:
+        return max(1, len(state.eligible))
+    assert req.target is not None
+    if req.target < 1:
+        raise PermanentError(f"target worker count {req.target} on {ctx.cluster.name}: at least 1")
+    if req.target > len(state.eligible):
+        raise GateRefused(
+            f"scale-out refused on {ctx.cluster.name}: {req.target} workers asked, but only {len(state.eligible)} "
+            f"node(s) are eligible ({', '.join(state.eligible) or 'none'}"
+            + (f"; not eligible: {'; '.join(f'{n}: {r}' for n, r in sorted(state.ineligible.items()))}"
+               if state.ineligible else "")
+            + "). A second worker on one node would share its NVMe: add GPU nodes first.")
+    return req.target
+
+
+def refuse_unsafe_scale_in(ctx: StageContext, state: PoolState, target: int, req: ScaleRequest) -> dict[str, Any]:
+    """How much cached data a scale-in drops (the highest ordinals go first); refused unless allowed."""
+    if target >= state.replicas:
+        return {}
+    removed = [f"{C.CURVINE_WORKER_STS}-{i}" for i in range(state.replicas - 1, target - 1, -1)]
+    per_worker = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace).workers()["live_workers"]
+    used = {stage3._worker_name(w): int(w.get("fs_used") or 0) for w in per_worker}
+    dropped = sum(used.get(w, 0) for w in removed)
+    message = (f"scale-in {state.replicas} -> {target} workers on {ctx.cluster.name} removes {', '.join(removed)} "
+               f"and drops {dropped / 2**30:.2f} GiB of cached KV blocks ({dropped} bytes) and "
+               f"{(state.replicas - target) * state.worker_bytes / 2**30:.0f} GiB of NVMe capacity. The blocks are "
+               "recomputable, but requests that would have hit them pay prefill again (a TTFT hit).")
+    ctx.say(message)
+    if not req.allow_scale_in:
+        raise GateRefused(f"{message} Refused: set the allow_scale_in Param to do this deliberately.")
+    return {"removed": removed, "dropped_bytes": dropped}
+
+
+# ---- the workflow ------------------------------------------------------------------------------------------------
+
+
+def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
+    """Decide (detection) or take the requested count, then scale under the lease and prove the capacity."""
+    try:
+        stage3.refuse_busy_cluster(ctx, holder, "scale-out")
+        state = observe(ctx)
+        stage3.refuse_flag_hazard(ctx, state.values, state.revision, "scale-out")
+        warnings = check_nvme_host_path(ctx, state.values)
+        if req.on_demand:
+            target, decision = requested_target(ctx, state, req), {"mode": "on_demand"}
+        else:
+            decision = {"mode": "detect", **detect(ctx, state, req)}
+            target = decision["target"]
+        scale_in = refuse_unsafe_scale_in(ctx, state, target, req)
+    except GateRefused as exc:
+        ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
+        raise
+    decision.update(current=state.replicas, target=target, warnings=warnings, **scale_in)
+    if decision["mode"] == "detect":
+        for r in decision["reasons"]:
+            ctx.say(f"detection: {r}")
+        if not decision["due"]:
+            return ctx.record("scale", STAGE, "unchanged", decision=decision, state=state.as_dict())
+        if ctx.cluster.curvine.scale_out != "auto":
+            ctx.say(f"scale-out to {target} workers is due, but the inventory has curvine.scale_out: "
+                    f"{ctx.cluster.curvine.scale_out} for {ctx.cluster.name}: reporting only (set it to auto, or "
+                    "trigger this DAG with target_workers)")
+            return ctx.record("scale", STAGE, "reported", decision=decision, state=state.as_dict())
+    if target == state.replicas:
+        live = int(state.overview.get("live_workers") or 0)
+        ctx.say(f"Curvine already has {state.replicas} workers ({live} live): nothing to do")
+        return ctx.record("scale", STAGE, "unchanged", decision=decision, state=state.as_dict())
+
+    spec = ctx.cluster.curvine
+    version = state.chart_version or spec.version  # never an upgrade on the side: the deployed chart version
+    sets = {"worker.replicas": target, **cv.safe_flags()}
+    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
+                                 version=version, values=sets)
+    command = render(ctx.helm.argv(*args))
+    diff = stage3.values_diff(state.values, cv.merged_values(state.values, sets))
+    if ctx.dry_run:
+        ctx.plan(STAGE, command, diff=diff)
+        return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)
+    if ctx.history is None:
+        raise PermanentError("a Curvine scale-out needs the history store (cluster lease and records)")
+    lock = ClusterLock(ctx.history, ctx.cluster.name, holder, PURPOSE, wait_s=req.lock_wait_s,
+                       poll_s=poll_seconds(), progress=ctx.progress)
+    try:
+        lock.acquire()
+    except GateRefused as exc:
+        ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
+        raise
+    try:
+        return _scale_locked(ctx, req, state, target, args, command, diff, decision)
+    finally:
+        lock.release()
+
+
+def _scale_locked(ctx: StageContext, req: ScaleRequest, state: PoolState, target: int, args: list[str],
+                  command: str, diff: str, decision: dict[str, Any]) -> Outcome:
+    before = stage3.capacity_snapshot(ctx, STAGE, "before")
+    ctx.say(f"scaling Curvine workers {state.replicas} -> {target}: {command}\n{diff}")
+    ctx.helm.run(*args, what=f"helm upgrade curvine worker.replicas={target}")
+    master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
+    want = {f"{C.CURVINE_WORKER_STS}-{i}" for i in range(target)}
+
+    def live() -> tuple[bool, str]:
+        names = {stage3._worker_name(w) for w in master.workers()["live_workers"]}
+        return names == want, f"live workers {len(names)}/{target}: {', '.join(sorted(names))}"
+
+    wait_for(live, timeout_s=req.timeout_s, poll_s=min(poll_seconds(), 1.0),
+             what=f"[{ctx.cluster.name}] new Curvine workers live in /api/workers", progress=ctx.progress)
+    stage3.wait_rolled_out(ctx, req.timeout_s)
+    after = stage3.capacity_snapshot(ctx, STAGE, "after")
+    expected = (target - state.replicas) * state.worker_bytes
+    grown = int(after["capacity"]) - int(before["capacity"])
+    values = ctx.helm.values(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    revisions = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
+    detail = {"decision": decision, "from_workers": state.replicas, "to_workers": target, "command": command,
+              "capacity_before": before["capacity"], "capacity_after": after["capacity"],
+              "expected_growth": expected, "growth": grown, "flags": cv.flags_of(values), "revisions": revisions}
+    if abs(grown - expected) > CAPACITY_TOLERANCE * max(abs(expected), 1) or cv.flags_set(values):
+        ctx.record("scale", STAGE, "failed", **detail)
+        raise PermanentError(
+            f"scale {state.replicas} -> {target} on {ctx.cluster.name}: capacity changed by {grown / 2**30:.0f} GiB, "
+            f"expected about {expected / 2**30:.0f} GiB ({target - state.replicas} × "
+            f"{state.worker_bytes / 2**30:.0f} GiB)" + (f"; flags set: {cv.flags_set(values)}" if cv.flags_set(values)
+                                                         else ""))
+    ctx.say(f"capacity {before['capacity'] / 2**30:.0f} GiB -> {after['capacity'] / 2**30:.0f} GiB "
+            f"(expected +{expected / 2**30:.0f} GiB)")
+    return ctx.record("scale", STAGE, "changed", **detail)

@@ -1,0 +1,406 @@
+"""Curvine chart upgrades that cannot bring a format flag back, with snapshots, post-checks and a safe rollback.
+
+Called by the ``kvfleet_curvine_upgrade`` DAG (``kvfleet.airflow.curvine``), once per cluster. Why it exists:
+a Curvine pod that *starts* with ``cluster.formatMaster``/``formatWorker``/``formatJournal`` wipes the L2
+metadata or cache (FACTS.md §3.3), and helm makes that easy to do by accident — an upgrade without
+``--reuse-values``, a ``--set cluster.formatMaster=true`` left in a script, or a ``helm rollback`` to the install
+revision, whose stored values carry all three flags true.
+
+Order of work (``upgrade``):
+1. **Gates**, all before any change, each a ``GateRefused`` with the reason: no override sets a format flag (even
+   with approval: reformatting is a deliberate action kvfleet does not offer as a side effect); the cluster is
+   not busy (lease free, no rollout running) — then the lease is taken; the deployed release has no flag true;
+   the target chart version exists in the chart source; the resulting values (new chart defaults < the release's
+   user-supplied values < overrides < the three flags false, exactly what ``helm upgrade --reuse-values`` will
+   deploy) have every flag false.
+2. **Snapshot before**: the master API (inodes, files, capacity, fs_used, live workers), a few L2 files to re-read,
+   the release revision and values; every revision with its flags goes to the history store.
+3. **Upgrade** with ``--reuse-values`` and the three flags false passed explicitly, whatever the values say; wait
+   for both StatefulSets with a bounded timeout, progress in the log.
+4. **Post-checks**: flags false; metadata preserved (see ``metadata_preserved``); live workers as before; L2 still
+   serves (the sampled files are re-read through the master, or stage 5 runs on one endpoint).
+5. On failure, when asked, **rollback** to the newest earlier revision whose stored values have every flag false
+   (``rollback_to_safe_revision``); none → refused, with why. Never to a revision with a flag true.
+
+A dry run stops after the gates and prints the exact helm command and the values diff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.helm import render
+from kvfleet.clients.kube import call, get_or_none, wait_for
+from kvfleet.errors import GateRefused, KvfleetError, PermanentError
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
+from kvfleet.stages import curvine as stage3
+from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.locks import ClusterLock
+
+STAGE = "curvine-upgrade"
+PURPOSE = "curvine-upgrade"
+REVISION_LABEL = "controller-revision-hash"  # set by the StatefulSet controller on every pod it creates
+# Rollback candidates must have been healthy once: a revision whose own upgrade failed is no target.
+_NOT_TARGETS = frozenset({"failed", "pending-install", "pending-upgrade", "pending-rollback", "uninstalling"})
+
+
+@dataclass(frozen=True)
+class UpgradeRequest:
+    """What the DAG's Params ask for, for one cluster."""
+
+    version: str
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    rollback: bool = True
+    timeout_s: float = 900.0
+    expired_allowance: int = 0  # files that may legitimately disappear during the upgrade (Curvine TTL)
+    lock_wait_s: float = 0.0
+    l2_check: str = "file"  # "file": re-read sampled L2 files; "endpoint": stage 5 on one endpoint
+    sample_files: int = 3
+
+
+@dataclass
+class Preflight:
+    """Everything the gates observed, and what the upgrade would run."""
+
+    revision: int
+    chart_version: str | None
+    values: dict[str, Any]  # the release's computed values (--all)
+    user_values: dict[str, Any]  # the release's user-supplied values: what --reuse-values keeps
+    result: dict[str, Any]  # what the upgrade will deploy
+    args: list[str]
+    command: str
+    diff: str
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"revision": self.revision, "chart_version": self.chart_version, "command": self.command,
+                "diff": self.diff, "warnings": self.warnings, "flags": cv.flags_of(self.values),
+                "result_flags": cv.flags_of(self.result)}
+
+
+# ---- gates -----------------------------------------------------------------------------------------------------
+
+
+def normalize_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Overrides as dotted ``--set`` keys with scalar values (nested mappings are flattened)."""
+    out: dict[str, Any] = {}
+    for key, value in stage3.flatten(dict(raw or {})).items():
+        if isinstance(value, dict | list):
+            raise PermanentError(f"override {key}: {value!r} is not a scalar; give one dotted key per value "
+                                 "(e.g. worker.storage.dataDirs[0].size=200Gi)")
+        out[key] = value
+    return out
+
+
+def refuse_flag_overrides(cluster: str, overrides: Mapping[str, Any]) -> None:
+    """An override that sets a format flag is refused — whatever the approval says."""
+    bad = cv.overrides_setting_flags(overrides)
+    if bad:
+        raise GateRefused(
+            f"upgrade refused on {cluster}: the override(s) {', '.join(f'{k}={overrides[k]}' for k in bad)} would "
+            "start Curvine pods with a format flag and wipe the L2 metadata or cache. Approval does not change this: "
+            "reformatting is a separate, deliberate action, never a side effect of an upgrade. Remove the override.")
+
+
+def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, Any]) -> Preflight:
+    """The read-only gates (the lease is handled by the caller). Raises GateRefused with the reason."""
+    spec = ctx.cluster.curvine
+    ns = spec.namespace
+    release = stage3.require_release(ctx)
+    revision = int(release["revision"])
+    values = ctx.helm.values(C.CURVINE_RELEASE, ns)
+    stage3.refuse_flag_hazard(ctx, values, revision, "upgrade")
+    repo = stage3.repo_url(ctx)
+    if not ctx.helm.chart_exists(spec.chart, repo, req.version):
+        raise GateRefused(f"upgrade refused on {ctx.cluster.name}: chart {spec.chart} version {req.version} was not "
+                          f"found in {repo}. Check the version (helm search repo {spec.chart} --versions) or the "
+                          "chart source (KVFLEET_HELM_REPO_CURVINE / curvine.repo_url).")
+    defaults = ctx.helm.chart_defaults(spec.chart, repo, req.version)
+    user_values = ctx.helm.values(C.CURVINE_RELEASE, ns, all_values=False)
+    sets = {**overrides, **cv.safe_flags()}  # the flags last: false whatever the overrides or values say
+    result = cv.merged_values(user_values, sets, defaults)
+    warnings = []
+    if cv.flags_set(defaults):
+        warnings.append(f"chart {req.version} defaults set {', '.join(cv.flags_set(defaults))} true; kvfleet passes "
+                        "them false explicitly, so they do not reach the pods")
+    if cv.flags_set(result):  # cannot happen while the flags are passed last; kept as the contract's check
+        raise GateRefused(f"upgrade refused on {ctx.cluster.name}: the resulting values would set "
+                          f"{', '.join(cv.flags_set(result))} true")
+    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, ns, repo=repo, version=req.version, values=sets)
+    for w in warnings:
+        ctx.say(f"warning: {w}")
+    return Preflight(revision, release["chart_version"], values, user_values, result, args,
+                     render(ctx.helm.argv(*args)), stage3.values_diff(values, result), warnings)
+
+
+# ---- L2 samples and post-checks ----------------------------------------------------------------------------------
+
+
+def sample_l2_files(ctx: StageContext, limit: int = 3, max_requests: int = 25) -> list[dict[str, Any]]:
+    """A few files under the Curvine fs-path (newest directories first), with their length, for re-reading."""
+    master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
+    queue = [ctx.cluster.curvine.fs_path]
+    found: list[dict[str, Any]] = []
+    requests = 0
+    while queue and len(found) < limit and requests < max_requests:
+        path = queue.pop(0)
+        requests += 1
+        try:
+            entries = master.browse(path)
+        except KvfleetError:
+            continue
+        if not isinstance(entries, list):
+            continue
+        for e in sorted(entries, key=lambda e: -int(e.get("mtime") or 0)):
+            if e.get("is_dir"):
+                queue.append(str(e["path"]))
+            elif len(found) < limit:
+                found.append({"path": str(e["path"]), "len": int(e.get("len") or 0)})
+    return found
+
+
+def reread_files(ctx: StageContext, files: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each sampled file is still there, same length, read back through the master."""
+    master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
+    missing = []
+    for f in files:
+        try:
+            got = master.browse(f["path"])
+        except KvfleetError as exc:
+            missing.append(f"{f['path']} ({exc})")
+            continue
+        entry = got[0] if isinstance(got, list) and got else {}
+        if entry.get("path") != f["path"] or int(entry.get("len") or -1) != f["len"]:
+            missing.append(f"{f['path']} (got {got!r:.120})")
+    return {"files": len(files), "missing": missing}
+
+
+def metadata_preserved(before: Mapping[str, Any], after: Mapping[str, Any], expired_allowance: int) -> bool:
+    """The metadata-preserved rule: ``files_total after >= files_total before - expired_allowance``.
+
+    New files written during the window only raise the count, so ``>=`` holds. Files can legitimately vanish only
+    by expiring (a Curvine TTL); LMCache's fs connector writes L2 files without a TTL, so the allowance defaults to
+    0 and a Param raises it for clusters whose writers set one. A master that started with formatMaster drops the
+    count to 0; a worker that formatted drops its share — both fail this rule.
+    """
+    return int(after.get("files_total") or 0) >= int(before.get("files_total") or 0) - max(0, expired_allowance)
+
+
+def post_checks(ctx: StageContext, before: Mapping[str, Any], files: list[dict[str, Any]], req: UpgradeRequest,
+                *, phase: str = "after") -> dict[str, Any]:
+    """Flags false, metadata preserved, live workers as before, L2 serving. PermanentError naming what failed."""
+    ns = ctx.cluster.curvine.namespace
+    values = ctx.helm.values(C.CURVINE_RELEASE, ns)
+    flags = cv.flags_of(values)
+    master = CurvineMaster(ctx.kube, ns)
+    want_live = int(before.get("live_workers") or 0)
+
+    def workers_back() -> tuple[bool, str]:
+        ov = master.overview()
+        return ov.live_workers >= want_live, f"live workers {ov.live_workers}/{want_live}"
+
+    problems = []
+    try:
+        wait_for(workers_back, timeout_s=req.timeout_s, poll_s=min(poll_seconds(), 1.0),
+                 what=f"[{ctx.cluster.name}] Curvine workers registered", progress=ctx.progress)
+    except KvfleetError as exc:
+        problems.append(f"live workers not back: {exc}")
+    after = stage3.capacity_snapshot(ctx, STAGE, phase)
+    if any(flags.values()):
+        problems.append(f"release values have format flags set: {flags}")
+    if not metadata_preserved(before, after, req.expired_allowance):
+        problems.append(f"metadata lost: {after['files_total']} files after, {before.get('files_total')} before "
+                        f"(allowance for expired files {req.expired_allowance})")
+    if after["live_workers"] < want_live:
+        problems.append(f"live workers {after['live_workers']}, {want_live} before")
+    serving = l2_serving(ctx, files, req)
+    if serving.get("missing"):
+        problems.append(f"L2 no longer serves files written before the upgrade: {', '.join(serving['missing'])}")
+    if serving.get("verdict") not in (None, "pass", "degraded"):
+        problems.append(f"stage 5 on {serving.get('endpoint')}: {serving.get('verdict')} {serving.get('diagnosis')}")
+    result = {"flags": flags, "files_before": before.get("files_total"), "files_after": after["files_total"],
+              "live_before": want_live, "live_after": after["live_workers"], "l2": serving, "problems": problems}
+    if problems:
+        raise PermanentError(f"post-checks failed on {ctx.cluster.name}: " + "; ".join(problems))
+    return result
+
+
+def l2_serving(ctx: StageContext, files: list[dict[str, Any]], req: UpgradeRequest) -> dict[str, Any]:
+    if req.l2_check == "endpoint":
+        from kvfleet.stages import verify
+
+        eps = [e for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2]
+        if eps:
+            result = verify.verify_endpoint(ctx, eps[0]).as_dict()
+            return {"endpoint": eps[0].ref, "verdict": result["verdict"], "hit_ratio": result["hit_ratio"],
+                    "diagnosis": result.get("diagnosis")}
+    if not files:
+        ctx.say("warning: L2 held no file before the upgrade and no endpoint was probed: L2 serving is unverified")
+        return {"files": 0, "missing": [], "unverified": True}
+    return reread_files(ctx, files)
+
+
+# ---- rollback --------------------------------------------------------------------------------------------------
+
+
+def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason: str = "",
+                              timeout_s: float | None = None) -> dict[str, Any]:
+    """Roll back to the newest revision before ``failed_revision`` whose stored values have every format flag
+    false (and which once deployed: not a failed or pending one). None → GateRefused saying why. Never to a
+    revision with a flag true: its pods would reformat on start."""
+    ns = ctx.cluster.curvine.namespace
+    history = ctx.helm.history(C.CURVINE_RELEASE, ns)
+    candidates: list[tuple[int, dict[str, Any]]] = []
+    seen: dict[int, dict[str, Any]] = {}
+    for row in history:
+        rev = int(row["revision"])
+        if rev >= failed_revision:
+            continue
+        values = ctx.helm.values(C.CURVINE_RELEASE, ns, revision=rev)
+        seen[rev] = {"status": row.get("status"), "flags": cv.flags_of(values)}
+        if str(row.get("status") or "").lower() not in _NOT_TARGETS:
+            candidates.append((rev, values))
+    target = cv.newest_safe_revision(candidates, failed_revision)
+    if target is None:
+        listed = "; ".join(f"revision {r} ({s['status']}): " + ", ".join(f"{k}={v}" for k, v in s["flags"].items())
+                           for r, s in sorted(seen.items())) or "none kept in the release history"
+        ctx.record("rollback", STAGE, "refused", failed_revision=failed_revision, revisions=seen, reason=reason)
+        raise GateRefused(
+            f"rollback refused on {ctx.cluster.name}: no revision before {failed_revision} has every format flag "
+            f"false ({listed}). Rolling back to one of them would start Curvine with a format flag and wipe the L2 "
+            f"metadata and cache. Fix forward instead: `helm upgrade curvine -n {ns} --reuse-values --version "
+            "<a working version> --set cluster.formatMaster=false --set cluster.formatWorker=false "
+            "--set cluster.formatJournal=false`.")
+    command = f"helm rollback {C.CURVINE_RELEASE} {target} -n {ns}"
+    if ctx.dry_run:
+        ctx.plan(STAGE, command)
+        return {"to": target, "planned": True}
+    ctx.say(f"rolling back Curvine from revision {failed_revision} to revision {target} (its stored values have "
+            f"every format flag false){': ' + reason if reason else ''}")
+    ctx.helm.rollback(C.CURVINE_RELEASE, ns, target)
+    values = ctx.helm.values(C.CURVINE_RELEASE, ns)
+    if cv.flags_set(values):  # the target was checked; this guards against a release edited meanwhile
+        raise PermanentError(f"after the rollback on {ctx.cluster.name} the release has {cv.flags_set(values)} set: "
+                             "flip them false now, before any pod restarts")
+    replaced: list[str] = []
+    state = stage3.wait_rolled_out(ctx, timeout_s, each_poll=lambda: replaced.extend(replace_stuck_pods(ctx)))
+    return {"from": failed_revision, "to": target, "flags": cv.flags_of(values), "replaced_stuck_pods": replaced,
+            "rollout": state}
+
+
+def replace_stuck_pods(ctx: StageContext) -> list[str]:
+    """Delete Curvine pods that are not Ready and belong to an older StatefulSet revision than the current one.
+
+    A StatefulSet rolling update never replaces a pod that is not Ready, so after reverting a template that
+    broke the pods, the broken pods stay until deleted (Kubernetes documents this "forced rollback" step)."""
+    ns = ctx.cluster.curvine.namespace
+    deleted = []
+    for name in (C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS):
+        sts = get_or_none(ctx.kube.apps.read_namespaced_stateful_set, name, ns)
+        if sts is None or (sts.status.observed_generation or 0) < (sts.metadata.generation or 0):
+            continue
+        current = sts.status.update_revision
+        selector = ",".join(f"{k}={v}" for k, v in (sts.spec.selector.match_labels or {}).items())
+        for pod in call(ctx.kube.core.list_namespaced_pod, ns, label_selector=selector, what="list pods").items:
+            labels = pod.metadata.labels or {}
+            ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+            if current and labels.get(REVISION_LABEL) not in (None, current) and not ready:
+                ctx.say(f"deleting {pod.metadata.name}: not Ready on the reverted revision {labels.get(REVISION_LABEL)}")
+                call(ctx.kube.core.delete_namespaced_pod, pod.metadata.name, ns, what="delete stuck pod")
+                deleted.append(pod.metadata.name)
+    return deleted
+
+
+# ---- the workflow ------------------------------------------------------------------------------------------------
+
+
+def upgrade(ctx: StageContext, req: UpgradeRequest, *, holder: str) -> Outcome:
+    """Gates, snapshot, upgrade, wait, post-checks and (when asked) a safe rollback on one cluster."""
+    cluster = ctx.cluster.name
+    try:
+        overrides = normalize_overrides(req.overrides)
+        refuse_flag_overrides(cluster, overrides)
+        stage3.refuse_busy_cluster(ctx, holder, "upgrade")
+        if ctx.dry_run:
+            pre = preflight(ctx, req, overrides)
+    except GateRefused as exc:
+        ctx.record("gates", STAGE, "refused", version=req.version, reason=str(exc))
+        raise
+    if ctx.dry_run:
+        ctx.plan(STAGE, pre.command, diff=pre.diff)
+        return ctx.record("upgrade", STAGE, "planned", version=req.version, **pre.as_dict())
+    if ctx.history is None:
+        raise PermanentError("a Curvine upgrade needs the history store (cluster lease and records)")
+    lock = ClusterLock(ctx.history, cluster, holder, PURPOSE, wait_s=req.lock_wait_s, poll_s=poll_seconds(),
+                       progress=ctx.progress)
+    try:
+        lock.acquire()
+    except GateRefused as exc:
+        ctx.record("gates", STAGE, "refused", version=req.version, reason=str(exc))
+        raise
+    try:
+        return _upgrade_locked(ctx, req, overrides)
+    finally:
+        lock.release()
+
+
+def _upgrade_locked(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, Any]) -> Outcome:
+    try:
+        pre = preflight(ctx, req, overrides)
+    except GateRefused as exc:
+        ctx.record("gates", STAGE, "refused", version=req.version, reason=str(exc))
+        raise
+    ctx.record("gates", STAGE, "passed", version=req.version, **pre.as_dict())
+    if pre.chart_version == req.version and pre.diff == "(no value changes)":
+        ctx.say(f"Curvine already at {req.version} with these values: nothing to do")
+        return ctx.record("upgrade", STAGE, "unchanged", version=req.version, revision=pre.revision)
+
+    revisions = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
+    before = stage3.capacity_snapshot(ctx, STAGE, "before")
+    files = sample_l2_files(ctx, req.sample_files) if req.l2_check == "file" else []
+    ctx.record("snapshot_before", STAGE, "passed", revision=pre.revision, chart_version=pre.chart_version,
+               flags=cv.flags_of(pre.values), values=pre.values, overview=before, sample_files=files,
+               revisions=revisions)
+    ctx.say(f"upgrading Curvine {pre.chart_version} (revision {pre.revision}) -> {req.version}: {pre.command}\n"
+            f"{pre.diff}")
+    failure: Exception | None = None
+    checks: dict[str, Any] = {}
+    try:
+        ctx.helm.run(*pre.args, what=f"helm upgrade curvine to {req.version}")
+        stage3.wait_rolled_out(ctx, req.timeout_s)
+        checks = post_checks(ctx, before, files, req)
+    except KvfleetError as exc:
+        failure = exc
+    now = int(stage3.require_release(ctx)["revision"])
+    revisions = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
+    if failure is None:
+        ctx.say(f"upgrade to {req.version} done: revision {now}, flags false, {checks['files_after']} files, "
+                f"{checks['live_after']} live workers")
+        return ctx.record("upgrade", STAGE, "changed", version=req.version, from_revision=pre.revision,
+                          to_revision=now, flags=checks["flags"], post_checks=checks, revisions=revisions)
+    ctx.record("upgrade", STAGE, "failed", version=req.version, from_revision=pre.revision, to_revision=now,
+               error=str(failure), revisions=revisions)
+    if now <= pre.revision:
+        raise PermanentError(f"upgrade of Curvine on {ctx.cluster.name} to {req.version} failed before a new "
+                             f"revision was deployed (still revision {pre.revision}): {failure}") from failure
+    if not req.rollback:
+        raise PermanentError(f"upgrade of Curvine on {ctx.cluster.name} to {req.version} failed (revision {now}); "
+                             f"rollback not requested: {failure}. Roll back with this DAG's rollback Param, or fix "
+                             "forward.") from failure
+    rolled = rollback_to_safe_revision(ctx, now, reason=str(failure), timeout_s=req.timeout_s)
+    try:
+        rolled["post_checks"] = post_checks(ctx, before, files, req, phase="after-rollback")
+    except PermanentError as exc:
+        rolled["post_checks"] = {"problems": [str(exc)]}
+    rolled["revisions"] = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
+    ok = not rolled["post_checks"].get("problems")
+    ctx.record("rollback", STAGE, "changed" if ok else "failed", **rolled)
+    raise PermanentError(
+        f"upgrade of Curvine on {ctx.cluster.name} to {req.version} failed: {failure}. Rolled back from revision "
+        f"{now} to revision {rolled['to']} (format flags false); post-checks after the rollback "
+        + ("passed: L2 files and metadata kept." if ok else f"failed: {rolled['post_checks']['problems']}")) \
+        from failure

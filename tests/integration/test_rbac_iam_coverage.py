@@ -1,0 +1,291 @@
+"""k8s/rbac and k8s/iam are derived from what kvfleet really calls: replay a rollout, the hit verification and the
+drift check against the sandbox, then compare every Kubernetes request (kvfleet's client and the helm it runs) and
+every AWS call the emulators saw with the grants in the files.
+
+- Every (verb, group, resource/subresource, namespace or cluster scope, name) request is allowed by some binding of
+  the group ``kvfleet`` in k8s/rbac/*.yaml, evaluated with Kubernetes RBAC semantics (a RoleBinding grants only in
+  its namespace; ``resourceNames`` never match a create).
+- Every verb on every resource of every rule, and every binding, is used by at least one request, except the few
+  listed in ``UNREACHED`` with the code path that needs them.
+- k8s/iam/kvfleet-policy.json lists exactly the ``service:Operation`` pairs the AWS emulator served, plus
+  sts:GetCallerIdentity (the EKS bearer token is a presigned GetCallerIdentity URL that EKS, not kvfleet, calls).
+
+The replay: stages 1-5 on ml-prod-use1 (patch mode) and ml-stage-usw2 (kyverno mode), in parallel, one endpoint
+each; the drift check on both; then the update paths a later rollout takes: an InferenceEndpointConfig whose
+labels were edited by hand (patch), an add-on whose configuration changed in the inventory (UpdateAddon) and a
+ClusterPolicy edited by hand (patch). Reconcilers are retried like Airflow retries a task (they are idempotent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvfleet.fleet import constants as C
+from kvfleet.fleet.endpoint_spec import kyverno_policy
+from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
+from kvfleet.sandbox.runtime import start_sandbox
+from kvfleet.sandbox.twin import SandboxSettings
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RBAC_DIR = ROOT / "k8s" / "rbac"
+IAM_POLICY = ROOT / "k8s" / "iam" / "kvfleet-policy.json"
+GROUP = "kvfleet"
+PATCH_CLUSTER, KYVERNO_CLUSTER = "ml-prod-use1", "ml-stage-usw2"
+ENDPOINT = "retail-assistant"
+# Grants the replay cannot reach, each with the code path that needs it.
+UNREACHED = {
+    ("kvfleet:endpoint-namespace", "", "events", "list"):
+        "stages/curvine.py _wait_bound: explains a PVC that stays Pending (sandbox PVCs bind at once)",
+}
+# Not seen by the emulator: EKS's authenticator calls it with the presigned URL of kvfleet's bearer token.
+TOKEN_ACTIONS = {"sts:GetCallerIdentity"}
+
+
+@dataclass(frozen=True)
+class Request:
+    verb: str
+    group: str
+    resource: str  # "deployments" or "deployments/scale"
+    namespace: str | None
+    name: str | None
+
+
+@dataclass(frozen=True)
+class Grant:
+    binding: str
+    role: str
+    scope: str | None  # None: a ClusterRoleBinding (every namespace and cluster-scoped resources)
+    rule: int
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    names: tuple[str, ...]
+
+    def allows(self, r: Request) -> bool:
+        if self.scope is not None and r.namespace != self.scope:
+            return False
+        if self.names and r.name not in self.names:
+            return False
+        return ((r.group in self.api_groups or "*" in self.api_groups)
+                and (r.resource in self.resources or "*" in self.resources)
+                and (r.verb in self.verbs or "*" in self.verbs))
+
+
+def load_grants() -> list[Grant]:
+    docs = [d for f in sorted(RBAC_DIR.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d.get("rules") or []
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    grants = []
+    for b in docs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "Group" and s["name"] == GROUP for s in b.get("subjects") or []):
+            continue
+        ref = b["roleRef"]
+        scope = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
+        key = (ref["kind"], scope if ref["kind"] == "Role" else None, ref["name"])
+        assert key in roles, f"{b['kind']} {b['metadata']['name']} refers to a missing {ref['kind']} {ref['name']}"
+        for i, rule in enumerate(roles[key]):
+            grants.append(Grant(f"{b['kind']}/{scope or ''}/{b['metadata']['name']}", ref["name"], scope, i,
+                                tuple(rule.get("apiGroups") or ()), tuple(rule.get("resources") or ()),
+                                tuple(rule.get("verbs") or ()), tuple(rule.get("resourceNames") or ())))
+    return grants
+
+
+# ---- the replay ---------------------------------------------------------------------------------------------
+
+
+def _retried(fn: Callable[[], Any], attempts: int = 3) -> Any:
+    """Like an Airflow task retry: the reconcilers are idempotent, so a transient failure is retried."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    return None
+
+
+def _endpoint(inv: Inventory, cluster: str) -> Endpoint:
+    return next(e for e in inv.endpoints if e.cluster == cluster and e.name == ENDPOINT)
+
+
+def _ctx(inv: Inventory, cluster: str) -> Any:
+    from kvfleet.stages.base import StageContext, Timeouts
+
+    return StageContext(inventory=inv, cluster=inv.cluster(cluster), aws_conn_id=None,
+                        timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30))
+
+
+def _changed_operator_config(inv: Inventory, cluster: str) -> Inventory:
+    def change(cl: Any) -> Any:
+        addons = tuple(dataclasses.replace(a, configuration={**dict(a.configuration or {}), "kvfleetTest": True})
+                       if a.name == C.OPERATOR_ADDON else a for a in cl.addons)
+        return dataclasses.replace(cl, addons=addons)
+
+    return dataclasses.replace(inv, clusters=tuple(change(c) if c.name == cluster else c for c in inv.clusters))
+
+
+def _replay_cluster(sandbox: Any, inv: Inventory, cluster: str) -> None:
+    from kvfleet.stages import addons, curvine, endpoints, tiered_storage, verify
+
+    twin = sandbox.twin(cluster)
+    ep = _endpoint(inv, cluster)
+    ctx = _ctx(inv, cluster)
+    try:
+        for stage in (tiered_storage, addons, curvine):  # kvfleet_rollout: cluster_stages
+            _retried(lambda stage=stage: stage.reconcile(ctx))
+        _retried(lambda: endpoints.reconcile_wave(ctx, [ep], holder=f"rbac/{cluster}"))  # cluster_waves
+        result = verify.verify_endpoint(ctx, ep, 2000)  # the wave gate and kvfleet_hit_verification
+        assert result.verdict == "pass", result
+        if importlib.util.find_spec("kvfleet.stages.drift") is not None:  # kvfleet_drift_check
+            from kvfleet.stages import drift
+
+            assert drift.check(ctx).reachable
+        # Update paths of a later rollout.
+        if cluster == KYVERNO_CLUSTER:
+            name = kyverno_policy(inv.settings)["metadata"]["name"]
+
+            def hand_edit(policy: dict[str, Any]) -> dict[str, Any]:
+                policy["spec"]["background"] = True
+                return policy
+
+            twin.store.mutate("kyverno.io", "clusterpolicies", name, None, hand_edit)
+            assert endpoints.ensure_kyverno_policy(ctx) == "changed"
+        else:
+            def drop_lob(iec: dict[str, Any]) -> dict[str, Any]:
+                iec["metadata"]["labels"].pop(C.LOB_LABEL, None)
+                return iec
+
+            twin.store.mutate(C.IEC_GROUP, C.IEC_PLURAL, ep.name, ep.namespace, drop_lob)
+            assert endpoints.apply_iec(ctx, ep) == "changed"
+            changed = _ctx(_changed_operator_config(inv, cluster), cluster)
+            try:
+                _retried(lambda: addons.reconcile(changed))
+            finally:
+                changed.close()
+    finally:
+        ctx.close()
+
+
+@dataclass
+class Replay:
+    requests: list[Request]
+    aws_actions: set[str]
+    drift_ran: bool
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replay]:
+    inv = load_inventory(ROOT / "fleet.example.yaml")
+    sandbox = start_sandbox(inv, tmp_path_factory.mktemp("rbac-sandbox"), SandboxSettings(time_scale=0.01))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in sandbox.exports().items():
+                mp.setenv(key, value)
+            mp.setenv("KVFLEET_POLL_SECONDS", "0.1")
+            mp.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # boto3 reads AWS_ENDPOINT_URL natively
+            for twin in sandbox.twins.values():
+                twin.store.reset_request_log()
+            sandbox.aws.reset_request_log()
+            errors: dict[str, BaseException] = {}
+
+            def run(cluster: str) -> None:
+                try:
+                    _replay_cluster(sandbox, inv, cluster)
+                except BaseException as exc:
+                    errors[cluster] = exc
+
+            threads = [threading.Thread(target=run, args=(c,)) for c in (PATCH_CLUSTER, KYVERNO_CLUSTER)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=240)
+            if errors:
+                raise next(iter(errors.values()))
+            requests = [Request(r.verb, r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource,
+                                r.namespace, r.name)
+                        for twin in sandbox.twins.values() for r in list(twin.store.request_log)
+                        if r.verb not in ("discovery", "unauthorized")]
+            aws = {f"{e.service}:{e.operation}" for e in list(sandbox.aws.request_log)}
+        yield Replay(requests, aws, importlib.util.find_spec("kvfleet.stages.drift") is not None)
+    finally:
+        sandbox.stop()
+
+
+# ---- the checks ---------------------------------------------------------------------------------------------
+
+
+def _fmt(r: Request) -> str:
+    where = f"namespace {r.namespace}" if r.namespace else "cluster scope"
+    return f"{r.verb} {r.group or 'core'}/{r.resource}{' ' + r.name if r.name else ''} ({where})"
+
+
+def test_every_request_kvfleet_and_helm_made_is_allowed_by_k8s_rbac(replay: Replay) -> None:
+    grants = load_grants()
+    assert replay.requests, "the replay made no Kubernetes request"
+    denied = sorted({_fmt(r) for r in replay.requests if not any(g.allows(r) for g in grants)})
+    assert denied == [], "k8s/rbac does not allow:\n  " + "\n  ".join(denied)
+
+
+def test_nothing_in_k8s_rbac_goes_unused(replay: Replay) -> None:
+    grants = load_grants()
+    used_bindings = {g.binding for g in grants for r in replay.requests if g.allows(r)}
+    unused_bindings = sorted({g.binding for g in grants} - used_bindings)
+    assert unused_bindings == [], f"bindings that allowed no request: {unused_bindings}"
+    # Per rule of a role, across its bindings: a role bound in every endpoint namespace is used if any uses it.
+    granted, used = set(), set()
+    for g in grants:
+        for group in g.api_groups:
+            for resource in g.resources:
+                for verb in g.verbs:
+                    element = (g.role, g.rule, group, resource, verb, g.names)
+                    granted.add(element)
+                    one = dataclasses.replace(g, api_groups=(group,), resources=(resource,), verbs=(verb,))
+                    if (g.role, group, resource, verb) in UNREACHED or any(one.allows(r) for r in replay.requests):
+                        used.add(element)
+    unused = [f"{role} rule {rule}: {verb} {group or 'core'}/{resource}" + (f" {list(names)}" if names else "")
+              for role, rule, group, resource, verb, names in granted - used]
+    assert sorted(set(unused)) == [], "granted but never used by kvfleet:\n  " + "\n  ".join(sorted(set(unused)))
+
+
+def test_unreached_grants_name_code_that_exists() -> None:
+    for (_role, _group, _resource, _verb), why in UNREACHED.items():
+        module, function = why.split(" ", 1)[0], why.split(" ", 2)[1].rstrip(":")
+        assert function in (ROOT / "plugins" / "kvfleet" / module).read_text(), why
+
+
+def test_secrets_are_granted_only_in_the_curvine_namespace() -> None:
+    for g in load_grants():
+        if "secrets" in g.resources or "*" in g.resources:
+            assert g.scope == C.CURVINE_NAMESPACE, f"{g.binding} grants secrets outside {C.CURVINE_NAMESPACE}"
+
+
+def test_iam_policy_lists_exactly_the_aws_actions_kvfleet_called(replay: Replay) -> None:
+    policy = json.loads(IAM_POLICY.read_text())
+    assert policy["Version"] == "2012-10-17"
+    actions: set[str] = set()
+    for st in policy["Statement"]:
+        assert st["Effect"] == "Allow" and "NotAction" not in st and st["Resource"]
+        listed = [st["Action"]] if isinstance(st["Action"], str) else st["Action"]
+        assert not any("*" in a for a in listed), f"wildcard action in {st['Sid']}"
+        actions |= set(listed)
+    assert actions == replay.aws_actions | TOKEN_ACTIONS
+    assert {"sagemaker:DescribeCluster", "sagemaker:UpdateCluster", "eks:DescribeCluster",
+            "eks:CreateAddon", "eks:UpdateAddon"} <= replay.aws_actions
+    if replay.drift_ran:
+        assert "eks:ListAddons" in replay.aws_actions

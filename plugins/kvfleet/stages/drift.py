@@ -37,7 +37,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients.curvine import CurvineMaster
-from kvfleet.clients.kube import api_error, call
+from kvfleet.clients.kube import api_error
 from kvfleet.errors import KvfleetError, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
@@ -68,6 +68,7 @@ class DriftResult:
     advice: str | None = None
     patch_losses_7d: int = 0
     observe_s: float = 0.0
+    run_key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "reachable": self.reachable, "findings": [f.as_dict() for f in self.findings],
@@ -76,14 +77,6 @@ class DriftResult:
 
 
 # ---- observation ----------------------------------------------------------------------------------------------
-
-
-def _raw(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
-    resp = call(fn, *args, what=what, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-    try:
-        return json.loads(resp.data or b"null")
-    finally:
-        resp.release_conn()
 
 
 def _raw_or_none(fn: Callable[..., Any], *args: Any, what: str) -> Any:
@@ -100,7 +93,18 @@ def _raw_or_none(fn: Callable[..., Any], *args: Any, what: str) -> Any:
 
 
 def _items(fn: Callable[..., Any], *args: Any, what: str) -> list[dict[str, Any]]:
-    return list((_raw(fn, *args, what=what, label_selector=MANAGED) or {}).get("items") or [])
+    """One LIST across namespaces with the managed-by selector. A type that is not served (the operator's CRD
+    before stage 2) has no objects: an empty list, not an error."""
+    try:
+        resp = fn(*args, label_selector=MANAGED, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    except ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise api_error(exc, what) from exc
+    try:
+        return list((json.loads(resp.data or b"null") or {}).get("items") or [])
+    finally:
+        resp.release_conn()
 
 
 def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
@@ -171,7 +175,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
     except Exception as exc:  # any failure to observe: record it on this cluster, never fail the others
         log.warning("[%s] drift check could not observe the cluster: %s", cl.name, exc, exc_info=True)
         result = DriftResult(cl.name, [rules.unreachable(cl.name, f"{type(exc).__name__}: {exc}")], reachable=False,
-                             observe_s=time.monotonic() - started)
+                             observe_s=time.monotonic() - started, run_key=run_key)
         if ctx.history is not None:
             # Only this kind is in scope: what could not be observed stays as it was.
             result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in result.findings], run_key,
@@ -179,7 +183,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
         ctx.record(f"drift_check:{cl.name}", STAGE, "failed", reachable=False, error=str(exc)[:500])
         return result
     findings = rules.classify(ctx.inventory, cl.name, obs)
-    result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started)
+    result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started, run_key=run_key)
     ctx.say(f"drift: {len(findings)} finding(s) in {result.observe_s:.2f}s"
             + "".join(f"\n  {f.text()}" for f in findings))
     if ctx.history is not None:
@@ -298,7 +302,8 @@ def _record(ctx: StageContext, action: str, found: list[rules.Finding], outcome:
     if ctx.history is not None:
         for f in found:
             ctx.history.record_remediation(f.fingerprint, {k: v for k, v in entry.items() if k != "findings"})
-    ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome, **{k: v for k, v in entry.items() if k != "at"})
+    ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome,
+               **{k: v for k, v in entry.items() if k not in ("at", "outcome")})
     if outcome != "changed":
         ctx.say(f"drift remediation {action}: {outcome}: {detail}")
     return entry

@@ -1,0 +1,52 @@
+"""kvfleet_drift_check: every 10 minutes, compare every managed endpoint and cluster with the inventory; record
+what drifted (opened, still open, resolved) and, when asked, remediate with the rollout's own reconcilers.
+
+Clusters are checked in parallel; an unreachable cluster is recorded as ``cluster_unreachable`` without failing
+the others. Thin by design: it imports airflow.sdk and kvfleet, and does no I/O at import time.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import Param, dag, task
+
+from kvfleet.airflow import drift
+from kvfleet.airflow.params import fleet_param, scope_params
+
+
+@dag(
+    dag_id="kvfleet_drift_check",
+    schedule=timedelta(minutes=10),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "fleet": fleet_param(),
+        "clusters": scope_params()["clusters"],
+        "remediate": Param(False, type="boolean", title="Remediate",
+                           description="Fix what the rollout's reconcilers can fix (batched safe patch, operator "
+                                       "restore, format flags false with --reuse-values), under the cluster lock. "
+                                       "Off: only the LOBs with remediate_drift in the inventory are fixed."),
+    },
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    tags=["kvfleet"],
+    doc_md=__doc__,
+)
+def kvfleet_drift_check() -> None:
+    @task
+    def scope(params=None):  # type: ignore[no-untyped-def]
+        return drift.open_run(params)
+
+    @task(max_active_tis_per_dagrun=16)
+    def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]
+        return drift.check_cluster(cluster, params)
+
+    @task(trigger_rule="none_failed")
+    def summary(results):  # type: ignore[no-untyped-def]
+        return drift.summarize(results)
+
+    summary(check_cluster.expand(cluster=scope()))
+
+
+kvfleet_drift_check()

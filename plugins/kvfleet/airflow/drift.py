@@ -1,0 +1,99 @@
+"""Task bodies of the `kvfleet_drift_check` DAG: open the run, check each cluster (mapped, in parallel), summarise.
+
+Called from ``dags/kvfleet_drift_check.py``. The per-cluster task never fails because its cluster is unreachable:
+``stages.drift.check`` records that as a ``cluster_unreachable`` finding and returns, so one dead API server does
+not hide the drift of the others. The summary prints the open findings per LOB and cluster from the history
+store (the same rows ``kvfleet audit drift --open`` shows) and the advice of this run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvfleet.airflow.context import run_info
+from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.history.repo import History, StepEvent
+from kvfleet.stages import drift
+
+log = logging.getLogger(__name__)
+
+
+def _params(params: dict[str, Any]) -> dict[str, Any]:
+    # Drift is judged against the whole inventory of a cluster (an endpoint outside a LOB scope would otherwise
+    # read as unmanaged), so only the cluster scope applies.
+    return {"fleet": params["fleet"], "clusters": params.get("clusters") or [],
+            "aws_conn_id": params.get("aws_conn_id")}
+
+
+@permanent_fails_fast
+def open_run(params: dict[str, Any]) -> list[str]:
+    info = run_info()
+    inv = scoped_inventory(_params(params))
+    history = History()
+    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params)
+    history.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
+        "clusters": [c.name for c in inv.clusters], "endpoints": len(inv.endpoints),
+        "remediate": bool(params.get("remediate"))}), actor=info.actor)
+    return [c.name for c in inv.clusters]
+
+
+@permanent_fails_fast
+def check_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    ctx = _context(cluster, _params(params))
+    try:
+        result = drift.check(ctx, remediate=bool(params.get("remediate")))
+    finally:
+        ctx.close()
+    out = result.as_dict()
+    log.info("[%s] %d finding(s), %s; observed in %.2fs%s", cluster, len(result.findings), result.sync,
+             result.observe_s, f"; advice: {result.advice}" if result.advice else "")
+    return out
+
+
+def render_open(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no open drift"
+    lines = []
+    current: tuple[str, str] | None = None
+    for r in rows:
+        if (r["lob"], r["cluster"]) != current:
+            current = (r["lob"], r["cluster"])
+            lines.append(f"LOB {r['lob']} / cluster {r['cluster']}")
+        fixed = f"  [remediation: {r['remediation'].get('action')} {r['remediation'].get('outcome')}]" \
+            if r.get("remediation") else ""
+        lines.append(f"  {r['severity']:<8} {r['kind']:<25} {r['object_ref']} {r['field']}: expected "
+                     f"{r['expected']!r}, found {r['actual']!r} (since {r['first_seen']:%Y-%m-%d %H:%M}){fixed}")
+    return "\n".join(lines)
+
+
+def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
+    info = run_info()
+    results = [r for r in results or [] if r]
+    history = History()
+    rows = history.query("drift_open_by_lob")
+    checked = {r["cluster"] for r in results}
+    rows = [r for r in rows if r["cluster"] in checked]
+    log.info("open drift per line of business and cluster\n%s", render_open(rows))
+    advice = [r["advice"] for r in results if r.get("advice")]
+    for a in advice:
+        log.warning("advice: %s", a)
+    summary = {
+        "clusters": sorted(checked),
+        "unreachable": sorted(r["cluster"] for r in results if not r["reachable"]),
+        "open": len(rows),
+        "by_kind": _count(r["kind"] for r in rows),
+        "remediations": sum(len(r["remediations"]) for r in results),
+        "advice": advice,
+    }
+    history.end_run(info.run_key, "success", summary)
+    return summary
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in items:
+        out[k] = out.get(k, 0) + 1
+    return dict(sorted(out.items()))

@@ -1,0 +1,320 @@
+"""The drift check against the sandbox: each kind produced through the real APIs, found with the right fields,
+recorded (opened, touched, resolved), remediated by the rollout's reconcilers, and a converged fleet left alone.
+
+One sandbox and one history database per module; the scenarios run in file order and each ends with the fleet
+converged again (the next scenario's first check proves it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from conftest import PROD, STAGE
+from kvfleet.fleet import constants as C
+from kvfleet.fleet import drift as rules
+from kvfleet.history.repo import StepKey
+from kvfleet.stages import addons, curvine, drift, endpoints, tiered_storage
+
+pytestmark = pytest.mark.integration
+MUTATING_K8S = {"create", "update", "patch", "delete", "deletecollection"}
+MUTATING_AWS = {"UpdateCluster", "CreateAddon", "UpdateAddon", "DeleteAddon", "CreateCluster"}
+_runs = iter(range(1, 1000))
+
+
+def _run_ctx(drift_ctx, history, cluster=PROD, **kw):  # type: ignore[no-untyped-def]
+    run_key = f"kvfleet_drift_check/t{next(_runs)}"
+    history.start_run(run_key, dag_id="kvfleet_drift_check", run_id=run_key, trigger="test", triggered_by=None,
+                      params={})
+    return drift_ctx(cluster, history=history, step_key=StepKey(run_key, "check_cluster"), **kw)
+
+
+def _check(drift_ctx, history, cluster=PROD, *, remediate=False, now=None, **kw):  # type: ignore[no-untyped-def]
+    return drift.check(_run_ctx(drift_ctx, history, cluster, **kw), remediate=remediate, now=now)
+
+
+def _open(history, cluster=PROD):  # type: ignore[no-untyped-def]
+    return [r for r in history.query("open_drift") if r["cluster"] == cluster]
+
+
+def _mutating(sandbox, cluster):  # type: ignore[no-untyped-def]
+    store = sandbox.twin(cluster).store
+    k8s = [(r.verb, r.resource, r.namespace, r.name) for r in store.request_log
+           if r.verb in MUTATING_K8S and not r.dry_run]
+    return {"k8s": k8s, "aws": [op for op in sandbox.aws.operations() if op in MUTATING_AWS]}
+
+
+def _reset(sandbox) -> None:  # type: ignore[no-untyped-def]
+    for twin in sandbox.twins.values():
+        twin.store.reset_request_log()
+    sandbox.aws.reset_request_log()
+
+
+def _wait(predicate, what, timeout=30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def converged(drift_sandbox, drift_history):  # type: ignore[no-untyped-def]
+    """Stages 1–3 and the three endpoints of the patch-mode cluster, rolled out once for the module."""
+    from kvfleet.stages.base import StageContext, Timeouts
+
+    inv = drift_sandbox.inventory
+    ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=drift_history,
+                       timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30))
+    try:
+        for stage in (tiered_storage, addons, curvine):
+            stage.reconcile(ctx)
+        endpoints.reconcile_wave(ctx, list(inv.endpoints_of(PROD)), holder="t/rollout")
+    finally:
+        ctx.close()
+    return drift_sandbox
+
+
+def test_a_converged_cluster_has_no_finding_and_the_check_changes_nothing(converged, drift_ctx,
+                                                                           drift_history) -> None:  # type: ignore[no-untyped-def]
+    _reset(converged)
+    result = _check(drift_ctx, drift_history)
+    assert result.reachable and [f.text() for f in result.findings] == []
+    assert _mutating(converged, PROD) == {"k8s": [], "aws": []}
+    assert _open(drift_history) == []
+
+
+def _ep(inv, name, cluster=PROD):  # type: ignore[no-untyped-def]
+    return next(e for e in inv.endpoints if e.cluster == cluster and e.name == name)
+
+
+def _pods_settled(twin, ep, url):  # type: ignore[no-untyped-def]
+    def ok() -> bool:
+        pods = [p for p in twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}")
+                if not p["metadata"].get("deletionTimestamp")]
+        ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                        for c in (p.get("status") or {}).get("conditions") or [])]
+        urls = [[e.get("value") for e in next(c for c in p["spec"]["containers"] if c["name"] == ep.name)["env"]
+                 if e["name"] == C.ENV_REMOTE_URL] for p in ready]
+        return len(pods) == len(ready) == ep.replicas and all(u == [url] for u in urls)
+    return ok
+
+
+def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fixes_it(
+        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+    inv = converged.inventory
+    ep = _ep(inv, "retail-assistant")
+    twin = converged.twin(PROD)
+    # Two earlier patch losses on this cluster this week (resolved since): this one is the third.
+    for i in (1, 2):
+        old = rules.Finding("patch_lost_to_reconcile", PROD, f"Deployment/retail/old-{i}", "volumes", "pvc", "absent",
+                            lob="retail", endpoint=f"retail/old-{i}")
+        drift_history.sync_findings(PROD, [old.as_dict()], f"old/{i}", scope_kinds=["patch_lost_to_reconcile"])
+        drift_history.sync_findings(PROD, [], f"old/{i}b", scope_kinds=["patch_lost_to_reconcile"])
+
+    generation = twin.store.get("apps", "deployments", ep.name, ep.namespace)["metadata"]["generation"]
+    twin.services["operator"].rerender_now(ep.namespace, ep.name)
+    _wait(lambda: twin.store.get("apps", "deployments", ep.name, ep.namespace)["metadata"]["generation"] != generation,
+          "the operator's re-render")
+    _wait(_pods_settled(twin, ep, C.OPERATOR_L2_URL), "pods on the re-rendered template")
+
+    first = _check(drift_ctx, drift_history)
+    assert {f.kind for f in first.findings} == {"patch_lost_to_reconcile", "operator_l2_url"}
+    lost = {f.field: f for f in first.findings if f.kind == "patch_lost_to_reconcile"}
+    assert set(lost) == {f"spec.template.spec.volumes[{C.L2_VOLUME_NAME}]",
+                         f"spec.template.spec.containers[{ep.name}].volumeMounts"}
+    for f in lost.values():
+        assert (f.object_ref, f.actual, f.lob, f.endpoint, f.severity) == (
+            f"Deployment/{ep.key}", "absent", "retail", ep.key, "high")
+    url = next(f for f in first.findings if f.kind == "operator_l2_url")
+    assert (url.expected, url.actual) == (C.L2_URL, C.OPERATOR_L2_URL)
+    assert first.sync == {"opened": 3, "still_open": 0, "resolved": 0}
+    assert first.patch_losses_7d == 3 and first.advice and "3 times in 7 days" in first.advice
+    advice = [s for s in drift_history.steps(first.run_key) if s["step"] == f"drift_advice:{PROD}"]
+    assert advice and advice[0]["detail"]["recommend"] == "kyverno"
+
+    opened = {r["field"]: r for r in _open(drift_history)}
+    again = _check(drift_ctx, drift_history)
+    assert again.sync == {"opened": 0, "still_open": 3, "resolved": 0}
+    rows = {r["field"]: r for r in _open(drift_history)}
+    assert all(rows[k]["first_seen"] == opened[k]["first_seen"] and rows[k]["last_seen"] > opened[k]["last_seen"]
+               for k in rows)
+
+    _reset(converged)
+    fixed = _check(drift_ctx, drift_history, remediate=True)
+    (action,) = fixed.remediations
+    assert (action["action"], action["outcome"]) == ("patch_endpoints", "changed")
+    assert set(action["kinds"]) == {"patch_lost_to_reconcile", "operator_l2_url"}
+    assert {r["remediation"]["action"] for r in _open(drift_history)} == {"patch_endpoints"}
+    mutated = _mutating(converged, PROD)["k8s"]
+    assert ("patch", "deployments", ep.namespace, ep.name) in mutated
+    assert not any(v == "delete" for v, *_ in mutated)  # a patch, never a rollback or a re-create
+
+    after = _check(drift_ctx, drift_history)
+    assert after.findings == [] and after.sync["resolved"] == 3
+    resolved = [r for r in drift_history.query("drift_since", cutoff=datetime.now(UTC) - timedelta(hours=1))
+                if r["endpoint"] == ep.key]
+    assert len(resolved) == 3 and all(r["resolved_at"] and r["remediation"] for r in resolved)
+
+
+
+def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse_values(
+        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+    ctx = drift_ctx(PROD)
+    spec = ctx.cluster.curvine
+    # What a person would type: helm upgrade ... --reuse-values --set cluster.formatMaster=true
+    ctx.helm.run(*ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx),
+                                        version=spec.version, values={"cluster.formatMaster": True}),
+                 what="hand-made helm upgrade")
+    curvine.wait_rolled_out(ctx)
+    curvine.verify_capacity(ctx)
+
+    found = _check(drift_ctx, drift_history)
+    (flag,) = found.findings
+    assert (flag.kind, flag.severity, flag.object_ref, flag.field, flag.expected, flag.actual) == (
+        "format_flag_set", "critical", f"HelmRelease/{spec.namespace}/{C.CURVINE_RELEASE}", "cluster.formatMaster",
+        "false", "true")
+    revisions_before = len(ctx.helm.history(C.CURVINE_RELEASE, spec.namespace))
+
+    fixed = _check(drift_ctx, drift_history, remediate=True)
+    (action,) = fixed.remediations
+    assert (action["action"], action["outcome"], action["kinds"]) == ("flip_format_flags", "changed",
+                                                                     ["format_flag_set"])
+    history = ctx.helm.history(C.CURVINE_RELEASE, spec.namespace)
+    assert len(history) == revisions_before + 1
+    assert "rollback" not in str(history[-1].get("description", "")).lower()
+    values = ctx.helm.values(C.CURVINE_RELEASE, spec.namespace)
+    assert all(values["cluster"][f] in (False, "false") for f in C.FORMAT_FLAGS)
+    assert values["worker"]["replicas"] == spec.worker_replicas  # --reuse-values kept the rest
+
+    after = _check(drift_ctx, drift_history)
+    assert after.findings == [] and after.sync["resolved"] == 1
+
+
+def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(
+        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+    ctx = drift_ctx(PROD)
+    apps = ctx.kube.apps
+    apps.patch_namespaced_deployment_scale(C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE, {"spec": {"replicas": 0}})
+    threshold = timedelta(minutes=converged.inventory.settings.operator_pause_threshold_minutes)
+
+    early = _check(drift_ctx, drift_history)
+    assert early.findings == []  # seen, dated, not drift yet
+    later = datetime.now(UTC) + threshold + timedelta(minutes=1)
+    late = _check(drift_ctx, drift_history, now=later)
+    (paused,) = late.findings
+    assert (paused.kind, paused.field, paused.object_ref) == (
+        "operator_paused", "spec.replicas", f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}")
+    assert paused.actual.startswith("0, paused by someone outside kvfleet")
+
+    refused = _check(drift_ctx, drift_history, remediate=True, now=later)
+    (action,) = refused.remediations
+    assert (action["action"], action["outcome"]) == ("restore_operator", "refused")
+    assert "never undoes another holder's pause" in action["detail"]["reason"]
+
+    apps.patch_namespaced_deployment_scale(C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE, {"spec": {"replicas": 1}})
+    from kvfleet.stages import operator_pause
+
+    _wait(lambda: operator_pause.pause_state(ctx)["ready"] >= 1, "operator back")
+    assert _check(drift_ctx, drift_history, now=later).findings == []
+
+
+def test_a_kvfleet_pause_left_behind_is_restored(converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+    from kvfleet.stages import operator_pause
+
+    ctx = drift_ctx(PROD)
+    operator_pause.pause(ctx, "kvfleet_rollout/crashed")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    result = _check(drift_ctx, drift_history, remediate=True, now=later)
+    assert [f.kind for f in result.findings] == ["operator_paused"]
+    assert "kvfleet run kvfleet_rollout/crashed" in result.findings[0].actual
+    (action,) = result.remediations
+    assert (action["action"], action["outcome"]) == ("restore_operator", "changed")
+    state = operator_pause.pause_state(ctx)
+    assert state["paused_by"] is None and state["ready"] >= 1
+    assert _check(drift_ctx, drift_history).findings == []
+
+
+def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+    ep = _ep(converged.inventory, "payments-disputes")
+    ctx = drift_ctx(PROD)
+    pod = ctx.kube.api_client.sanitize_for_serialization(
+        ctx.kube.core.list_namespaced_pod(ep.namespace, label_selector=f"app={ep.name}").items[0])
+    rogue = {"apiVersion": "v1", "kind": "Pod", "spec": pod["spec"],
+             "metadata": {"name": f"{ep.name}-rogue", "namespace": ep.namespace, "labels": pod["metadata"]["labels"]}}
+    vllm = next(c for c in rogue["spec"]["containers"] if c["name"] == ep.name)
+    vllm["env"] = [e for e in vllm["env"] if e["name"] != C.ENV_HASHSEED] + [{"name": C.ENV_HASHSEED, "value": "1"}]
+    ctx.kube.core.create_namespaced_pod(ep.namespace, rogue)
+    try:
+        result = _check(drift_ctx, drift_history)
+        by_kind = {f.kind: f for f in result.findings}
+        assert set(by_kind) == {"hash_seed_mismatch", "stale_pods"}
+        assert f"{ep.name}-rogue=1" in by_kind["hash_seed_mismatch"].actual
+        assert by_kind["stale_pods"].actual == f"1 stale: {ep.name}-rogue"
+        assert by_kind["hash_seed_mismatch"].lob == "payments"
+    finally:
+        ctx.kube.core.delete_namespaced_pod(f"{ep.name}-rogue", ep.namespace)
+    _wait(lambda: converged.twin(PROD).store.get("", "pods", f"{ep.name}-rogue", ep.namespace) is None, "rogue gone")
+    assert _check(drift_ctx, drift_history).sync["resolved"] == 2
+
+
+def test_inventory_against_the_live_fleet(converged, drift_ctx) -> None:  # type: ignore[no-untyped-def]
+    """The live cluster stays converged; the inventory moves: every difference is a finding with its fields."""
+    from kvfleet.fleet.inventory import AddonSpec, Endpoint
+
+    inv = converged.inventory
+    cl = inv.cluster(PROD)
+    changed = dataclasses.replace(
+        cl, memory_percent=30, curvine=dataclasses.replace(cl.curvine, worker_replicas=3),
+        addons=(*cl.addons, AddonSpec("cert-manager", version="v9.9.9-eksbuild.1")))
+    chat = _ep(inv, "support-chat")
+    newcomer = Endpoint(name="fresh-endpoint", namespace="fresh", lob="retail", cluster=PROD,
+                        model="qwen2-7b-instruct", instance_type="ml.g6e.4xlarge")
+    kept = [dataclasses.replace(e, replicas=3) if e == chat else e for e in inv.endpoints
+            if e.name != "retail-assistant" or e.cluster != PROD]
+    eps = (*kept, newcomer)
+    moved = dataclasses.replace(inv, clusters=tuple(changed if c.name == PROD else c for c in inv.clusters),
+                                endpoints=eps)
+    result = drift.check(drift_ctx(PROD, inv=moved))
+    got = {(f.kind, f.object_ref, f.field): (f.expected, f.actual) for f in result.findings}
+    assert got == {
+        ("tiered_storage_mismatch", f"HyperPodCluster/{PROD}", "TieredStorageConfig"):
+            ("Mode=Enable,InstanceMemoryAllocationPercentage=30", "Mode=Enable,InstanceMemoryAllocationPercentage=20"),
+        ("addon_not_active", "EksAddon/cert-manager", "addonVersion"): ("v9.9.9-eksbuild.1", got[
+            ("addon_not_active", "EksAddon/cert-manager", "addonVersion")][1]),
+        ("curvine_workers_mismatch", f"CurvineMaster/curvine/{C.CURVINE_MASTER_STS}-0", "live_workers"): ("3", "2"),
+        ("cr_mismatch", "InferenceEndpointConfig/support/support-chat", "spec.replicas"): ("3", "2"),
+        ("endpoint_missing", "InferenceEndpointConfig/fresh/fresh-endpoint", "metadata"):
+            got[("endpoint_missing", "InferenceEndpointConfig/fresh/fresh-endpoint", "metadata")],
+        ("pvc_unbound", f"PersistentVolumeClaim/fresh/{C.CURVINE_PVC}", "status.phase"): ("Bound", "absent"),
+        ("endpoint_unmanaged", "InferenceEndpointConfig/retail/retail-assistant",
+         f"metadata.labels[{C.MANAGED_BY_LABEL}]"):
+            got[("endpoint_unmanaged", "InferenceEndpointConfig/retail/retail-assistant",
+                 f"metadata.labels[{C.MANAGED_BY_LABEL}]")],
+    }
+
+
+def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged, drift_ctx,
+                                                                       drift_history) -> None:  # type: ignore[no-untyped-def]
+    # The kyverno-mode cluster was never rolled out: its check reports, among the rest, the missing policy.
+    stage_first = _check(drift_ctx, drift_history, STAGE)
+    assert {"policy_missing", "endpoint_missing", "addon_not_active", "tiered_storage_mismatch"} <= \
+        {f.kind for f in stage_first.findings}
+    stage_open = len(_open(drift_history, STAGE))
+    assert stage_open == len(stage_first.findings)
+
+    server = converged.servers[STAGE]
+    server.error_rate = 1.0
+    try:
+        down = _check(drift_ctx, drift_history, STAGE)
+        up = _check(drift_ctx, drift_history, PROD)
+    finally:
+        server.error_rate = 0.0
+    (f,) = down.findings
+    assert not down.reachable and f.kind == "cluster_unreachable" and f.object_ref == f"Cluster/{STAGE}"
+    assert up.reachable and up.findings == []
+    # What could not be observed stays open, as it was; the unreachable finding is added beside it.
+    assert len(_open(drift_history, STAGE)) == stage_open + 1
+    back = _check(drift_ctx, drift_history, STAGE)
+    assert back.reachable and back.sync["resolved"] == 1

@@ -11,11 +11,12 @@ Order of work (``upgrade``):
    with approval: reformatting is a deliberate action kvfleet does not offer as a side effect); the cluster is
    not busy (lease free, no rollout running) — then the lease is taken; the deployed release has no flag true;
    the target chart version exists in the chart source; the resulting values (new chart defaults < the release's
-   user-supplied values < overrides < the three flags false, exactly what ``helm upgrade --reuse-values`` will
-   deploy) have every flag false.
+   user-supplied values < overrides < the three flags false, exactly what the upgrade command deploys) have every
+   flag false.
 2. **Snapshot before**: the master API (inodes, files, capacity, fs_used, live workers), a few L2 files to re-read,
    the release revision and values; every revision with its flags goes to the history store.
-3. **Upgrade** with ``--reuse-values`` and the three flags false passed explicitly, whatever the values say; wait
+3. **Upgrade** keeping the release's values (``--reset-then-reuse-values``, see ``upgrade_args``) and the three
+   flags false passed explicitly, whatever the values say; wait
    for both StatefulSets with a bounded timeout, progress in the log.
 4. **Post-checks**: flags false; metadata preserved (see ``metadata_preserved``); live workers as before; L2 still
    serves (the sampled files are re-read through the master, or stage 5 runs on one endpoint).
@@ -88,11 +89,14 @@ class Preflight:
 def normalize_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     """Overrides as dotted ``--set`` keys with scalar values (nested mappings are flattened)."""
     out: dict[str, Any] = {}
-    for key, value in stage3.flatten(dict(raw or {})).items():
-        if isinstance(value, dict | list):
+    for key, value in dict(raw or {}).items():
+        if isinstance(value, Mapping):
+            out.update(normalize_overrides({f"{key}.{k}": v for k, v in value.items()}))
+        elif isinstance(value, list | tuple | set):
             raise PermanentError(f"override {key}: {value!r} is not a scalar; give one dotted key per value "
                                  "(e.g. worker.storage.dataDirs[0].size=200Gi)")
-        out[key] = value
+        else:
+            out[str(key)] = value
     return out
 
 
@@ -130,11 +134,23 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
     if cv.flags_set(result):  # cannot happen while the flags are passed last; kept as the contract's check
         raise GateRefused(f"upgrade refused on {ctx.cluster.name}: the resulting values would set "
                           f"{', '.join(cv.flags_set(result))} true")
-    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, ns, repo=repo, version=req.version, values=sets)
+    args = upgrade_args(ctx, req.version, sets)
     for w in warnings:
         ctx.say(f"warning: {w}")
     return Preflight(revision, release["chart_version"], values, user_values, result, args,
                      render(ctx.helm.argv(*args)), stage3.values_diff(values, result), warnings)
+
+
+def upgrade_args(ctx: StageContext, version: str, sets: Mapping[str, Any]) -> list[str]:
+    """``helm upgrade --reset-then-reuse-values``: the new chart's defaults, then the release's user-supplied
+    values, then ``--set`` — what ``merged_values`` models. Plain ``--reuse-values`` would also keep the *old*
+    chart's defaults (helm copies the previous chart's values), so a new chart's new keys would never arrive;
+    without either, the release's values would be dropped for chart defaults."""
+    spec = ctx.cluster.curvine
+    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
+                                 version=version, values=sets, reuse_values=False)
+    at = args.index("--set") if "--set" in args else len(args)
+    return [*args[:at], "--reset-then-reuse-values", *args[at:]]
 
 
 # ---- L2 samples and post-checks ----------------------------------------------------------------------------------

@@ -20,6 +20,11 @@ def _revisions(ctx):  # type: ignore[no-untyped-def]
     return [int(r["revision"]) for r in ctx.helm.history(C.CURVINE_RELEASE, NS)]
 
 
+def _mutations(ops):  # type: ignore[no-untyped-def]
+    return [(r.verb, r.resource, r.name) for r in ops.twin.store.request_log
+            if r.verb in ("create", "update", "patch", "delete", "deletecollection") and not r.dry_run]
+
+
 def _steps(ops, step: str):  # type: ignore[no-untyped-def]
     return [s for s in ops.history.steps(ops.make().step_key.run_key) if s["step"] == step]
 
@@ -54,3 +59,103 @@ def test_upgrade_to_a_newer_chart_keeps_l2_files_and_metadata_counts(ops) -> Non
     # a second run is a no-op
     again = up.upgrade(ops.ctx("upgrade-again"), UpgradeRequest(version="0.3.3-alpha", timeout_s=20), holder="run-b")
     assert again.outcome == "unchanged" and _revisions(ctx) == [1, 2, 3]
+
+
+def test_an_override_setting_format_master_is_refused_before_any_change(ops) -> None:  # type: ignore[no-untyped-def]
+    paths = ops.write_files(2)
+    ctx = ops.ctx("upgrade")
+    uids = ops.pod_uids()
+    ops.twin.store.reset_request_log()
+    with pytest.raises(GateRefused, match=r"cluster.formatMaster=true .*Approval does not change this"):
+        up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha", overrides={"cluster.formatMaster": "true"}),
+                   holder="run-a")
+    # nested spelling too
+    with pytest.raises(GateRefused, match="cluster.formatWorker"):
+        up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha", overrides={"cluster": {"formatWorker": True}}),
+                   holder="run-a")
+    assert _mutations(ops) == []
+    assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and all(ops.twin.l2.exists(p) for p in paths)
+    assert ops.history.lock_of(CLUSTER) is None
+    refused = _steps(ops, "gates")
+    assert refused and refused[0]["outcome"] == "refused" and "formatMaster" in refused[0]["detail"]["reason"]
+
+
+def test_a_release_whose_values_carry_a_flag_true_is_refused_with_the_reason(ops) -> None:  # type: ignore[no-untyped-def]
+    ctx = ops.ctx("upgrade")
+    # someone left formatJournal=true in the release (revision 3)
+    ctx.helm.upgrade(C.CURVINE_RELEASE, "curvine", NS, repo=ops.twin.services["chart_repo_url"],
+                     version="0.3.2-alpha", values={"cluster.formatJournal": True})
+    with pytest.raises(GateRefused) as err:
+        up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
+    text = str(err.value)
+    assert "revision 3" in text and "cluster.formatJournal=true" in text and "Fix that first" in text
+    assert _revisions(ctx) == [1, 2, 3] and ops.history.lock_of(CLUSTER) is None
+
+
+def test_missing_version_and_busy_cluster_are_refused(ops) -> None:  # type: ignore[no-untyped-def]
+    ctx = ops.ctx("upgrade")
+    with pytest.raises(GateRefused, match=r"version 9\.9\.9 was not found"):
+        up.upgrade(ctx, UpgradeRequest(version="9.9.9"), holder="run-a")
+    assert ops.history.lock_of(CLUSTER) is None
+    ops.history.try_lock(CLUSTER, "kvfleet_rollout/manual__1", "rollout", 300)
+    with pytest.raises(GateRefused, match="a rollout is running on the cluster"):
+        up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
+    ops.history.release_lock(CLUSTER, "kvfleet_rollout/manual__1")
+    ops.history.try_lock(CLUSTER, "kvfleet_drift_check/x", "drift-remediation", 300)
+    with pytest.raises(GateRefused, match="cluster lock is held by kvfleet_drift_check/x"):
+        up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
+    assert _revisions(ctx) == [1, 2]
+
+
+def test_a_failed_upgrade_rolls_back_to_the_newest_safe_revision_not_revision_1(ops) -> None:  # type: ignore[no-untyped-def]
+    ops.repo.publish("curvine", "0.3.4-alpha", value_overrides=CRASHLOOP_WORKER)  # its workers never get Ready
+    paths = ops.write_files(6)
+    formats = len(ops.sim.formats)
+    ctx = ops.ctx("upgrade")
+    with pytest.raises(PermanentError) as err:
+        up.upgrade(ctx, UpgradeRequest(version="0.3.4-alpha", timeout_s=3, rollback=True), holder="run-a")
+    text = str(err.value)
+    assert "Rolled back from revision 3 to revision 2" in text and "L2 files and metadata kept" in text
+    history = ctx.helm.history(C.CURVINE_RELEASE, NS)
+    assert [int(r["revision"]) for r in history] == [1, 2, 3, 4]
+    assert "Rollback to 2" in history[-1]["description"]
+    assert not cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, NS))
+    assert all(ops.twin.l2.exists(p) for p in paths) and ops.sim.formats[formats:] == []
+    wait(lambda: ops.sim.overview()["live_workers"] == 2, "workers back")
+    rollback = _steps(ops, "rollback")[0]
+    assert rollback["outcome"] == "changed" and rollback["detail"]["to"] == 2 and rollback["detail"]["from"] == 3
+    assert rollback["detail"]["replaced_stuck_pods"] == ["curvine-worker-1"]
+    rels = ops.history.query("curvine_history", cluster=CLUSTER)
+    assert [(r["revision"], r["format_master"]) for r in rels] == [(1, True), (2, False), (3, False), (4, False)]
+    assert ops.history.lock_of(CLUSTER) is None
+
+
+def test_rollback_is_refused_when_only_revision_1_with_flags_true_precedes(ops) -> None:  # type: ignore[no-untyped-def]
+    paths = ops.write_files(3)
+    ctx = ops.ctx("rollback")
+    with pytest.raises(GateRefused) as err:
+        up.rollback_to_safe_revision(ctx, failed_revision=2, reason="revision 2 failed")
+    text = str(err.value)
+    assert "no revision before 2 has every format flag false" in text
+    assert "revision 1 (superseded): formatMaster=True, formatWorker=True, formatJournal=True" in text
+    assert _revisions(ctx) == [1, 2] and all(ops.twin.l2.exists(p) for p in paths)
+    assert _steps(ops, "rollback")[0]["outcome"] == "refused"
+
+
+def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_nothing(ops) -> None:  # type: ignore[no-untyped-def]
+    said: list[str] = []
+    ctx = ops.ctx("upgrade", dry_run=True, progress=said.append)
+    uids = ops.pod_uids()
+    ops.twin.store.reset_request_log()
+    out = up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha", overrides={"config.log.level": "DEBUG"}),
+                     holder="run-a")
+    assert out.outcome == "planned"
+    repo = ops.twin.services["chart_repo_url"]
+    command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine "
+               "--reset-then-reuse-values --set cluster.formatJournal=false --set cluster.formatMaster=false --set cluster.formatWorker=false "
+               "--set config.log.level=DEBUG")
+    assert [p.action for p in ctx.planned] == [command]
+    assert "~ config.log.level: 'INFO' -> 'DEBUG'" in ctx.planned[0].diff
+    assert any(command in line and "config.log.level" in line.split(command, 1)[1] for line in said)
+    assert _mutations(ops) == []
+    assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and ops.history.lock_of(CLUSTER) is None

@@ -17,6 +17,7 @@ and the log says how much cached data the removed workers hold (recomputable, bu
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -259,7 +260,8 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
                                  version=version, values=sets)
     command = render(ctx.helm.argv(*args))
-    diff = stage3.values_diff(state.values, cv.merged_values(state.values, sets))
+    # a copy: merged_values shares nested mappings of its ``current`` argument with its result
+    diff = stage3.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
     if ctx.dry_run:
         ctx.plan(STAGE, command, diff=diff)
         return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)

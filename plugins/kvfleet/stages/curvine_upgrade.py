@@ -28,6 +28,7 @@ A dry run stops after the gates and prints the exact helm command and the values
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,7 +127,7 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
     defaults = ctx.helm.chart_defaults(spec.chart, repo, req.version)
     user_values = ctx.helm.values(C.CURVINE_RELEASE, ns, all_values=False)
     sets = {**overrides, **cv.safe_flags()}  # the flags last: false whatever the overrides or values say
-    result = cv.merged_values(user_values, sets, defaults)
+    result = cv.merged_values(copy.deepcopy(user_values), sets, defaults)  # it shares nested mappings otherwise
     warnings = []
     if cv.flags_set(defaults):
         warnings.append(f"chart {req.version} defaults set {', '.join(cv.flags_set(defaults))} true; kvfleet passes "

@@ -167,8 +167,9 @@ def _ensure_storage_class(ctx: StageContext) -> str:
             return "reported"
         return "unchanged"
     if ctx.dry_run:
+        params = desired["parameters"]
         ctx.plan(STAGE, f"kubectl create storageclass {desired['metadata']['name']} (provisioner curvine, "
-                        f"master-addrs {desired['parameters']['master-addrs']}, fs-path {desired['parameters']['fs-path']})")
+                        f"master-addrs {params['master-addrs']}, fs-path {params['fs-path']})")
         return "planned"
     call(ctx.kube.storage.create_storage_class, desired, what="create Curvine StorageClass")
     return "changed"

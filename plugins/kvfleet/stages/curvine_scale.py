@@ -152,7 +152,8 @@ def observe(ctx: StageContext) -> PoolState:
                    if p.metadata.name.startswith(C.CURVINE_WORKER_STS) and p.spec and p.spec.node_name}
     overview = CurvineMaster(ctx.kube, ns).overview().snapshot()
     return PoolState(int(release["revision"]), release["chart_version"], values,
-                     int(cv.get_path(values, "worker.replicas") or 0), eligible, ineligible, with_worker, worker_bytes(values), overview)
+                     int(cv.get_path(values, "worker.replicas") or 0), eligible, ineligible, with_worker,
+                     worker_bytes(values), overview)
 
 
 # ---- decision ----------------------------------------------------------------------------------------------------

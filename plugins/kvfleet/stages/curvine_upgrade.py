@@ -326,7 +326,8 @@ def replace_stuck_pods(ctx: StageContext) -> list[str]:
             labels = pod.metadata.labels or {}
             ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
             if current and labels.get(REVISION_LABEL) not in (None, current) and not ready:
-                ctx.say(f"deleting {pod.metadata.name}: not Ready on the reverted revision {labels.get(REVISION_LABEL)}")
+                ctx.say(f"deleting {pod.metadata.name}: not Ready on the reverted revision "
+                        f"{labels.get(REVISION_LABEL)}")
                 call(ctx.kube.core.delete_namespaced_pod, pod.metadata.name, ns, what="delete stuck pod")
                 deleted.append(pod.metadata.name)
     return deleted

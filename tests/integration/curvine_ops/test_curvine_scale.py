@@ -4,8 +4,8 @@ recorded, a second run changes nothing, scale-in needs an explicit Param, detect
 from __future__ import annotations
 
 import pytest
-from conftest import CLUSTER, GIB, NS
 
+from conftest import CLUSTER, GIB, NS
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
@@ -47,7 +47,8 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
              if p["metadata"]["name"].startswith("curvine-worker")}
     assert set(added) <= nodes and len(nodes) == 4
     # the existing pods were not restarted, and L2 kept every file
-    assert all(ops.pod_uids()[n] == uid for n, uid in uids.items() if n.startswith(("curvine-master", "curvine-worker")))
+    servers = ("curvine-master", "curvine-worker")
+    assert all(ops.pod_uids()[n] == uid for n, uid in uids.items() if n.startswith(servers))
     assert all(ops.twin.l2.exists(p) for p in paths)
     caps = [c for c in ops.history.query("capacity_history", cluster=CLUSTER) if c["step"] == sc.STAGE]
     assert [(c["phase"], c["live_workers"], c["capacity_bytes"]) for c in caps] == [
@@ -88,5 +89,6 @@ def test_detection_reports_when_the_inventory_does_not_allow_scale_out(ops) -> N
     out = sc.scale(ctx, ScaleRequest(), holder="run-a")
     assert out.outcome == "reported"
     decision = out.detail["decision"]
-    assert decision["due"] and decision["target"] == 3 and "1 GPU node(s) without a Curvine worker" in decision["reasons"][0]
+    assert decision["due"] and decision["target"] == 3
+    assert "1 GPU node(s) without a Curvine worker" in decision["reasons"][0]
     assert ctx.helm.values(C.CURVINE_RELEASE, NS)["worker"]["replicas"] == 2

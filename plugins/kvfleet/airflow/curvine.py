@@ -1,0 +1,164 @@
+"""Task bodies of the on-demand `kvfleet_curvine_upgrade` and `kvfleet_curvine_scale_out` DAGs.
+
+Called from ``dags/kvfleet_curvine_upgrade.py`` and ``dags/kvfleet_curvine_scale_out.py``; the stage logic lives in
+``kvfleet.stages.curvine_upgrade`` and ``kvfleet.stages.curvine_scale``. Each mapped task works on one cluster and
+holds that cluster's lease (holder: the run key) while it changes anything. Gate refusals are ``GateRefused``
+(a PermanentError), so the task fails without spending retries.
+
+Upgrade run: ``scope`` (Params checked, run opened; an override setting a format flag is refused here, before any
+cluster is touched) -> ``preflight`` per cluster (every gate, read-only, and the exact helm command and values
+diff — this is the whole run when ``dry_run``) -> ``approval_route`` (the human gate when the ``approval`` Param
+asks for it: by default for production clusters) -> ``upgrade`` per cluster -> ``summary``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvfleet.airflow.context import run_info
+from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet.inventory import Inventory
+from kvfleet.history.repo import History, StepEvent
+from kvfleet.stages import curvine_scale, curvine_upgrade
+from kvfleet.stages.curvine_scale import ScaleRequest
+from kvfleet.stages.curvine_upgrade import UpgradeRequest
+
+log = logging.getLogger(__name__)
+
+APPROVE_TASK = "approve"
+NO_APPROVAL_TASK = "no_approval"
+
+
+def _scope(params: dict[str, Any]) -> Inventory:
+    return scoped_inventory({"fleet": params["fleet"], "clusters": params.get("clusters") or None})
+
+
+def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[list[str], Any, History]:
+    info = run_info()
+    inv = _scope(params)
+    history = History()
+    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params)
+    clusters = [c.name for c in inv.clusters]
+    history.record_step(info.step_key, StepEvent("scope", stage, "planned", detail={"clusters": clusters, **detail}),
+                        actor=info.actor)
+    return clusters, info, history
+
+
+# ---- upgrade ---------------------------------------------------------------------------------------------------
+
+
+def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
+    version = str(params.get("version") or "").strip()
+    if not version:
+        raise PermanentError("the `version` Param is required: the Curvine chart version to upgrade to "
+                             "(e.g. 0.3.3-alpha)")
+    return UpgradeRequest(
+        version=version, overrides=curvine_upgrade.normalize_overrides(params.get("overrides") or {}),
+        rollback=bool(params.get("rollback", True)), timeout_s=float(params.get("timeout_minutes") or 15) * 60,
+        expired_allowance=int(params.get("expired_files_allowance") or 0),
+        lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60, l2_check=params.get("l2_check") or "file")
+
+
+@permanent_fails_fast
+def open_upgrade(params: dict[str, Any]) -> list[str]:
+    req = upgrade_request(params)
+    clusters, info, history = _open(params, curvine_upgrade.STAGE, {"version": req.version,
+                                                                    "dry_run": bool(params.get("dry_run"))})
+    try:
+        curvine_upgrade.refuse_flag_overrides(", ".join(clusters) or "the selected clusters", req.overrides)
+    except GateRefused as exc:
+        history.record_step(info.step_key, StepEvent("overrides", curvine_upgrade.STAGE, "refused",
+                                                     detail={"reason": str(exc)}), actor=info.actor)
+        raise
+    return clusters
+
+
+def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
+    """Which path leads to the upgrade: the human approval, or straight on."""
+    mode = params.get("approval") or "auto"
+    if params.get("dry_run") or mode == "never":
+        return NO_APPROVAL_TASK
+    production = [c.name for c in _scope(params).clusters if c.production and c.name in clusters]
+    if mode == "always" or production:
+        log.info("approval required (%s): %s", mode, ", ".join(production or clusters))
+        return APPROVE_TASK
+    return NO_APPROVAL_TASK
+
+
+@permanent_fails_fast
+def preflight_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Every gate, read-only, and the exact command and values diff (the whole run when dry_run)."""
+    ctx = _context(cluster, params)
+    ctx.dry_run = True
+    try:
+        out = curvine_upgrade.upgrade(ctx, upgrade_request(params), holder=run_info().run_key)
+    finally:
+        ctx.close()
+    return {"cluster": cluster, "outcome": out.outcome, "command": out.detail.get("command"),
+            "diff": out.detail.get("diff"), "revision": out.detail.get("revision"),
+            "chart_version": out.detail.get("chart_version")}
+
+
+@permanent_fails_fast
+def upgrade_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("dry_run"):
+        return {"cluster": cluster, "outcome": "planned"}
+    ctx = _context(cluster, params)
+    try:
+        out = curvine_upgrade.upgrade(ctx, upgrade_request(params), holder=run_info().run_key)
+    finally:
+        ctx.close()
+    d = out.detail
+    return {"cluster": cluster, "outcome": out.outcome, "from_revision": d.get("from_revision"),
+            "to_revision": d.get("to_revision"), "flags": d.get("flags")}
+
+
+def summarize(results: list[dict[str, Any]] | None, params: dict[str, Any]) -> dict[str, Any]:
+    info = run_info()
+    rows = [r for r in results or [] if r]
+    for r in rows:
+        log.info("%s", "  ".join(f"{k}={v}" for k, v in r.items()))
+    outcomes = {o: sum(1 for r in rows if r["outcome"] == o) for o in sorted({r["outcome"] for r in rows})}
+    History().end_run(info.run_key, "success", {"clusters": rows, "outcomes": outcomes,
+                                                "dry_run": bool(params.get("dry_run"))})
+    return outcomes
+
+
+# ---- scale-out ---------------------------------------------------------------------------------------------------
+
+
+def scale_request(params: dict[str, Any]) -> ScaleRequest:
+    target = params.get("target_workers")
+    return ScaleRequest(target=int(target) if target not in (None, "") else None,
+                        all_eligible=bool(params.get("all_eligible")),
+                        allow_scale_in=bool(params.get("allow_scale_in")),
+                        threshold=float(params.get("threshold_percent") or 80) / 100,
+                        timeout_s=float(params.get("timeout_minutes") or 15) * 60,
+                        lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60)
+
+
+@permanent_fails_fast
+def open_scale(params: dict[str, Any]) -> list[str]:
+    req = scale_request(params)
+    clusters, _info, _history = _open(params, curvine_scale.STAGE, {
+        "mode": "on_demand" if req.on_demand else "detect", "dry_run": bool(params.get("dry_run"))})
+    return clusters
+
+
+@permanent_fails_fast
+def scale_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    ctx = _context(cluster, params)
+    try:
+        out = curvine_scale.scale(ctx, scale_request(params), holder=run_info().run_key)
+    finally:
+        ctx.close()
+    d = out.detail
+    decision = d.get("decision") or {}
+    return {"cluster": cluster, "outcome": out.outcome, "mode": decision.get("mode"),
+            "from_workers": d.get("from_workers", decision.get("current")),
+            "to_workers": d.get("to_workers", decision.get("target")), "reasons": decision.get("reasons") or [],
+            "capacity_after": d.get("capacity_after")}

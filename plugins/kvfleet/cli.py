@@ -117,11 +117,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.json:
             _json_dump({"releases": rows, "capacity": caps})
             return 0
-        print(f"Curvine releases on {args.cluster}")
+        print(f"Curvine releases on {args.cluster} (format flags at every revision)")
         _print_table(rows, ["release", "revision", "chart_version", "status", "format_master", "format_worker",
-                            "format_journal", "recorded_at"])
+                            "format_journal", "recorded_at", "run_key"])
         print(f"\nCapacity snapshots on {args.cluster}")
-        _print_table(caps, ["at", "phase", "step", "capacity_bytes", "fs_used_bytes", "live_workers", "files_total"])
+        for c in caps:  # bytes as GiB for reading; --json keeps the bytes
+            c["capacity_gib"] = None if c.get("capacity_bytes") is None else f"{c['capacity_bytes'] / 2**30:.0f}"
+            c["fs_used_gib"] = None if c.get("fs_used_bytes") is None else f"{c['fs_used_bytes'] / 2**30:.2f}"
+        _print_table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
+                            "files_total", "run_key"])
         return 0
     elif what == "rollout":
         return _audit_rollout(h, args)

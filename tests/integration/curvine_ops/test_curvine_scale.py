@@ -64,6 +64,23 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     assert detect.outcome == "unchanged" and detect.detail["decision"]["due"] is False
 
 
+def test_audit_curvine_prints_revisions_with_flags_and_capacity_snapshots(ops, capsys) -> None:  # type: ignore[no-untyped-def]
+    from kvfleet.cli import main
+    from kvfleet.stages import curvine
+
+    ctx = ops.ctx("audit")
+    curvine._record_revisions(ctx, C.CURVINE_RELEASE)
+    curvine.capacity_snapshot(ctx, "curvine", "verify")
+    capsys.readouterr()
+    assert main(["audit", "curvine", "--cluster", CLUSTER]) == 0
+    out = capsys.readouterr().out
+    releases, capacity = out.split("Capacity snapshots on")
+    lines = [ln.split() for ln in releases.splitlines()[2:] if ln.strip()]
+    assert [ln[:7] for ln in lines] == [["curvine", "1", "0.3.2-alpha", "superseded", "True", "True", "True"],
+                                       ["curvine", "2", "0.3.2-alpha", "deployed", "False", "False", "False"]]
+    assert "capacity_gib" in capacity and " 200 " in capacity and "verify" in capacity
+
+
 def test_scale_in_without_the_param_is_refused_and_says_what_would_be_dropped(ops) -> None:  # type: ignore[no-untyped-def]
     ops.write_files(4)
     ctx = ops.ctx("scale")

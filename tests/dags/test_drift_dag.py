@@ -1,0 +1,48 @@
+"""kvfleet_drift_check through dag.test() against a sandbox: scheduled every 10 minutes, one cluster's API down
+does not fail the run, findings land in the history store, the summary counts them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_schedule_and_params(dagbag) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.get_dag("kvfleet_drift_check")
+    assert dag.timetable.delta == timedelta(minutes=10)
+    assert dag.catchup is False and dag.max_active_runs == 1
+    assert dag.params["remediate"] is False
+    check = dag.get_task("check_cluster")
+    assert check.max_active_tis_per_dagrun and check.max_active_tis_per_dagrun > 1  # clusters in parallel
+    assert dag.get_task("summary").trigger_rule == "none_failed"
+
+
+def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(dagbag, history, example_fleet, tmp_path,
+                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from kvfleet.sandbox.runtime import start_sandbox
+    from kvfleet.sandbox.twin import SandboxSettings
+
+    sandbox = start_sandbox(example_fleet, tmp_path / "sb", SandboxSettings(time_scale=0.005))
+    try:
+        for key, value in sandbox.exports().items():
+            monkeypatch.setenv(key, value)
+        sandbox.servers["ml-stage-usw2"].error_rate = 1.0
+        dag = dagbag.get_dag("kvfleet_drift_check")
+        dr = dag.test(run_conf={"fleet": str(example_fleet)})
+    finally:
+        sandbox.stop()
+    assert dr.state == "success"
+    run = history.run(f"kvfleet_drift_check/{dr.run_id}")
+    assert run is not None and run["status"] == "success"
+    summary = run["summary"]
+    assert summary["clusters"] == ["ml-prod-use1", "ml-stage-usw2"]
+    assert summary["unreachable"] == ["ml-stage-usw2"]
+    assert summary["by_kind"]["cluster_unreachable"] == 1
+    # Nothing was rolled out on ml-prod-use1: its check ran and saw that.
+    assert summary["by_kind"]["endpoint_missing"] == 7 and summary["remediations"] == 0
+    open_rows = history.query("open_drift")
+    assert {r["cluster"] for r in open_rows} == {"ml-prod-use1", "ml-stage-usw2"}
+    assert [r["kind"] for r in open_rows if r["cluster"] == "ml-stage-usw2"] == ["cluster_unreachable"]

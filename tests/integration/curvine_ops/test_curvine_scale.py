@@ -4,8 +4,8 @@ recorded, a second run changes nothing, scale-in needs an explicit Param, detect
 from __future__ import annotations
 
 import pytest
+from opskit import CLUSTER, GIB, NS
 
-from conftest import CLUSTER, GIB, NS
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv

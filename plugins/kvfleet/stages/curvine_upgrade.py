@@ -124,6 +124,12 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
         raise GateRefused(f"upgrade refused on {ctx.cluster.name}: chart {spec.chart} version {req.version} was not "
                           f"found in {repo}. Check the version (helm search repo {spec.chart} --versions) or the "
                           "chart source (KVFLEET_HELM_REPO_CURVINE / curvine.repo_url).")
+    replicas = overrides.get("worker.replicas")
+    if replicas is not None and str(replicas) != str(cv.get_path(values, "worker.replicas")):
+        raise GateRefused(f"upgrade refused on {ctx.cluster.name}: the override worker.replicas={replicas} changes "
+                          f"the worker count ({cv.get_path(values, 'worker.replicas')} now). Use "
+                          "kvfleet_curvine_scale_out: it checks the eligible nodes, proves the capacity, and refuses "
+                          "a scale-in unless allowed.")
     defaults = ctx.helm.chart_defaults(spec.chart, repo, req.version)
     user_values = ctx.helm.values(C.CURVINE_RELEASE, ns, all_values=False)
     sets = {**overrides, **cv.safe_flags()}  # the flags last: false whatever the overrides or values say
@@ -393,7 +399,8 @@ def _upgrade_locked(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[s
         checks = post_checks(ctx, before, files, req)
     except KvfleetError as exc:
         failure = exc
-    now = int(stage3.require_release(ctx)["revision"])
+    # the newest revision of any status: a helm failure leaves a "failed" revision whose objects may be applied
+    now = max(int(r["revision"]) for r in ctx.helm.history(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace))
     revisions = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
     if failure is None:
         ctx.say(f"upgrade to {req.version} done: revision {now}, flags false, {checks['files_after']} files, "

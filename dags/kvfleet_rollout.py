@@ -1,5 +1,10 @@
-"""kvfleet_rollout: plan, then per cluster stages 1–3, then endpoints in waves (canary first), each wave
-verified by stage 5; a teardown restores the Inference Operator if this run paused it and anything failed.
+"""kvfleet_rollout: the tiered KV cache rolled out as a progressive delivery, and the daily reconcile.
+
+plan -> per cluster (in parallel up to ``max_parallel_clusters``): stages 1–3 -> canary wave (one endpoint per
+LOB) -> gate -> the remaining waves in plan order, each followed by a gate -> teardown (operator restored,
+lease released) -> a summary per line of business. A gate passes on verified cross-pod hits, stops the
+cluster's later waves on a failure, and asks a human (approve / skip the endpoint / abort) when the
+verification is inconclusive or when ``approval`` asks for it. ``dry_run`` prints the exact diff instead.
 
 Thin by design: it imports airflow.sdk and kvfleet, and does no I/O at import time.
 """
@@ -11,7 +16,18 @@ from datetime import datetime, timedelta
 from airflow.sdk import dag, task, task_group
 
 from kvfleet.airflow import rollout
+from kvfleet.airflow.operators import WaveGateOperator
 from kvfleet.airflow.params import rollout_params
+
+
+def wave_slot(slot: int):  # type: ignore[no-untyped-def]
+    """Slot ``slot`` of a cluster's waves (slot 0 is the canary; the last slot runs every remaining wave)."""
+
+    @task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16)
+    def wave(cluster, plan_dict, previous, params=None):  # type: ignore[no-untyped-def]
+        return rollout.run_wave_slot(cluster, slot, plan_dict, previous, params)
+
+    return wave
 
 
 @dag(
@@ -26,7 +42,7 @@ from kvfleet.airflow.params import rollout_params
     doc_md=__doc__,
 )
 def kvfleet_rollout() -> None:
-    @task
+    @task(retries=0)
     def plan(params=None):  # type: ignore[no-untyped-def]
         return rollout.plan_rollout(params)
 
@@ -35,32 +51,37 @@ def kvfleet_rollout() -> None:
         return rollout.cluster_names(plan_dict)
 
     @task_group(group_id="cluster")
-    def per_cluster(cluster: str, plan_dict: dict) -> None:
-        @task(max_active_tis_per_dagrun=8)
-        def cluster_stages(cluster, params=None):  # type: ignore[no-untyped-def]
+    def per_cluster(cluster: str, plan_dict: dict):  # type: ignore[no-untyped-def]
+        @task(max_active_tis_per_dagrun=16)
+        def stages(cluster, params=None):  # type: ignore[no-untyped-def]
             return rollout.run_cluster_stages(cluster, params)
 
-        @task(max_active_tis_per_dagrun=8)
-        def cluster_waves(cluster, plan_dict, params=None):  # type: ignore[no-untyped-def]
-            return rollout.run_cluster_waves(cluster, plan_dict, params)
-
         @task(retries=3)
-        def restore_operator(cluster, params=None):  # type: ignore[no-untyped-def]
-            return rollout.restore_operator(cluster, params)
+        def release(cluster, params=None):  # type: ignore[no-untyped-def]
+            return rollout.release_cluster(cluster, params)
 
-        stages = cluster_stages(cluster)
-        waves = cluster_waves(cluster, plan_dict)
+        first = stages(cluster)
+        previous = None
+        upstream = first
+        for slot in range(rollout.SLOTS):
+            wave = wave_slot(slot)(cluster, plan_dict, previous)
+            upstream >> wave
+            upstream = wave
+            if slot < rollout.SLOTS - 1:
+                gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot)
+                wave >> gate
+                previous, upstream = gate.output, gate
         # A failed restore must fail the run loudly: the operator would be left paused.
-        restore = restore_operator(cluster).as_teardown(setups=stages, on_failure_fail_dagrun=True)
-        stages >> waves >> restore
+        upstream >> release(cluster).as_teardown(setups=first, on_failure_fail_dagrun=True)
+        return wave
 
     @task(trigger_rule="none_failed")
-    def finish(plan_dict, params=None):  # type: ignore[no-untyped-def]
-        return rollout.finish_rollout(plan_dict, params)
+    def finish(plan_dict, last_slots, params=None):  # type: ignore[no-untyped-def]
+        return rollout.finish_rollout(plan_dict, last_slots, params)
 
     p = plan()
-    groups = per_cluster.partial(plan_dict=p).expand(cluster=clusters(p))
-    groups >> finish(p)
+    last = per_cluster.partial(plan_dict=p).expand(cluster=clusters(p))
+    finish(p, last)
 
 
 kvfleet_rollout()

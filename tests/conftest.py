@@ -91,3 +91,23 @@ def history(fresh_db_url: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore
 @pytest.fixture
 def example_fleet() -> Path:
     return ROOT / "fleet.example.yaml"
+
+
+DAGS = ROOT / "dags"
+
+
+@pytest.fixture(scope="session")
+def airflow_db():  # type: ignore[no-untyped-def]
+    from airflow.utils import db
+
+    db.initdb()
+    return True
+
+
+@pytest.fixture(scope="session")
+def dagbag(airflow_db):  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}, bag.import_errors
+    return bag

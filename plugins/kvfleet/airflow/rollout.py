@@ -1,28 +1,37 @@
 """Task bodies of the `kvfleet_rollout` DAG. The DAG file only wires these together.
 
-Called inside Airflow task processes (or `dag.test()`): every function reads its Params, calls the pure
-planner and the stage reconcilers, and records into the history store.
+Task structure (one run): ``plan`` -> a mapped task group per cluster -> ``finish``. Inside a cluster's group:
+``cluster_stages`` (takes the cluster lease and a parallelism slot, then stages 1–3) -> ``wave_0`` (the canary)
+-> ``gate_0`` -> ``wave_1`` -> ``gate_1`` -> ... -> ``wave_{SLOTS-1}`` -> ``release`` (teardown: restore the
+operator if this run paused it, release lease and slot).
 
-Task structure (per run): ``plan`` -> a mapped task group per cluster [``cluster_stages`` (stages 1–3) ->
-``cluster_waves`` (waves in plan order: stage 4, then stage 5 per wave) -> ``restore_operator`` (teardown)] ->
-``finish`` (summary per LOB). Mapping is per cluster, so 1,000 endpoints on 10 clusters is 10 mapped
-instances per task, far below ``max_map_length``.
+Why wave *slots*: Airflow cannot loop, and a human gate must be a task of its own. So a cluster's plan waves
+are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs every remaining wave in order
+(its inner gates stop on a failure and pause — stop, recorded as ``paused_for_review`` — on an inconclusive
+verification; a later run resumes). Mapping is per cluster only, so 1,000 endpoints on 10 clusters is 10
+instances per task, far below ``max_map_length`` (1024).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
-from kvfleet.fleet.inventory import Inventory, load_inventory
+from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import gates
+from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.repo import History, StepEvent
-from kvfleet.stages import addons, curvine, endpoints, tiered_storage, verify
-from kvfleet.stages.base import StageContext
+from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
+from kvfleet.stages.base import StageContext, poll_seconds
+from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
+SLOTS = 5
+LEASE_TTL_S = 3 * 3600  # covers a gate's human response timeout (2 h); a dead run's lease expires after this
 
 
 def scoped_inventory(params: dict[str, Any]) -> Inventory:
@@ -39,11 +48,35 @@ def _context(cluster: str, params: dict[str, Any]) -> StageContext:
                         aws_conn_id=params.get("aws_conn_id") or "aws_default")
 
 
+def _lease(ctx: StageContext, params: dict[str, Any]) -> ClusterLock:
+    info = run_info()
+    return ClusterLock(ctx.history or History(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
+                       wait_s=float(params.get("lock_wait_minutes", 10)) * 60, poll_s=min(poll_seconds() * 5, 10),
+                       progress=ctx.say)
+
+
+def _slot(history: History, run_key: str, cluster: str, limit: int, wait_s: float, say: Any) -> str:
+    """One of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same table."""
+    holder = f"{run_key}:{cluster}"
+    started = time.monotonic()
+    while True:
+        for i in range(limit):
+            row = history.try_lock(f"slot:{run_key}:{i}", holder, "rollout parallelism", LEASE_TTL_S)
+            if row.get("holder") == holder:
+                return f"slot:{run_key}:{i}"
+        if time.monotonic() - started > wait_s:
+            raise GateRefused(f"no parallelism slot free for {cluster} after {wait_s:.0f}s "
+                              f"(max_parallel_clusters={limit})")
+        say(f"waiting for one of {limit} parallel cluster slots")
+        time.sleep(min(poll_seconds() * 5, 10))
+
+
 @permanent_fails_fast
 def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store."""
     info = run_info()
     inv = scoped_inventory(params)
+    verify.check_prompt_length(int(params.get("prompt_tokens") or 2000), inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=params.get("wave_size"), canary=params.get("canary", True))
     log.info("%s", render_plan_text(plan))
     history = History()
@@ -64,41 +97,32 @@ def cluster_names(plan: dict[str, Any]) -> list[str]:
 @permanent_fails_fast
 def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = _context(cluster, params)
+    info = run_info()
     try:
+        if not ctx.dry_run:
+            _slot(ctx.history or History(), info.run_key, cluster, int(params.get("max_parallel_clusters", 4)),
+                  float(params.get("lock_wait_minutes", 10)) * 60, ctx.say)
+            _lease(ctx, params).acquire()
         outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
     finally:
         ctx.close()
     for o in outcomes:
         log.info("[%s] %s: %s", cluster, o.stage, o.outcome)
-    return {"cluster": cluster, "stages": [o.as_dict() for o in outcomes],
-            "planned": [p.as_dict() for p in ctx.planned]}
+    return {"cluster": cluster, "stages": [o.as_dict() for o in outcomes]}
 
 
-@permanent_fails_fast
-def run_cluster_waves(cluster: str, plan: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    ctx = _context(cluster, params)
-    info = run_info()
+def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:
     waves = next(c["waves"] for c in plan["clusters"] if c["cluster"] == cluster)
-    by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
-    report: list[dict[str, Any]] = []
-    try:
-        for wave in waves:
-            eps = [by_ref[e["ref"]] for e in wave["endpoints"]]
-            ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
-            outcomes = endpoints.reconcile_wave(ctx, eps, holder=info.run_key,
-                                                fail_after_scale_down=bool(params.get("_drill_fail_after_scale_down")))
-            results = []
-            if not ctx.dry_run and params.get("gate", "verify") != "none":
-                for ep in eps:
-                    results.append(_verify_and_record(ctx, ep, params, step=f"verify:{wave['wave']}:{ep.key}"))
-            report.append({"wave": wave["wave"], "kind": wave["kind"], "endpoints": [o.as_dict() for o in outcomes],
-                           "verifications": results})
-    finally:
-        ctx.close()
-    return {"cluster": cluster, "waves": report, "planned": [p.as_dict() for p in ctx.planned]}
+    return waves[slot:] if slot == SLOTS - 1 else waves[slot:slot + 1]
 
 
-def _verify_and_record(ctx: StageContext, ep: Any, params: dict[str, Any], step: str) -> dict[str, Any]:
+def _mark(ctx: StageContext, eps: list[Endpoint], outcome: str, reason: str) -> None:
+    for ep in eps:
+        ctx.record(f"endpoint:{ep.key}", "endpoint", outcome, endpoint=ep.key, lob=ep.lob, reason=reason)
+        ctx.say(f"{outcome}: {ep.key} ({reason})")
+
+
+def _verify_and_record(ctx: StageContext, ep: Endpoint, params: dict[str, Any], step: str) -> dict[str, Any]:
     result = verify.verify_endpoint(ctx, ep, int(params.get("prompt_tokens") or 2000)).as_dict()
     if ctx.history is not None and ctx.step_key is not None:
         ctx.history.record_verification(ctx.step_key, step, result)
@@ -108,28 +132,99 @@ def _verify_and_record(ctx: StageContext, ep: Any, params: dict[str, Any], step:
     return result
 
 
-def restore_operator(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Teardown: restore the operator if THIS run paused it (a no-op otherwise). Runs even when the waves task
-    failed or its worker died between pause and restore."""
-    from kvfleet.stages import operator_pause
-
-    ctx = _context(cluster, params)
+def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], params: dict[str, Any],
+                  holder: str) -> tuple[str, dict[str, str]]:
+    ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
+    outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder,
+                                        fail_after_scale_down=bool(params.get("_drill_fail_after_scale_down")))
+    broken = {o.endpoint: "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
+              for o in outcomes if o.outcome in ("failed", "refused")}
     if ctx.dry_run:
-        return {"restored": False, "reason": "dry run"}
+        return "none", {}
+    if params.get("gate", "verify") == "none":
+        return ("fail" if broken else "pass"), broken
+    bake = float(params.get("bake_minutes") or 0) * 60
+    if bake:
+        ctx.say(f"baking {bake:.0f}s before the gate")
+        time.sleep(bake)
+    results = {ep.key: _verify_and_record(ctx, ep, params, f"verify:{wave['wave']}:{ep.key}") for ep in eps
+               if ep.key not in broken}
+    verdict = gates.wave_verdict([*results.values(), *({"verdict": "fail"} for _ in broken)])
+    ctx.record(f"gate:{wave['wave']}", "gate", "passed" if verdict == "pass" else verdict,
+               verdicts={k: v["verdict"] for k, v in results.items()})
+    return verdict, {**broken, **{k: v["verdict"] + (f" — {v['diagnosis']}" if v.get("diagnosis") else "")
+                                  for k, v in results.items()}}
+
+
+@permanent_fails_fast
+def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
+                  params: dict[str, Any]) -> dict[str, Any]:
+    """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster."""
+    ctx = _context(cluster, params)
     info = run_info()
+    waves = _slot_waves(plan, cluster, slot)
+    by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
+    out: dict[str, Any] = {"cluster": cluster, "slot": slot, "waves": [w["wave"] for w in waves], "endpoints": {},
+                           "review": [], "verdict": "none", "has_next": False}
+    decision = (previous or {}).get("decision", gates.CONTINUE)
     try:
-        result = operator_pause.restore(ctx, holder=info.run_key)
-        if result.get("restored"):
-            ctx.record(f"teardown_restore:{cluster}", "operator", "changed", action="restored by teardown", **result)
+        if not waves:
+            return {**out, "carry": decision if decision in (gates.STOP, gates.ABORT) else None,
+                    "reason": (previous or {}).get("reason")}
+        all_eps = [by_ref[e["ref"]] for w in waves for e in w["endpoints"]]
+        if decision in (gates.STOP, gates.ABORT):
+            outcome = "skipped_by_gate" if decision == gates.STOP else "aborted"
+            _mark(ctx, all_eps, outcome, (previous or {}).get("reason", ""))
+            return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
+        skip = set((previous or {}).get("skip") or [])
+        if not ctx.dry_run:
+            _lease(ctx, params).acquire()  # re-entrant for this run; fails naming another holder
+        for i, wave in enumerate(waves):
+            eps = [by_ref[e["ref"]] for e in wave["endpoints"] if by_ref[e["ref"]].key not in skip]
+            verdict, detail = _run_one_wave(ctx, wave, eps, params, info.run_key)
+            out["endpoints"].update(detail)
+            out["verdict"] = verdict
+            out["review"] = [k for k, v in detail.items() if v.startswith(("degraded", "unverifiable"))]
+            rest = [by_ref[e["ref"]] for w in waves[i + 1:] for e in w["endpoints"]]
+            if rest and verdict == "fail" and params.get("gate", "verify") == "verify":
+                _mark(ctx, rest, "skipped_by_gate", f"wave {wave['wave']} failed its gate")
+                return {**out, "verdict": "fail", "carry": gates.STOP}
+            if rest and verdict == "review" and params.get("gate", "verify") == "verify":
+                _mark(ctx, rest, "paused_for_review", f"wave {wave['wave']} inconclusive; re-run after review")
+                return {**out, "carry": gates.STOP}
+        out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
+        return out
+    finally:
+        ctx.close()
+
+
+def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
+    when a wave failed, was aborted, or its worker died between pause and restore."""
+    ctx = _context(cluster, params)
+    info = run_info()
+    history = ctx.history or History()
+    try:
+        result: dict[str, Any] = {"restored": False}
+        if not ctx.dry_run:
+            result = operator_pause.restore(ctx, holder=info.run_key)
+            if result.get("restored"):
+                ctx.record(f"teardown_restore:{cluster}", "operator", "changed", action="restored by teardown",
+                           **result)
+        history.release_lock(cluster, info.run_key)
+        for i in range(int(params.get("max_parallel_clusters", 4))):
+            history.release_lock(f"slot:{info.run_key}:{i}", f"{info.run_key}:{cluster}")
         return result
     finally:
         ctx.close()
 
 
 @permanent_fails_fast
-def finish_rollout(plan: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
     history = History()
+    if params.get("dry_run"):
+        _print_dry_run(history, info.run_key)
     rows = history.query("rollout_by_lob", run_key=info.run_key)
     lines = [f"{'LOB':<12}{'moved':>7}{'same':>7}{'skipped':>9}{'failed':>8}{'pass':>6}{'other':>7}"
              f"{'hit':>7}{'speedup':>9}{'expected':>10}"]
@@ -138,10 +233,25 @@ def finish_rollout(plan: dict[str, Any], params: dict[str, Any]) -> dict[str, An
                      f"{r['verified_pass']:>6}{r['verified_other']:>7}{_f(r['avg_hit_ratio']):>7}"
                      f"{_f(r['avg_speedup']):>9}{_f(r['avg_expected']):>10}")
     log.info("rollout summary per line of business\n%s", "\n".join(lines))
+    aborted = [g for g in last_slots or [] if isinstance(g, dict) and g.get("carry") == gates.ABORT]
     summary = {"steps": len(history.steps(info.run_key)), "dry_run": bool(params.get("dry_run")),
-               "clusters": cluster_names(plan), "lobs": rows}
-    history.end_run(info.run_key, "success", summary)
+               "clusters": cluster_names(plan), "lobs": rows, "aborted": aborted}
+    history.end_run(info.run_key, "aborted" if aborted else "success", summary)
+    if aborted:
+        raise PermanentError("rollout aborted at a gate: " + "; ".join(f"{g.get('cluster')}: {g.get('reason')}"
+                                                                      for g in aborted))
     return {"lobs": len(rows)}
+
+
+def _print_dry_run(history: History, run_key: str) -> None:
+    actions = history.query("planned_actions", run_key=run_key)
+    lines = [f"DRY RUN: {len(actions)} change(s) would be made"]
+    for a in actions:
+        where = a["cluster"] + (f" {a['endpoint']}" if a["endpoint"] else "")
+        lines.append(f"[{where}] {a['action']}")
+        if a["diff"]:
+            lines.extend("    " + line for line in a["diff"].splitlines())
+    log.info("%s", "\n".join(lines))
 
 
 def _f(v: Any) -> str:

@@ -88,7 +88,7 @@ def verify_operator(ctx: StageContext) -> str:
         dep = get_or_none(kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
         if dep is None:
             return False, "controller Deployment not created yet"
-        ready = dep.status.ready_replicas or 0
+        ready = getattr(dep.status, "ready_replicas", None) or 0
         crd = get_or_none(kube.apiext.read_custom_resource_definition, C.IEC_CRD_NAME)
         served = bool(crd) and any(v.name == C.IEC_VERSION and v.served for v in crd.spec.versions)
         return ready >= 1 and served, f"controller ready {ready}, CRD {C.IEC_CRD_NAME} served={served}"

@@ -84,7 +84,7 @@ def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> s
 
     def check() -> tuple[bool, str]:
         pods = _curvine_pods(ctx)
-        running = [p for p in pods if p.status.phase == "Running"]
+        running = [p for p in pods if getattr(p.status, "phase", None) == "Running"]
         return len(running) >= want and len(running) == len(pods), f"{len(running)}/{want} Curvine pods Running"
 
     return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),

@@ -284,9 +284,12 @@ def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
         moved = results[ep.key] in ("changed", "planned") or ep in needs
         remaining = [] if ctx.dry_run else endpoint_violations(ctx, ep)
         if remaining:
+            # Recorded, not raised: the wave's gate turns a failed endpoint into "stop this cluster's later
+            # waves", and the other endpoints of the wave keep their outcome.
+            ctx.say(f"FAILED {ep.ref}: desired state not reached: {'; '.join(remaining)}")
             outcomes.append(ctx.record(f"endpoint:{ep.key}", STAGE, "failed", endpoint=ep.key, lob=ep.lob,
                                        violations=remaining))
-            raise PermanentError(f"{ep.ref}: desired state not reached: {'; '.join(remaining)}")
+            continue
         outcome = ("planned" if ctx.dry_run and moved else "changed" if moved else "unchanged")
         outcomes.append(ctx.record(f"endpoint:{ep.key}", STAGE, outcome, endpoint=ep.key, lob=ep.lob,
                                    cr=results[ep.key], overlay=ctx.cluster.l2_injection if ep in needs else None))

@@ -32,7 +32,7 @@ def _controller(ctx: StageContext) -> Any:
 def pause_state(ctx: StageContext) -> dict[str, Any]:
     dep = _controller(ctx)
     ann = dep.metadata.annotations or {}
-    return {"replicas": dep.spec.replicas or 0, "ready": dep.status.ready_replicas or 0,
+    return {"replicas": dep.spec.replicas or 0, "ready": getattr(dep.status, "ready_replicas", None) or 0,
             "paused_by": ann.get(C.PAUSED_BY_ANNOTATION), "paused_at": ann.get(C.PAUSED_AT_ANNOTATION),
             "restore_to": ann.get(C.PAUSED_REPLICAS_ANNOTATION)}
 

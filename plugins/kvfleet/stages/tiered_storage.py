@@ -31,8 +31,8 @@ def _verify_daemonset(ctx: StageContext, mode: str, nodes: int) -> str:
             return ds is None, "ai-toolkit absent" if ds is None else "ai-toolkit still present"
         if ds is None:
             return False, "ai-toolkit DaemonSet not created yet"
-        st = ds.status
-        ready, desired = st.number_ready or 0, st.desired_number_scheduled or 0
+        ready = getattr(ds.status, "number_ready", None) or 0
+        desired = getattr(ds.status, "desired_number_scheduled", None) or 0
         return ready == desired == nodes, f"ai-toolkit ready {ready}/{desired} on {nodes} nodes"
 
     return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),

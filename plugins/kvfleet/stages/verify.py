@@ -30,7 +30,7 @@ from kvfleet.fleet.inventory import Endpoint
 from kvfleet.stages.base import StageContext
 
 PASS_HIT_RATIO = 0.99
-SPEEDUP_TOLERANCE = 0.15  # relative: measured may be 15 % below the published curve and still pass
+SPEEDUP_TOLERANCE = 0.25  # relative: TTFT through the API-server proxy is noisy; 25 % below the curve still passes
 SWEEP_LENGTHS = (500, 1000, 1500, 2000, 2500, 3000)
 _WORDS = ("cache", "tier", "prefill", "decode", "block", "chunk", "token", "replica", "node", "router", "prompt",
           "shared", "context", "session", "history", "vector")
@@ -77,8 +77,9 @@ def check_prompt_length(tokens: int, chunk_size: int) -> None:
 
 
 def _ready(pod: Any) -> bool:
-    return pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True"
-                                                 for c in pod.status.conditions or [])
+    status = pod.status
+    return getattr(status, "phase", None) == "Running" and any(
+        c.type == "Ready" and c.status == "True" for c in getattr(status, "conditions", None) or [])
 
 
 def pick_pods(pods: list[Any]) -> tuple[Any, Any] | str:

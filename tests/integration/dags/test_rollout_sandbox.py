@@ -1,0 +1,151 @@
+"""kvfleet_rollout end to end through dag.test() against a sandbox fleet in its own process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+
+import pytest
+from conftest import mutating_requests
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def _verdicts(history, run_key=None):  # type: ignore[no-untyped-def]
+    rows = history.query("verifications", cutoff=EPOCH, lob=None, endpoint=None)
+    return sorted((r["cluster"], r["endpoint"], r["verdict"]) for r in rows if run_key is None or r["run_key"] == run_key)
+
+
+def _outcomes(history, run_key):  # type: ignore[no-untyped-def]
+    return sorted((s["cluster"], s["endpoint"], s["outcome"]) for s in history.steps(run_key) if s["stage"] == "endpoint")
+
+
+def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.get_dag("kvfleet_rollout")
+    dr = dag.test(run_conf={"fleet": str(small_fleet)})
+    assert dr.state == "success"
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    assert {v for *_, v in _verdicts(history, run_key)} == {"pass"}
+    assert len(_verdicts(history, run_key)) == 5
+    assert {o for *_, o in _outcomes(history, run_key)} == {"changed"}
+
+    sandbox_process.admin("/reset-requests", {})
+    dr2 = dag.test(run_conf={"fleet": str(small_fleet), "gate": "none"})
+    assert dr2.state == "success"
+    assert {o for *_, o in _outcomes(history, f"kvfleet_rollout/{dr2.run_id}")} == {"unchanged"}
+    assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
+
+
+def test_failed_canary_stops_only_its_cluster(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
+    text = small_fleet.read_text().replace(
+        "{name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}",
+        "{name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge, "
+        "env: {PYTHONHASHSEED: random}}")
+    small_fleet.write_text(text)
+    dr = dag_run = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet)})
+    run_key = f"kvfleet_rollout/{dag_run.run_id}"
+    outcomes = _outcomes(history, run_key)
+    assert ("c-patch", "alpha/alpha-docs", "skipped_by_gate") in outcomes
+    assert ("c-patch", "alpha/alpha-chat", "failed") in outcomes
+    assert {o for c, _, o in outcomes if c == "c-kyverno"} == {"changed"}
+    assert dr.state == "success"  # a gate decision is not a task failure; the summary reports it
+
+
+def _answer_when_asked(option: str, user: str, done: threading.Event) -> None:
+    from kvfleet.airflow import hitl
+
+    while not done.is_set():
+        for gate in hitl.pending():
+            hitl.respond(gate, option, user)
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("answer, state", [("Approve", "success"), ("Reject", "failed")])
+def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_process, small_fleet, answer,  # type: ignore[no-untyped-def]
+                                                 state) -> None:
+    done = threading.Event()
+    responder = threading.Thread(target=_answer_when_asked, args=(answer, "alice", done), daemon=True)
+    responder.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet), "approval": "after_canary",
+                                                              "clusters": ["c-patch"]})
+    finally:
+        done.set()
+        responder.join(timeout=5)
+    assert dr.state == state
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    outcomes = _outcomes(history, run_key)
+    if answer == "Approve":
+        assert ("c-patch", "alpha/alpha-docs", "changed") in outcomes
+    else:
+        assert ("c-patch", "alpha/alpha-docs", "aborted") in outcomes
+        assert history.run(run_key)["status"] == "aborted"
+    assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # restored in both cases
+
+
+def _operator_state(fleet, cluster):  # type: ignore[no-untyped-def]
+    from kvfleet.fleet.inventory import load_inventory
+    from kvfleet.stages import operator_pause
+    from kvfleet.stages.base import StageContext
+
+    inv = load_inventory(fleet)
+    ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster))
+    try:
+        return operator_pause.pause_state(ctx)
+    finally:
+        ctx.close()
+
+
+def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
+    history.try_lock("c-patch", "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
+    dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet), "clusters": ["c-patch"],
+                                                          "lock_wait_minutes": 0.02})
+    assert dr.state == "failed"
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    assert [s["stage"] for s in history.steps(run_key)] == ["plan"]  # nothing changed on the cluster
+    assert history.lock_of("c-patch")["holder"] == "kvfleet_curvine_upgrade/other-run"
+
+
+def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
+                                                                               small_fleet) -> None:
+    dag = dagbag.get_dag("kvfleet_rollout")
+    conf = {"fleet": str(small_fleet), "clusters": ["c-patch"]}
+    broken = dag.test(run_conf={**conf, "_drill_fail_after_scale_down": True})
+    assert broken.state == "failed"
+    assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # teardown restored it
+    broken_key = f"kvfleet_rollout/{broken.run_id}"
+    assert [s["outcome"] for s in history.steps(broken_key) if s["step"].startswith("wave_state:")] == ["failed"]
+
+    dry = dag.test(run_conf={**conf, "dry_run": True})
+    assert dry.state == "success"
+    planned = history.query("planned_actions", run_key=f"kvfleet_rollout/{dry.run_id}")
+    assert planned and all(p["cluster"] == "c-patch" for p in planned)
+    assert any("kubectl patch deployment alpha-chat" in p["action"] for p in planned)
+
+    resumed = dag.test(run_conf=conf)
+    assert resumed.state == "success"
+    key = f"kvfleet_rollout/{resumed.run_id}"
+    assert {v for *_, v in _verdicts(history, key)} == {"pass"}
+    steps = history.steps(key)
+    assert len({(s["task_id"], s["map_index"], s["step"]) for s in steps}) == len(steps)
+
+    sandbox_process.admin("/reset-requests", {})
+    dry2 = dag.test(run_conf={**conf, "dry_run": True})
+    assert history.query("planned_actions", run_key=f"kvfleet_rollout/{dry2.run_id}") == []
+    assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
+
+
+def test_bad_params_are_refused_before_any_change(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    dag = dagbag.get_dag("kvfleet_rollout")
+    with pytest.raises(ParamValidationError):
+        dag.test(run_conf={"fleet": str(small_fleet), "wave_size": 0})
+    with pytest.raises(ParamValidationError):
+        dag.test(run_conf={"fleet": str(small_fleet), "approval": "sometimes"})
+    sandbox_process.admin("/reset-requests", {})
+    dr = dag.test(run_conf={"fleet": str(small_fleet), "clusters": ["c-nope"]})
+    assert dr.state == "failed" and history.run(f"kvfleet_rollout/{dr.run_id}") is None
+    assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}

@@ -180,6 +180,31 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- gates -------------------------------------------------------------------------------------------------
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """Rollout gates waiting for a human: list them, or answer one (the same code path as Airflow's REST API)."""
+    from kvfleet.airflow import hitl
+
+    gates = hitl.pending(args.dag)
+    if args.action == "list":
+        if not gates:
+            print("no gate is waiting for a human")
+        for i, g in enumerate(gates):
+            print(f"[{i}] {g.run_id} {g.task_id}[{g.map_index}]: {g.subject}\n    options: {', '.join(g.options)}")
+            for line in (g.body or "").splitlines():
+                print(f"    {line}")
+        return 0
+    if args.index is None or not 0 <= args.index < len(gates):
+        print(f"kvfleet gate respond: --index must be one of 0..{len(gates) - 1} (see `kvfleet gate list`)",
+              file=sys.stderr)
+        return 2
+    hitl.respond(gates[args.index], args.option, args.user)
+    print(f"answered {args.option!r} on {gates[args.index].task_id}[{gates[args.index].map_index}]")
+    return 0
+
+
 # ---- parser --------------------------------------------------------------------------------------------------
 
 
@@ -217,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("action", choices=["upgrade", "downgrade", "current"])
     d.add_argument("revision", nargs="?")
     d.set_defaults(func=cmd_db)
+
+    g = sub.add_parser("gate", help="rollout gates waiting for a human: list, respond")
+    g.add_argument("action", choices=["list", "respond"])
+    g.add_argument("--dag", default="kvfleet_rollout")
+    g.add_argument("--index", type=int, help="respond: which pending gate (from `gate list`)")
+    g.add_argument("--option", default="Approve", help="respond: Approve | Skip endpoint | Abort | Reject")
+    g.add_argument("--user", default=os.environ.get("USER", "cli"), help="respond: recorded as the responder")
+    g.set_defaults(func=cmd_gate)
 
     try:
         from kvfleet.sandbox.cli import add_sandbox_parser

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients.curvine import CurvineMaster
 from kvfleet.clients.kube import api_error
-from kvfleet.errors import KvfleetError, PermanentError
+from kvfleet.errors import GateRefused, KvfleetError, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
 from kvfleet.fleet.endpoint_spec import kyverno_policy
@@ -190,7 +190,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
         result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in findings], run_key)
     moved = bool(result.sync.get("opened") or result.sync.get("resolved"))
     ctx.record(f"drift_check:{cl.name}", STAGE, "reported" if moved else "unchanged", findings=len(findings),
-               kinds=sorted({f.kind for f in findings}), **result.sync)
+               kinds=sorted({f.kind for f in findings}), sync=result.sync)
     chosen = selected_for_remediation(ctx, findings, remediate)
     if chosen:
         result.remediations = remediate_findings(ctx, chosen, findings, holder=run_key)
@@ -236,7 +236,12 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     lease = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
                         poll_s=1, progress=ctx.progress) if ctx.history is not None else nullcontext()
     done: list[dict[str, Any]] = []
-    with lease:
+    try:
+        lease.__enter__()
+    except GateRefused as exc:  # a rollout or an upgrade holds the cluster: report now, fix on a later check
+        fixable = [f for group in plan.values() for f in group] + policy
+        return [_record(ctx, "all", fixable, "deferred", {"reason": str(exc)[:500]})]
+    try:
         if plan["restore_operator"]:
             done.append(_act(ctx, "restore_operator", plan["restore_operator"], lambda: _restore_operator(ctx)))
         if plan["flip_format_flags"]:
@@ -247,6 +252,8 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
                              lambda: {"policy": endpoints.ensure_kyverno_policy(ctx)}))
         if plan["patch_endpoints"]:
             done += _patch_endpoints(ctx, plan["patch_endpoints"], all_findings, holder)
+    finally:
+        lease.__exit__(None, None, None)
     return done
 
 
@@ -295,15 +302,15 @@ def _act(ctx: StageContext, action: str, found: list[rules.Finding],
 
 def _record(ctx: StageContext, action: str, found: list[rules.Finding], outcome: str,
             detail: dict[str, Any]) -> dict[str, Any]:
-    entry = {"action": action, "outcome": outcome, "findings": [f.fingerprint for f in found],
+    entry: dict[str, Any] = {"action": action, "outcome": outcome, "findings": [f.fingerprint for f in found],
              "kinds": sorted({f.kind for f in found}), "objects": sorted({f.object_ref for f in found}),
              "run_key": ctx.step_key.run_key if ctx.step_key else None,
              "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "detail": detail}
     if ctx.history is not None:
         for f in found:
             ctx.history.record_remediation(f.fingerprint, {k: v for k, v in entry.items() if k != "findings"})
-    ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome,
-               **{k: v for k, v in entry.items() if k not in ("at", "outcome")})
+    ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome, action=action, findings=entry["findings"],
+               kinds=entry["kinds"], objects=entry["objects"], detail=detail)
     if outcome != "changed":
         ctx.say(f"drift remediation {action}: {outcome}: {detail}")
     return entry

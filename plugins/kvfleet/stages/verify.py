@@ -127,15 +127,16 @@ def diagnose(stored: int, hits: int, total: int, env_a: dict[str, str | None], s
     return f"partial hit: {hits}/{total} tokens"
 
 
-def verdict_of(hit_ratio: float, speedup: float, expected: float) -> str:
-    if hit_ratio >= PASS_HIT_RATIO and speedup >= expected * (1 - SPEEDUP_TOLERANCE):
+def verdict_of(hit_ratio: float, speedup: float, expected: float, tolerance: float = SPEEDUP_TOLERANCE) -> str:
+    if hit_ratio >= PASS_HIT_RATIO and speedup >= expected * (1 - tolerance):
         return "pass"
     if hit_ratio > 0:
         return "degraded"
     return "fail"
 
 
-def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None) -> Verification:
+def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None,
+                    tolerance: float = SPEEDUP_TOLERANCE) -> Verification:
     settings = ctx.inventory.settings
     check_prompt_length(prompt_tokens, settings.chunk_size)
     base = Verification(ctx.cluster.name, ep.key, ep.lob, ep.instance_type, "unverifiable",
@@ -174,7 +175,7 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     speedup = cold.ttft_s / warm.ttft_s if warm.ttft_s > 0 else 0.0
     expected = expected_speedup(total, ep.instance_type)
     ratio = hits / total if total else 0.0
-    verdict = verdict_of(ratio, speedup, expected)
+    verdict = verdict_of(ratio, speedup, expected, tolerance)
     garbled = scan_a.garbled + scan_b.garbled
     result = Verification(
         ctx.cluster.name, ep.key, ep.lob, ep.instance_type, verdict, prompt_tokens=total, stored_tokens=stored,

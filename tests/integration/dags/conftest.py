@@ -95,3 +95,34 @@ def mutating_requests(sb: SandboxProcess) -> dict[str, Any]:
     aws = [op for op in counts["aws"]["operations"]
            if op.split(":", 1)[-1] in ("UpdateCluster", "CreateAddon", "UpdateAddon", "DeleteAddon")]
     return {"k8s": {c: v for c, v in k8s.items() if v}, "aws": aws}
+
+
+@pytest.fixture(autouse=True)
+def gate_watchdog() -> Iterator[None]:
+    """No test may hang on a human gate it did not expect: a gate pending for more than 60 s is answered with its
+    safe default (Abort / Reject), so the test fails on its assertions instead of waiting forever."""
+    import threading
+    import time
+
+    from kvfleet.airflow import hitl
+
+    done = threading.Event()
+    first_seen: dict[tuple[str, str, int], float] = {}
+
+    def watch() -> None:
+        while not done.wait(1.0):
+            try:
+                for gate in hitl.pending():
+                    key = (gate.run_id, gate.task_id, gate.map_index)
+                    if time.monotonic() - first_seen.setdefault(key, time.monotonic()) > 60:
+                        safe = "Abort" if "Abort" in gate.options else "Reject"
+                        print(f"gate_watchdog: answering {safe} to an unexpected gate {key}: {gate.subject}")
+                        hitl.respond(gate, safe, "gate-watchdog")
+            except Exception as exc:  # the metadata DB may not be initialised yet
+                print(f"gate_watchdog: {exc}")
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    yield
+    done.set()
+    thread.join(timeout=5)

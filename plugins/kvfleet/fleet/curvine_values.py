@@ -122,7 +122,7 @@ def merged_values(current: Mapping[str, Any], overrides: Mapping[str, Any],
     """
     import copy
 
-    result = _deep_merge(copy.deepcopy(dict(chart_defaults or {})), current)
+    result = _deep_merge(copy.deepcopy(dict(chart_defaults or {})), copy.deepcopy(dict(current)))
     for key, value in overrides.items():
         set_path(result, key, value)
     return result

@@ -2,7 +2,7 @@
 WITH ep AS (
     SELECT DISTINCT ON (cluster, endpoint) cluster, endpoint, lob, outcome
     FROM step_events
-    WHERE run_key = :run_key AND stage = 'endpoint' AND endpoint IS NOT NULL
+    WHERE run_key = :run_key AND stage = 'endpoint' AND step LIKE 'endpoint:%'
     ORDER BY cluster, endpoint, id DESC
 ), v AS (
     SELECT DISTINCT ON (cluster, endpoint) cluster, endpoint, lob, verdict, hit_ratio, speedup, expected_speedup
@@ -13,7 +13,7 @@ WITH ep AS (
 SELECT COALESCE(ep.lob, v.lob) AS lob,
        COUNT(*) FILTER (WHERE ep.outcome = 'changed') AS moved,
        COUNT(*) FILTER (WHERE ep.outcome = 'unchanged') AS unchanged,
-       COUNT(*) FILTER (WHERE ep.outcome IN ('skipped', 'skipped_by_gate')) AS skipped,
+       COUNT(*) FILTER (WHERE ep.outcome IN ('skipped', 'skipped_by_gate', 'paused_for_review', 'aborted')) AS skipped,
        COUNT(*) FILTER (WHERE ep.outcome IN ('failed', 'refused')) AS failed,
        COUNT(v.verdict) FILTER (WHERE v.verdict = 'pass') AS verified_pass,
        COUNT(v.verdict) FILTER (WHERE v.verdict <> 'pass') AS verified_other,

@@ -66,5 +66,12 @@ class WaveGateOperator(HITLOperator):
         by = payload.get("responded_by_user") or {}
         who = by.get("name") if isinstance(by, dict) else str(by or "timeout")
         self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
+        from kvfleet.airflow.context import run_info
+        from kvfleet.history.repo import History, StepEvent
+
+        info = run_info(dict(context))
+        History().record_step(info.step_key, StepEvent(
+            step=f"gate_response:{self.task_id}", stage="gate", outcome=result, cluster=wave.get("cluster"),
+            detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves")}), actor=who or "timeout")
         return {"decision": result, "reason": f"{chosen} by {who or 'timeout default'}", "cluster": wave.get("cluster"),
                 "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}

@@ -230,17 +230,19 @@ def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: d
     lines = [f"{'LOB':<12}{'moved':>7}{'same':>7}{'skipped':>9}{'failed':>8}{'pass':>6}{'other':>7}"
              f"{'hit':>7}{'speedup':>9}{'expected':>10}"]
     for r in rows:
-        lines.append(f"{r['lob']:<12}{r['moved']:>7}{r['unchanged']:>7}{r['skipped']:>9}{r['failed']:>8}"
+        lines.append(f"{r['lob'] or '-':<12}{r['moved']:>7}{r['unchanged']:>7}{r['skipped']:>9}{r['failed']:>8}"
                      f"{r['verified_pass']:>6}{r['verified_other']:>7}{_f(r['avg_hit_ratio']):>7}"
                      f"{_f(r['avg_speedup']):>9}{_f(r['avg_expected']):>10}")
     log.info("rollout summary per line of business\n%s", "\n".join(lines))
-    aborted = [g for g in last_slots or [] if isinstance(g, dict) and g.get("carry") == gates.ABORT]
-    summary = {"steps": len(history.steps(info.run_key)), "dry_run": bool(params.get("dry_run")),
+    steps = history.steps(info.run_key)
+    aborted = [{"cluster": s["cluster"], "reason": (s["detail"] or {}).get("reason")} for s in steps
+               if s["outcome"] == "aborted"]
+    summary = {"steps": len(steps), "dry_run": bool(params.get("dry_run")),
                "clusters": cluster_names(plan), "lobs": rows, "aborted": aborted}
     history.end_run(info.run_key, "aborted" if aborted else "success", summary)
     if aborted:
-        raise PermanentError("rollout aborted at a gate: " + "; ".join(f"{g.get('cluster')}: {g.get('reason')}"
-                                                                      for g in aborted))
+        raise PermanentError("rollout aborted at a gate: " + "; ".join(sorted({f"{g['cluster']}: {g['reason']}"
+                                                                              for g in aborted})))
     return {"lobs": len(rows)}
 
 

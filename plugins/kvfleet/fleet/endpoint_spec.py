@@ -175,6 +175,15 @@ def l2_violations(pod_spec: Mapping[str, Any], container_name: str, settings: Se
     return out
 
 
+# What the L2 overlay (patch or Kyverno) is responsible for; seed and serde come from the CR's worker env.
+OVERLAY_KINDS = frozenset({"duplicate_l2_url", "operator_l2_url", "patch_lost_to_reconcile"})
+
+
+def overlay_violations(pod_spec: Mapping[str, Any], container_name: str, settings: Settings,
+                       pvc_name: str = C.CURVINE_PVC) -> list[Violation]:
+    return [v for v in l2_violations(pod_spec, container_name, settings, pvc_name) if v.kind in OVERLAY_KINDS]
+
+
 def l2_patch(deployment: Mapping[str, Any], settings: Settings, pvc_name: str = C.CURVINE_PVC) -> list[dict[str, Any]]:
     """ONE JSON patch that leaves exactly one LMCACHE_REMOTE_URL (the fs:// URL, replacing the operator's entry
     wherever it sits), and adds the Curvine volume and mount if missing. ``test`` ops guard the indexes, so a

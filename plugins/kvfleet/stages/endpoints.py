@@ -33,6 +33,7 @@ from kvfleet.fleet.endpoint_spec import (
     kyverno_policy,
     l2_patch,
     l2_violations,
+    overlay_violations,
     render_iec,
 )
 from kvfleet.fleet.inventory import Endpoint
@@ -138,6 +139,15 @@ def endpoint_violations(ctx: StageContext, ep: Endpoint, dep: dict[str, Any] | N
     return out
 
 
+def _needs_overlay(ctx: StageContext, ep: Endpoint) -> bool:
+    """The Deployment template, or a running pod, lacks the L2 overlay (a pod created before the patch counts)."""
+    dep = _deployment(ctx, ep)
+    if overlay_violations(dep["spec"]["template"]["spec"], ep.name, ctx.inventory.settings):
+        return True
+    return any(overlay_violations(p["spec"], ep.name, ctx.inventory.settings) for p in _pods(ctx, ep)
+               if (p.get("status") or {}).get("phase") in ("Running", "Pending"))
+
+
 def _scale(ctx: StageContext, ep: Endpoint, replicas: int) -> None:
     call(ctx.kube.apps.patch_namespaced_deployment_scale, ep.name, ep.namespace, {"spec": {"replicas": replicas}},
          what=f"scale {ep.key} to {replicas}")
@@ -150,7 +160,8 @@ def _wait_pods(ctx: StageContext, eps: list[Endpoint], want: dict[str, int], new
             pods = [p for p in _pods(ctx, ep) if (p.get("status") or {}).get("phase") != "Succeeded"]
             ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
                                             for c in (p.get("status") or {}).get("conditions") or [])]
-            good = [p for p in ready if not new_env or not l2_violations(p["spec"], ep.name, ctx.inventory.settings)]
+            good = [p for p in ready
+                    if not new_env or not overlay_violations(p["spec"], ep.name, ctx.inventory.settings)]
             if len(pods) != want[ep.key] or len(good) != want[ep.key]:
                 waiting.append(f"{ep.name} {len(good)}/{want[ep.key]} ready" + (" with new env" if new_env else "")
                                + (f" ({len(pods)} pods)" if len(pods) != want[ep.key] else ""))
@@ -189,8 +200,8 @@ def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str, fail_after_s
             call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patches[ep.key],
                  what=f"patch {ep.key}")
             states[ep.key] = "patched"
-            bad = [v.text() for v in l2_violations(_deployment(ctx, ep)["spec"]["template"]["spec"], ep.name,
-                                                   ctx.inventory.settings)]
+            bad = [v.text() for v in overlay_violations(_deployment(ctx, ep)["spec"]["template"]["spec"], ep.name,
+                                                        ctx.inventory.settings)]
             if bad:
                 raise PermanentError(f"{ep.ref}: rendered object still wrong after the patch: {'; '.join(bad)}")
         for ep in eps:
@@ -271,7 +282,7 @@ def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
                                                and _get_iec(ctx, ep) is None)]
     if not ctx.dry_run:
         wait_complete(ctx, live_eps)
-    needs = [ep for ep in ready_eps if ep.l2 and endpoint_violations(ctx, ep)]
+    needs = [ep for ep in ready_eps if ep.l2 and _needs_overlay(ctx, ep)]
     overlay: dict[str, Any] = {}
     if needs and ctx.cluster.l2_injection == "kyverno":
         overlay["policy"] = ensure_kyverno_policy(ctx)

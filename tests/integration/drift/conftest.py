@@ -5,28 +5,15 @@ The process environment points kvfleet's clients at the sandbox exactly as Airfl
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from driftkit import PROD, small_inventory
 
-from kvfleet.fleet.inventory import Inventory, load_inventory
+from kvfleet.fleet.inventory import Inventory
 from kvfleet.stages.base import StageContext, Timeouts
-
-ROOT = Path(__file__).resolve().parents[3]
-PROD = "ml-prod-use1"
-STAGE = "ml-stage-usw2"
-# Three endpoints on the patch-mode cluster (one per LOB) keep a rollout under a few seconds.
-ROLLED = ("retail-assistant", "payments-disputes", "support-chat")
-
-
-def small_inventory() -> Inventory:
-    inv = load_inventory(ROOT / "fleet.example.yaml")
-    eps = tuple(e for e in inv.endpoints if e.cluster != PROD or e.name in ROLLED)
-    return dataclasses.replace(inv, endpoints=eps)
 
 
 @pytest.fixture(scope="module")

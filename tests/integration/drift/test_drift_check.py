@@ -11,8 +11,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from driftkit import PROD, STAGE
 
-from conftest import PROD, STAGE
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
 from kvfleet.history.repo import StepKey

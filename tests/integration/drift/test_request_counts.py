@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from driftkit import PROD
 
-from conftest import PROD
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.endpoint_spec import render_iec
 from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory

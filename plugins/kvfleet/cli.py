@@ -8,6 +8,7 @@ the history database (embedded PostgreSQL when none is configured). Exit codes: 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dag", default="kvfleet_rollout")
     g.add_argument("--index", type=int, help="respond: which pending gate (from `gate list`)")
     g.add_argument("--option", default="Approve", help="respond: Approve | Skip endpoint | Abort | Reject")
-    g.add_argument("--user", default=os.environ.get("USER", "cli"), help="respond: recorded as the responder")
+    g.add_argument("--user", default=getpass.getuser(), help="respond: recorded as the responder")
     g.set_defaults(func=cmd_gate)
 
     try:

@@ -13,6 +13,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
+def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
+    """Every Param explicitly: dag.test() keeps the Params of an earlier run in the same process."""
+    base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 3,
+            "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "verify", "approval": "none",
+            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10,
+            "_drill_fail_after_scale_down": False}
+    return {**base, **overrides}
+
+
 def _verdicts(history, run_key=None):  # type: ignore[no-untyped-def]
     rows = history.query("verifications", cutoff=EPOCH, lob=None, endpoint=None)
     return sorted((r["cluster"], r["endpoint"], r["verdict"]) for r in rows if run_key is None or r["run_key"] == run_key)
@@ -24,7 +33,7 @@ def _outcomes(history, run_key):  # type: ignore[no-untyped-def]
 
 def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
     dag = dagbag.get_dag("kvfleet_rollout")
-    dr = dag.test(run_conf={"fleet": str(small_fleet), "speedup_tolerance": 0.8})
+    dr = dag.test(run_conf=conf(small_fleet))
     assert dr.state == "success"
     run_key = f"kvfleet_rollout/{dr.run_id}"
     assert {v for *_, v in _verdicts(history, run_key)} == {"pass"}
@@ -32,7 +41,7 @@ def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sa
     assert {o for *_, o in _outcomes(history, run_key)} == {"changed"}
 
     sandbox_process.admin("/reset-requests", {})
-    dr2 = dag.test(run_conf={"fleet": str(small_fleet), "gate": "none", "speedup_tolerance": 0.8})
+    dr2 = dag.test(run_conf=conf(small_fleet, gate="none"))
     assert dr2.state == "success"
     assert {o for *_, o in _outcomes(history, f"kvfleet_rollout/{dr2.run_id}")} == {"unchanged"}
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
@@ -44,7 +53,7 @@ def test_failed_canary_stops_only_its_cluster(dagbag, history, sandbox_process, 
         "{name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge, "
         "env: {PYTHONHASHSEED: random}}")
     small_fleet.write_text(text)
-    dr = dag_run = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet), "speedup_tolerance": 0.8})
+    dr = dag_run = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet))
     run_key = f"kvfleet_rollout/{dag_run.run_id}"
     outcomes = _outcomes(history, run_key)
     assert ("c-patch", "alpha/alpha-docs", "skipped_by_gate") in outcomes
@@ -69,8 +78,8 @@ def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_proces
     responder = threading.Thread(target=_answer_when_asked, args=(answer, "alice", done), daemon=True)
     responder.start()
     try:
-        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet), "approval": "after_canary", "speedup_tolerance": 0.8,
-                                                              "clusters": ["c-patch"]})
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
+                                                                           clusters=["c-patch"]))
     finally:
         done.set()
         responder.join(timeout=5)
@@ -100,8 +109,8 @@ def _operator_state(fleet, cluster):  # type: ignore[no-untyped-def]
 
 def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
     history.try_lock("c-patch", "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
-    dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={"fleet": str(small_fleet), "clusters": ["c-patch"],
-                                                          "lock_wait_minutes": 0.02})
+    dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, clusters=["c-patch"],
+                                                                       lock_wait_minutes=0.02))
     assert dr.state == "failed"
     run_key = f"kvfleet_rollout/{dr.run_id}"
     assert [s["stage"] for s in history.steps(run_key)] == ["plan"]  # nothing changed on the cluster
@@ -111,20 +120,20 @@ def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_
 def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
                                                                                small_fleet) -> None:
     dag = dagbag.get_dag("kvfleet_rollout")
-    conf = {"fleet": str(small_fleet), "clusters": ["c-patch"], "speedup_tolerance": 0.8}
-    broken = dag.test(run_conf={**conf, "_drill_fail_after_scale_down": True})
+    base = conf(small_fleet, clusters=["c-patch"])
+    broken = dag.test(run_conf={**base, "_drill_fail_after_scale_down": True})
     assert broken.state == "failed"
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # teardown restored it
     broken_key = f"kvfleet_rollout/{broken.run_id}"
     assert [s["outcome"] for s in history.steps(broken_key) if s["step"].startswith("wave_state:")] == ["failed"]
 
-    dry = dag.test(run_conf={**conf, "dry_run": True})
+    dry = dag.test(run_conf={**base, "dry_run": True})
     assert dry.state == "success"
     planned = history.query("planned_actions", run_key=f"kvfleet_rollout/{dry.run_id}")
     assert planned and all(p["cluster"] == "c-patch" for p in planned)
     assert any("kubectl patch deployment alpha-chat" in p["action"] for p in planned)
 
-    resumed = dag.test(run_conf=conf)
+    resumed = dag.test(run_conf=base)
     assert resumed.state == "success"
     key = f"kvfleet_rollout/{resumed.run_id}"
     assert {v for *_, v in _verdicts(history, key)} == {"pass"}
@@ -132,7 +141,7 @@ def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(d
     assert len({(s["task_id"], s["map_index"], s["step"]) for s in steps}) == len(steps)
 
     sandbox_process.admin("/reset-requests", {})
-    dry2 = dag.test(run_conf={**conf, "dry_run": True})
+    dry2 = dag.test(run_conf={**base, "dry_run": True})
     assert history.query("planned_actions", run_key=f"kvfleet_rollout/{dry2.run_id}") == []
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
 
@@ -142,10 +151,10 @@ def test_bad_params_are_refused_before_any_change(dagbag, history, sandbox_proce
 
     dag = dagbag.get_dag("kvfleet_rollout")
     with pytest.raises(ParamValidationError):
-        dag.test(run_conf={"fleet": str(small_fleet), "wave_size": 0})
+        dag.test(run_conf=conf(small_fleet, wave_size=0))
     with pytest.raises(ParamValidationError):
-        dag.test(run_conf={"fleet": str(small_fleet), "approval": "sometimes"})
+        dag.test(run_conf=conf(small_fleet, approval="sometimes"))
     sandbox_process.admin("/reset-requests", {})
-    dr = dag.test(run_conf={"fleet": str(small_fleet), "clusters": ["c-nope"]})
+    dr = dag.test(run_conf=conf(small_fleet, clusters=["c-nope"]))
     assert dr.state == "failed" and history.run(f"kvfleet_rollout/{dr.run_id}") is None
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}

@@ -35,12 +35,11 @@ class _User:
 
 
 def pending(dag_id: str = "kvfleet_rollout") -> list[PendingGate]:
-    from sqlalchemy import select
-
     from airflow.models.hitl import HITLDetail
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
 
     with create_session() as session:
         rows = session.execute(

@@ -61,7 +61,7 @@ class WaveGateOperator(HITLOperator):
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         payload = super().execute_complete(context, event)
         decision, _, wave = self._decide(context)
-        chosen = list(payload["chosen_options"])[0]
+        chosen = next(iter(payload["chosen_options"]))
         result = gates.decision_from_response(decision, chosen)
         by = payload.get("responded_by_user") or {}
         who = by.get("name") if isinstance(by, dict) else str(by or "timeout")

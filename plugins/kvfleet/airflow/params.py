@@ -44,9 +44,10 @@ def rollout_params() -> dict[str, Any]:
         "approval": Param("none", type="string", enum=["none", "after_canary", "every_wave"],
                           title="Human approval"),
         "remediate_drift": Param(False, type="boolean", title="Remediate drift found on the way"),
-        "speedup_tolerance": Param(0.25, type="number", minimum=0, maximum=1, title="Speedup tolerance",
-                                   description="How far below the published TTFT-speedup curve a fully-hitting endpoint "
-                                               "may be and still pass (0.25 = 25 %). The hit ratio is always required."),
+        "speedup_tolerance": Param(
+            0.25, type="number", minimum=0, maximum=1, title="Speedup tolerance",
+            description="How far below the published TTFT-speedup curve a fully-hitting endpoint may be and still "
+                        "pass (0.25 = 25 %). The hit ratio is always required."),
         "lock_wait_minutes": Param(10, type="number", minimum=0, maximum=720, title="Cluster lock wait (minutes)",
                                    description="How long to wait for another run's lease on a cluster before failing."),
         "prompt_tokens": Param(2000, type="integer", minimum=512, maximum=32768,

@@ -123,8 +123,8 @@ def _mark(ctx: StageContext, eps: list[Endpoint], outcome: str, reason: str) -> 
 
 
 def _verify_and_record(ctx: StageContext, ep: Endpoint, params: dict[str, Any], step: str) -> dict[str, Any]:
-    result = verify.verify_endpoint(ctx, ep, int(params.get("prompt_tokens") or 2000),
-                                    tolerance=float(params.get("speedup_tolerance", verify.SPEEDUP_TOLERANCE))).as_dict()
+    tolerance = float(params.get("speedup_tolerance", verify.SPEEDUP_TOLERANCE))
+    result = verify.verify_endpoint(ctx, ep, int(params.get("prompt_tokens") or 2000), tolerance=tolerance).as_dict()
     if ctx.history is not None and ctx.step_key is not None:
         ctx.history.record_verification(ctx.step_key, step, result)
     ctx.say(f"stage 5: {ep.key}: {result['verdict']} hit {result['hit_ratio']} cold {result['ttft_cold_ms']} ms "

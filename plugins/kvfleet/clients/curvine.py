@@ -45,7 +45,8 @@ class CurvineMaster:
 
     def workers(self) -> dict[str, list[dict[str, Any]]]:
         raw = self.kube.proxy_get_json(self.namespace, self.pod, self.port, "api/workers")
-        return {"live_workers": list(raw.get("live_workers") or []), "lost_workers": list(raw.get("lost_workers") or [])}
+        return {"live_workers": list(raw.get("live_workers") or []),
+                "lost_workers": list(raw.get("lost_workers") or [])}
 
     def browse(self, path: str) -> Any:
         return self.kube.proxy_get_json(self.namespace, self.pod, self.port, f"api/browse?path={path}")

@@ -8,6 +8,7 @@ the blog's ml.g5.4xlarge table (Qwen2-7B, fp16, TP=1, two nodes).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 # (prompt tokens, speedup) — 0.99x at 500, 1.7x at 1,000, 2.7x at 2,500 (774 ms -> 287 ms), flat after.
 PUBLISHED_G5: tuple[tuple[int, float], ...] = ((500, 0.99), (1000, 1.7), (2500, 2.7), (3000, 2.7))
@@ -24,7 +25,7 @@ MIN_USEFUL_TOKENS = 1000  # below ~1,000 tokens L2 does not pay off; prefer L0/L
 def interpolate(curve: Sequence[tuple[int, float]], tokens: int) -> float:
     if tokens <= curve[0][0]:
         return curve[0][1]
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+    for (x0, y0), (x1, y1) in pairwise(curve):
         if tokens <= x1:
             return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
     return curve[-1][1]

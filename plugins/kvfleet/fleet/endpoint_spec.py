@@ -96,7 +96,7 @@ OWNED_FIELDS = ("modelName", "instanceType", "replicas", "worker.image", "kvCach
 
 
 def _env_map(env: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    return {e.get("name"): e.get("value") for e in env or []}
+    return {str(e.get("name")): e.get("value") for e in env or []}
 
 
 def cr_differences(live_spec: Mapping[str, Any], desired_spec: Mapping[str, Any]) -> list[Violation]:
@@ -232,7 +232,7 @@ def pvc_manifest(namespace: str, storage_class: str, size: str = "100Gi", name: 
     }
 
 
-def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC, name: str = "kvfleet-curvine-l2") -> dict:
+def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC, name: str = "kvfleet-curvine-l2") -> dict[str, Any]:
     """The ClusterPolicy of `kyverno` mode: on every admission of a Deployment labelled tiered-kv/l2=curvine,
     inject the fs:// URL (env merges by name, so it replaces the operator's entry), the volume and the mount
     into the vLLM container — the one named after the Deployment, selected with a conditional anchor."""

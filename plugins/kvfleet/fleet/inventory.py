@@ -200,7 +200,7 @@ def size_to_bytes(size: str) -> int:
     if not m:
         raise ValueError(f"not a Kubernetes binary size: {size!r}")
     power = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4}[m.group(2)]
-    return int(m.group(1)) * 1024**power
+    return int(m.group(1)) * int(1024**power)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,7 +263,8 @@ class _Reader:
             return default
         return value
 
-    def choice(self, raw: dict[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...] | frozenset[str]) -> str:
+    def choice(self, raw: dict[str, Any], key: str, path: str, default: str,
+               allowed: tuple[str, ...] | frozenset[str]) -> str:
         value = raw.get(key, default)
         if value not in allowed:
             self.problem(

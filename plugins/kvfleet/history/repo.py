@@ -256,7 +256,8 @@ class History:
                 {"c": cluster, "h": holder, "p": purpose, "ttl": ttl_s},
             ).mappings().first()
             if row is None:
-                row = conn.execute(text("SELECT * FROM cluster_locks WHERE cluster = :c"), {"c": cluster}).mappings().first()
+                row = conn.execute(text("SELECT * FROM cluster_locks WHERE cluster = :c"),
+                                   {"c": cluster}).mappings().first()
             return dict(row) if row else {}
 
     def heartbeat_lock(self, cluster: str, holder: str, ttl_s: float) -> bool:

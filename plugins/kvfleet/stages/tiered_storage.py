@@ -36,7 +36,8 @@ def _verify_daemonset(ctx: StageContext, mode: str, nodes: int) -> str:
         return ready == desired == nodes, f"ai-toolkit ready {ready}/{desired} on {nodes} nodes"
 
     return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
-                    what=f"[{ctx.cluster.name}] {C.AI_TOOLKIT_NAMESPACE}/{C.AI_TOOLKIT_DAEMONSET}", progress=ctx.progress)
+                    what=f"[{ctx.cluster.name}] {C.AI_TOOLKIT_NAMESPACE}/{C.AI_TOOLKIT_DAEMONSET}",
+                    progress=ctx.progress)
 
 
 def reconcile(ctx: StageContext) -> Outcome:

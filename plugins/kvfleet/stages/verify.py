@@ -116,11 +116,13 @@ def diagnose(stored: int, hits: int, total: int, env_a: dict[str, str | None], s
     url = str(env_a.get(C.ENV_REMOTE_URL) or "")
     if stored == 0:
         why = f" ({scan_a.errors[-1]})" if scan_a.errors else ""
-        return f"no store line: L2 not written (URL or serde){why}; URL={url!r}, serde={env_a.get(C.ENV_REMOTE_SERDE)!r}"
+        serde = env_a.get(C.ENV_REMOTE_SERDE)
+        return f"no store line: L2 not written (URL or serde){why}; URL={url!r}, serde={serde!r}"
     if hits == 0 and url.startswith("sagemaker-hyperpod://"):
         return "0 hits: pods on the operator's node-local L2 URL (sagemaker-hyperpod://), not the shared Curvine fs://"
     if hits == 0 and env_a.get(C.ENV_HASHSEED) != settings_seed:
-        return (f"stored on A but 0 hits on B with differing PYTHONHASHSEED (unset or random: {env_a.get(C.ENV_HASHSEED)!r}); "
+        seed = env_a.get(C.ENV_HASHSEED)
+        return (f"stored on A but 0 hits on B with differing PYTHONHASHSEED (unset or random: {seed!r}); "
                 f"each pod derives different LMCache keys — set PYTHONHASHSEED={settings_seed}")
     if hits == 0:
         return "stored on A but 0 hits on B: the pods do not share the L2 path (check the Curvine mount and PVC)"

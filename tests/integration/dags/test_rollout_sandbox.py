@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 
 import pytest
+
 from conftest import mutating_requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -71,7 +72,7 @@ def _answer_when_asked(option: str, user: str, done: threading.Event) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("answer, state", [("Reject", "failed")])
+@pytest.mark.parametrize("answer, state", [("Approve", "success"), ("Reject", "failed")])
 def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_process, small_fleet, answer,  # type: ignore[no-untyped-def]
                                                  state) -> None:
     done = threading.Event()

@@ -12,7 +12,6 @@ from kvfleet.fleet.inventory import Inventory, load_inventory
 from kvfleet.stages.base import StageContext, Timeouts
 
 
-
 @pytest.fixture
 def fleet_env(sandbox, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     for key, value in sandbox.exports().items():

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from stagekit import mutating_calls, reset_counters, with_cluster
 
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.stages import addons, curvine, tiered_storage
-
-from stagekit import mutating_calls, reset_counters, with_cluster
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ml-stage-usw2"

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
-from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.history.repo import History, StepEvent
@@ -92,7 +92,7 @@ def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
 @permanent_fails_fast
 def preflight_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Every gate, read-only, and the exact command and values diff (the whole run when dry_run)."""
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     ctx.dry_run = True
     try:
         out = curvine_upgrade.upgrade(ctx, upgrade_request(params), holder=run_info().run_key)
@@ -107,7 +107,7 @@ def preflight_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 def upgrade_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     if params.get("dry_run"):
         return {"cluster": cluster, "outcome": "planned"}
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     try:
         out = curvine_upgrade.upgrade(ctx, upgrade_request(params), holder=run_info().run_key)
     finally:
@@ -151,7 +151,7 @@ def open_scale(params: dict[str, Any]) -> list[str]:
 
 @permanent_fails_fast
 def scale_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     try:
         out = curvine_scale.scale(ctx, scale_request(params), holder=run_info().run_key)
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
-from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import drift
 
@@ -42,7 +42,7 @@ def open_run(params: dict[str, Any]) -> list[str]:
 
 @permanent_fails_fast
 def check_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
-    ctx = _context(cluster, _params(params))
+    ctx = stage_context(cluster, _params(params))
     try:
         result = drift.check(ctx, remediate=bool(params.get("remediate")))
     finally:

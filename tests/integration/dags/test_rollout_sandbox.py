@@ -42,9 +42,12 @@ def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sa
     assert {o for *_, o in _outcomes(history, run_key)} == {"changed"}
 
     sandbox_process.admin("/reset-requests", {})
-    dr2 = dag.test(run_conf=conf(small_fleet, gate="none"))
+    dr2 = dag.test(run_conf=conf(small_fleet, gate="none", remediate_drift=True))
     assert dr2.state == "success"
     assert {o for *_, o in _outcomes(history, f"kvfleet_rollout/{dr2.run_id}")} == {"unchanged"}
+    # remediate_drift ran the drift check on both clusters: nothing to fix on a converged fleet
+    checks = [s for s in history.steps(f"kvfleet_rollout/{dr2.run_id}") if s["step"].startswith("drift_check:")]
+    assert sorted(s["cluster"] for s in checks) == ["c-kyverno", "c-patch"]
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
 
 

@@ -219,7 +219,9 @@ def test_master_restart_with_format_true_loses_l2_and_with_false_keeps_it(curvin
     assert sim.restart_master()
     _wait(lambda: not curvine.twin.l2.available, "L2 unavailable while the master is down", timeout=5)
     curvine.wait_rolled(before, ("curvine-master-0",))
-    assert curvine.twin.l2.file_count() == 0 and curvine.twin.l2.available
+    # The simulation marks L2 available on the Ready event of the new master pod: wait for it, do not race it.
+    _wait(lambda: curvine.twin.l2.available, "L2 available again after the restart", timeout=15)
+    assert curvine.twin.l2.file_count() == 0
     from kubernetes import client
     text = client.CoreV1Api(curvine.kube).read_namespaced_pod_log("curvine-master-0", NS, container="master")
     assert "Delete(format) exists db path" in text

@@ -312,6 +312,8 @@ def test_losing_a_worker_node_loses_only_that_workers_hostpath_blocks(curvine):
     workloads = curvine.twin.services["workloads"]
     curvine.install(format_master=False, format_worker=False, format_journal=False)
     paths = curvine.write_files(4)
+    # Blocks are placed on workers shortly after each write: wait for all four, do not race the placement.
+    _wait(lambda: all(p in curvine.sim.placement() for p in paths), "all blocks placed", timeout=10)
     placement = curvine.sim.placement()
     store = curvine.twin.store
     node = store.get("", "pods", "curvine-worker-1", NS)["spec"]["nodeName"]

@@ -133,6 +133,10 @@ class CurvineSimulation:
         self.store = twin.store
         self._lock = threading.RLock()
         self._started: dict[str, str] = {}  # pod uid -> pod name, for pods whose start has been acted on
+        # Pod uids whose start-up finished (formats done, registered with the master). A pod is Ready in the API
+        # a moment before the simulation has acted on it; only registered pods count as live, as in Curvine,
+        # where a worker is live once it has registered, after any format.
+        self._registered: set[str] = set()
         self._placement: dict[str, str] = {}  # L2 path -> worker pod name holding its blocks
         self._rr = 0
         self._known_workers: dict[str, dict[str, Any]] = {}  # worker name -> last WorkerInfo seen live
@@ -152,6 +156,7 @@ class CurvineSimulation:
         for pod in self.store.list("", "pods"):
             if component_of(pod) and _running(pod):
                 self._started[pod["metadata"]["uid"]] = pod["metadata"]["name"]
+                self._registered.add(pod["metadata"]["uid"])
         self.store.subscribe(self._on_event)
         self.store.register_pod_proxy(self._proxy)
         self.store.register_log_source(self._pod_log)
@@ -172,8 +177,14 @@ class CurvineSimulation:
         return self.store.get("", "pods", f"{C.CURVINE_MASTER_STS}-0", ns) if ns else None
 
     def master_running(self) -> bool:
-        """``curvine-master-0`` is Running and Ready: the metadata service answers."""
-        return _ready(self.master_pod())
+        """``curvine-master-0`` is Ready and has finished starting: the metadata service answers."""
+        return self._live(self.master_pod())
+
+    def _live(self, pod: dict[str, Any] | None) -> bool:
+        if pod is None or not _ready(pod):
+            return False
+        with self._lock:
+            return str(pod["metadata"].get("uid", "")) in self._registered
 
     def restart_master(self) -> bool:
         """Delete the master pod (the workloads controller recreates it); False when there is none."""
@@ -252,6 +263,7 @@ class CurvineSimulation:
         if kind == "DELETED":
             with self._lock:
                 self._started.pop(uid, None)
+                self._registered.discard(uid)
             self._log(pod, f"received SIGTERM, {component} {name} stopping")
             return
         if not _running(pod):
@@ -267,6 +279,9 @@ class CurvineSimulation:
             self._master_started(pod)
         else:
             self._worker_started(pod)
+        with self._lock:
+            if uid in self._started:  # not deleted meanwhile
+                self._registered.add(uid)
 
     def _crashloop(self, pod: dict[str, Any], component: str) -> None:
         """The container exits at start-up; the kubelet restarts it with back-off: Running, never Ready."""
@@ -397,7 +412,7 @@ class CurvineSimulation:
         entries: list[tuple[str, L2Entry]] = []
         # L2Namespace has no read-only iterator over entries; a predicate that keeps everything is one.
         self.twin.l2.drop_where(lambda path, entry: entries.append((path, entry)) is not None)
-        live = [p["metadata"]["name"] for p in self._worker_pods() if _ready(p)]
+        live = [p["metadata"]["name"] for p in self._worker_pods() if self._live(p)]
         with self._lock:
             present = {path for path, _ in entries}
             for path in [p for p in self._placement if p not in present]:
@@ -425,7 +440,7 @@ class CurvineSimulation:
         live: list[dict[str, Any]] = []
         live_names = set()
         for pod in self._worker_pods():
-            if not _ready(pod):
+            if not self._live(pod):
                 continue
             name = pod["metadata"]["name"]
             held = [entries[p] for p, w in placement.items() if w == name and p in entries]

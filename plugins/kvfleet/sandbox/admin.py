@@ -22,6 +22,7 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   ``kill_pod``            ``services["workloads"].kill_pod(namespace, name)``
   ``lose_node``           ``services["workloads"].lose_node(node)``
   ``restart_curvine_master``  ``services["curvine"].restart_master()``
+  ``l2_read_penalty``     ``ms``: every L2 read that many ms slower (``services["vllm"]``); 0 clears it
   ======================= ==============================================================================
 
   A hook whose controller has not registered its service answers 409 with the reason. The AWS emulator is
@@ -49,6 +50,7 @@ SERVICE_FAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kill_pod": ("workloads", "kill_pod", ("namespace", "name")),
     "lose_node": ("workloads", "lose_node", ("node",)),
     "restart_curvine_master": ("curvine", "restart_master", ()),
+    "l2_read_penalty": ("vllm", "set_l2_read_penalty", ("ms",)),
 }
 API_FAULTS = ("api_error_rate", "api_latency", "clear")
 
@@ -157,7 +159,10 @@ class AdminServer:
         if service is None or not callable(getattr(service, method, None)):
             raise AdminError(409, f"cluster {twin.name!r} has no {service_name!r} service with {method}(): the "
                                   f"{service_name} controller is not attached (or does not support {kind})")
-        result = getattr(service, method)(*(body[k] for k in keys))
+        try:
+            result = getattr(service, method)(*(body[k] for k in keys))
+        except (TypeError, ValueError) as exc:
+            raise AdminError(400, f"fault {kind!r}: {exc}") from None
         return {"ok": True, "cluster": twin.name, "kind": kind, "result": result}
 
     def _api_fault(self, kind: str, cluster: str | None, body: dict[str, Any]) -> dict[str, Any]:

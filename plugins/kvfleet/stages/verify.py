@@ -31,6 +31,9 @@ from kvfleet.stages.base import StageContext
 
 PASS_HIT_RATIO = 0.99
 SPEEDUP_TOLERANCE = 0.25  # relative: TTFT through the API-server proxy is noisy; 25 % below the curve still passes
+# A pair with full hits but a slow warm TTFT is measured again with fresh prompts (a queueing blip on either pod
+# must not degrade an endpoint): the speedup judged is the median over all pairs, every sample is recorded.
+SPEEDUP_SAMPLES_ON_DOUBT = 3
 SWEEP_LENGTHS = (500, 1000, 1500, 2000, 2500, 3000)
 _WORDS = ("cache", "tier", "prefill", "decode", "block", "chunk", "token", "replica", "node", "router", "prompt",
           "shared", "context", "session", "history", "vector")
@@ -161,22 +164,27 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
         base.verdict, base.diagnosis = "fail", "pods disagree before any request: " + "; ".join(mismatch)
         return base
     nonce = nonce or uuid.uuid4().hex[:12]
-    prompt = build_prompt(prompt_tokens, nonce)
     since = datetime.now(UTC) - timedelta(seconds=1)
     ctx.say(f"stage 5: {ep.key}: {prompt_tokens}-token probe, cold on {pod_a.metadata.name} "
             f"({pod_a.spec.node_name}), then {pod_b.metadata.name} ({pod_b.spec.node_name})")
-    cold = stream_completion(ctx.kube, ep.namespace, pod_a.metadata.name, model=ep.model, prompt=prompt)
-    time.sleep(0.05)  # let the store land before B looks it up (LMCache stores after prefill)
-    warm = stream_completion(ctx.kube, ep.namespace, pod_b.metadata.name, model=ep.model, prompt=prompt)
+    cold, warm = _probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, nonce))
     scan_a = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.metadata.name, ep.name, since))
     scan_b = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
     lookup_b = scan_b.lookup_for(warm.request_id)
     total = (lookup_b.total if lookup_b else None) or warm.prompt_tokens or prompt_tokens
     hits = (lookup_b.hit or 0) if lookup_b else 0
     stored = scan_a.stored_tokens(cold.request_id)
-    speedup = cold.ttft_s / warm.ttft_s if warm.ttft_s > 0 else 0.0
+    speedup = _speedup(cold, warm)
     expected = expected_speedup(total, ep.instance_type)
     ratio = hits / total if total else 0.0
+    samples = [round(speedup, 3)]
+    if ratio >= PASS_HIT_RATIO and verdict_of(ratio, speedup, expected, tolerance) == "degraded":
+        ctx.say(f"stage 5: {ep.key}: full hits but speedup {speedup:.2f}x < {expected * (1 - tolerance):.2f}x; "
+                f"measuring {SPEEDUP_SAMPLES_ON_DOUBT - 1} more pairs before judging")
+        for i in range(1, SPEEDUP_SAMPLES_ON_DOUBT):
+            samples.append(round(_speedup(*_probe_pair(ctx, ep, pod_a, pod_b,
+                                                       build_prompt(prompt_tokens, f"{nonce}-{i}"))), 3))
+        speedup = sorted(samples)[len(samples) // 2]
     verdict = verdict_of(ratio, speedup, expected, tolerance)
     garbled = scan_a.garbled + scan_b.garbled
     result = Verification(
@@ -185,7 +193,8 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
         ttft_cold_ms=round(cold.ttft_s * 1000, 1), ttft_warm_ms=round(warm.ttft_s * 1000, 1),
         speedup=round(speedup, 3), expected_speedup=expected,
         detail={**base.detail, "request_a": cold.request_id, "request_b": warm.request_id,
-                "lookup_b_found": lookup_b is not None, "garbled_lines": garbled[:5], "errors_a": scan_a.errors[-3:]},
+                "lookup_b_found": lookup_b is not None, "speedup_samples": samples, "garbled_lines": garbled[:5],
+                "errors_a": scan_a.errors[-3:]},
     )
     if verdict == "fail" or ratio < PASS_HIT_RATIO:
         result.diagnosis = diagnose(stored, hits, total, env_a, scan_a, settings.hash_seed)
@@ -194,6 +203,18 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     if lookup_b is None:
         result.diagnosis = (result.diagnosis or "") + f" [no LMCache lookup line for request {warm.request_id} on B]"
     return result
+
+
+def _probe_pair(ctx: StageContext, ep: Endpoint, pod_a: Any, pod_b: Any, prompt: str) -> tuple[Any, Any]:
+    """The same new prompt cold on A, then on B (which can only hit it through L2)."""
+    cold = stream_completion(ctx.kube, ep.namespace, pod_a.metadata.name, model=ep.model, prompt=prompt)
+    time.sleep(0.05)  # let the store land before B looks it up (LMCache stores after prefill)
+    warm = stream_completion(ctx.kube, ep.namespace, pod_b.metadata.name, model=ep.model, prompt=prompt)
+    return cold, warm
+
+
+def _speedup(cold: Any, warm: Any) -> float:
+    return float(cold.ttft_s / warm.ttft_s) if warm.ttft_s > 0 else 0.0
 
 
 def sweep_endpoint(ctx: StageContext, ep: Endpoint, lengths: tuple[int, ...] = SWEEP_LENGTHS) -> list[Verification]:

@@ -210,6 +210,16 @@ def test_service_faults_call_the_registered_hooks(sandbox_factory) -> None:
     assert calls == [("kill_pod", ("retail", "p")), ("lose_node", ("n1",))]
 
 
+def test_l2_read_penalty_fault_is_range_checked(sandbox_factory) -> None:
+    sandbox = sandbox_factory(controllers=("vllm",))
+    name = INVENTORY.clusters[0].name
+    vllm = sandbox.twin(name).services["vllm"]
+    status, body = admin(sandbox, "/fault", {"cluster": name, "kind": "l2_read_penalty", "ms": -5})
+    assert status == 400 and "between 0 and 60000 ms" in body["error"] and vllm.l2_read_penalty_ms == 0
+    status, body = admin(sandbox, "/fault", {"cluster": name, "kind": "l2_read_penalty", "ms": 250})
+    assert status == 200 and vllm.l2_read_penalty_ms == 250.0
+
+
 def test_a_missing_controller_module_is_skipped(sandbox_factory, caplog) -> None:
     sandbox = sandbox_factory(controllers=("not_written_yet",))
     assert all(not twin.controllers for twin in sandbox.twins.values())

@@ -87,6 +87,15 @@ def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type
     with pytest.raises(PermanentError, match="300 is too short to verify L2.*at least 512"):
         verify.verify_endpoint(ctx, seedless, 300)
 
+    # A slow L2 (hits, but late): one slow pair is measured again; the median of three pairs is judged.
+    twin.services["vllm"].set_l2_read_penalty(600)
+    r = verify.verify_endpoint(ctx, seedless, 2000)
+    twin.services["vllm"].set_l2_read_penalty(0)
+    assert r.hit_ratio == 1.0 and r.verdict == "degraded", r
+    assert len(r.detail["speedup_samples"]) == verify.SPEEDUP_SAMPLES_ON_DOUBT
+    assert all(s < r.expected_speedup * (1 - verify.SPEEDUP_TOLERANCE) for s in r.detail["speedup_samples"])
+    assert r.diagnosis.startswith("full hits but speedup") and r.ttft_warm_ms > r.ttft_cold_ms
+
     tamper_deployment_env(twin, seedless, remove=(C.ENV_HASHSEED,))
     wait_pods_ready(twin, seedless, 2, absent=(C.ENV_HASHSEED,))
     r = verify.verify_endpoint(ctx, seedless, 2000)

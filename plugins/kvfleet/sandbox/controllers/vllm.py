@@ -50,6 +50,7 @@ Probe hooks: ``twin.services["vllm"]`` is the ``VllmSimulation`` (``pod_cache_st
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -273,6 +274,7 @@ class VllmSimulation:
         self._lock = threading.RLock()
         self._profiles: dict[str, ttft_model.TtftProfile] = {}
         self._stopped = False
+        self.l2_read_penalty_ms = 0.0  # added to every request that reads L2: a congested NVMe pool or network
         twin.store.register_pod_proxy(self._proxy)
         twin.store.register_log_source(self._pod_log)
         twin.store.subscribe(self._on_event)
@@ -286,6 +288,14 @@ class VllmSimulation:
     def set_profile(self, profile: ttft_model.TtftProfile) -> None:
         """Override the TTFT profile of an instance type (takes effect for pods started afterwards)."""
         self._profiles[profile.instance_type] = profile
+
+    def set_l2_read_penalty(self, ms: float) -> dict[str, float]:
+        """Make every L2 read ``ms`` slower (hits stay hits; only the warm TTFT suffers). 0 clears it."""
+        value = float(ms)
+        if not 0 <= value <= 60_000:
+            raise ValueError(f"L2 read penalty must be between 0 and 60000 ms, not {ms!r}")
+        self.l2_read_penalty_ms = value
+        return {"l2_read_penalty_ms": value}
 
     def pod_cache_stats(self, namespace: str, pod: str) -> dict[str, Any] | None:
         engine = self._engine_for(namespace, pod)
@@ -392,6 +402,12 @@ class VllmSimulation:
                                             l2_tokens=plan.l2_tokens, stored_tokens=stored,
                                             output_tokens=output_tokens, rng=self.twin.rng,
                                             noise=self.twin.settings.ttft_noise)
+        if plan.l2_tokens and self.l2_read_penalty_ms:
+            extra = self.l2_read_penalty_ms
+            cost = plan.cost
+            plan.cost = dataclasses.replace(cost, l2_overhead_ms=cost.l2_overhead_ms + extra,
+                                            ttft_ms=cost.ttft_ms + extra * cost.noise_factor,
+                                            e2e_ms=cost.e2e_ms + extra * cost.noise_factor)
         self._account(engine, plan)
         for c in chunks:  # vLLM keeps the prompt's full blocks in its prefix cache
             if c.tokens == cfg.chunk_size:

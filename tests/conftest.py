@@ -20,7 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 _state: dict[str, object] = {}
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in pytest-xdist's controller process: it only hands out tests, each worker has its own server."""
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if _xdist_controller(config):
+        return
     tmp = Path(tempfile.mkdtemp(prefix="kvfleet-test-"))
     _state["tmp"] = tmp
     os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp / "run"))

@@ -13,7 +13,8 @@ every AWS call the emulators saw with the grants in the files.
 The replay: stages 1-5 on ml-prod-use1 (patch mode) and ml-stage-usw2 (kyverno mode), in parallel, one endpoint
 each; the drift check on both; then the update paths a later rollout takes: an InferenceEndpointConfig whose
 labels were edited by hand (patch), an add-on whose configuration changed in the inventory (UpdateAddon) and a
-ClusterPolicy edited by hand (patch). Reconcilers are retried like Airflow retries a task (they are idempotent).
+ClusterPolicy edited by hand (patch); last, a Curvine chart upgrade and a worker scale-out on ml-prod-use1 (the
+two Curvine DAGs). Reconcilers are retried like Airflow retries a task (they are idempotent).
 """
 
 from __future__ import annotations
@@ -190,8 +191,34 @@ class Replay:
     drift_ran: bool
 
 
+def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
+    """kvfleet_curvine_upgrade and kvfleet_curvine_scale_out on the patch cluster, under their cluster leases."""
+    from kvfleet.history.repo import StepKey
+    from kvfleet.stages import curvine_scale, curvine_upgrade
+
+    history.start_run("rbac/curvine", dag_id="rbac", run_id="curvine", trigger="test", triggered_by=None,
+                      params={})
+    ctx = _ctx(inv, PATCH_CLUSTER)
+    ctx.history, ctx.step_key = history, StepKey("rbac/curvine", "curvine")
+    try:
+        up = curvine_upgrade.upgrade(ctx, curvine_upgrade.UpgradeRequest(version="0.3.3-alpha", timeout_s=60),
+                                     holder="rbac/curvine")
+        assert up.outcome == "changed", up
+        workers = curvine_scale.observe(ctx).replicas
+        out = curvine_scale.scale(ctx, curvine_scale.ScaleRequest(target=workers + 1, timeout_s=60),
+                                  holder="rbac/curvine")
+        assert out.outcome == "changed", out
+    finally:
+        ctx.close()
+
+
 @pytest.fixture(scope="module")
-def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replay]:
+def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay]:
+    from kvfleet.history.db import get_engine
+    from kvfleet.history.repo import History
+
+    pg.ensure_database("rbac_replay")
+    history = History(get_engine(pg.url("rbac_replay")))
     inv = load_inventory(ROOT / "fleet.example.yaml")
     sandbox = start_sandbox(inv, tmp_path_factory.mktemp("rbac-sandbox"), SandboxSettings(time_scale=0.01))
     try:
@@ -218,6 +245,7 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replay]:
                 t.join(timeout=240)
             if errors:
                 raise next(iter(errors.values()))
+            _replay_curvine_operations(inv, history)
             requests = [Request(r.verb, r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource,
                                 r.namespace, r.name)
                         for twin in sandbox.twins.values() for r in list(twin.store.request_log)

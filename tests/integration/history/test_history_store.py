@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import InternalError
 
+from kvfleet.fleet import constants as C
 from kvfleet.history import migrate
 from kvfleet.history.repo import History, StepEvent, StepKey
 
@@ -88,3 +89,18 @@ def test_recent_runs_counts_outcomes(history: History) -> None:
     history.end_run(key.run_key, "success", {"ok": True})
     (run,) = history.query("recent_runs", cutoff=datetime.now(UTC) - timedelta(days=7), limit=10)
     assert (run["status"], run["changed"], run["unchanged"], run["triggered_by"]) == ("success", 1, 1, "alice")
+
+
+def test_a_reinstalled_release_replaces_the_revision_it_reuses(history: History) -> None:
+    """helm restarts at revision 1 after an uninstall: the row with the old "updated" time must not survive."""
+    row = {"cluster": "c1", "namespace": "curvine", "release": "curvine", "revision": 1, "chart_version": "0.3.2",
+           "run_key": None}
+    history.record_curvine_release(**row, status="deployed", flags=dict.fromkeys(C.FORMAT_FLAGS, True),
+                                   values={"cluster": {"formatMaster": True}}, helm_updated="2026-01-01T00:00:00Z")
+    history.set_curvine_release_status(cluster="c1", namespace="curvine", release="curvine", revision=1,
+                                       status="superseded")
+    assert history.curvine_revisions("c1", "curvine", "curvine")[1]["status"] == "superseded"
+    history.record_curvine_release(**row, status="deployed", flags=dict.fromkeys(C.FORMAT_FLAGS, False),
+                                   values={"cluster": {"formatMaster": False}}, helm_updated="2026-02-01T00:00:00Z")
+    assert history.curvine_revisions("c1", "curvine", "curvine") == {1: {
+        "status": "deployed", "helm_updated": "2026-02-01T00:00:00Z", "flags": dict.fromkeys(C.FORMAT_FLAGS, False)}}

@@ -10,6 +10,7 @@ from stagekit import mutating_calls, reset_counters, with_cluster
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
+from kvfleet.history.repo import StepKey
 from kvfleet.stages import addons, curvine, tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -17,12 +18,19 @@ CLUSTER = "ml-stage-usw2"
 
 
 def _converge(make_ctx, history=None):  # type: ignore[no-untyped-def]
-    ctx = make_ctx(CLUSTER, history=history)
+    ctx = make_ctx(CLUSTER, history=history, step_key=StepKey("t/converge", "converge") if history else None)
     return [stage.reconcile(ctx).outcome for stage in (tiered_storage, addons, curvine)]
 
 
-def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
-    assert _converge(make_ctx) == ["changed", "changed", "changed"]
+def _release_reads(sandbox, cluster: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Named reads of Curvine's helm release records (one per ``helm get values --revision N``)."""
+    return sorted(r.name for r in sandbox.twin(cluster).store.request_log
+                  if r.verb == "get" and r.resource == "secrets" and (r.name or "").startswith("sh.helm.release.v1.curvine."))
+
+
+def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_env, make_ctx, history) -> None:  # type: ignore[no-untyped-def]
+    history.start_run("t/converge", dag_id="t", run_id="converge", trigger="test", triggered_by=None, params={})
+    assert _converge(make_ctx, history) == ["changed", "changed", "changed"]
     twin = fleet_env.twin(CLUSTER)
     # full cluster state: tiered storage, ai-toolkit on every node, operator, Curvine with safe flags, PVCs bound
     hp = fleet_env.aws.hyperpod_cluster(CLUSTER)
@@ -36,9 +44,20 @@ def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_e
     updates = [r for r in fleet_env.aws.request_log if r.operation == "UpdateCluster"]
     assert updates and all("NodeRecovery" in r.params for r in updates)
 
+    def recorded_revisions():  # type: ignore[no-untyped-def]
+        step = [s for s in history.steps("t/converge") if s["step"] == "curvine"][-1]
+        return [(r["revision"], r["status"], set(r["flags"].values())) for r in step["detail"]["revisions"]]
+
+    # the first install (flags true), then the flip to false: each revision's values read once
+    assert recorded_revisions() == [(1, "superseded", {True}), (2, "deployed", {False})]
+    assert _release_reads(fleet_env, CLUSTER) == ["sh.helm.release.v1.curvine.v1", "sh.helm.release.v1.curvine.v2"]
+
     reset_counters(fleet_env)
-    assert _converge(make_ctx) == ["unchanged", "unchanged", "unchanged"]
+    assert _converge(make_ctx, history) == ["unchanged", "unchanged", "unchanged"]
     assert mutating_calls(fleet_env, CLUSTER) == {"k8s": [], "aws": []}
+    # revisions are immutable: the second run knows their flags from the history store and reads none again
+    assert _release_reads(fleet_env, CLUSTER) == []
+    assert recorded_revisions() == [(1, "superseded", {True}), (2, "deployed", {False})]
 
 
 def test_percentage_15_is_refused_before_any_call(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]

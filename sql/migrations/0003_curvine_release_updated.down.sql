@@ -1,0 +1,1 @@
+ALTER TABLE curvine_releases DROP COLUMN helm_updated;

@@ -41,7 +41,10 @@ def _cell(value: Any) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
     if isinstance(value, float):
-        return f"{value:.3g}"
+        if abs(value) >= 100:  # milliseconds and byte counts: whole numbers, never 1.1e+03
+            return f"{value:.0f}"
+        text = f"{value:.3g}"
+        return f"{value:.6f}".rstrip("0").rstrip(".") if "e" in text else text
     if isinstance(value, dict):
         return json.dumps(value, sort_keys=True)[:60]
     return str(value)

@@ -88,12 +88,14 @@ class L2Namespace:
         self._files: dict[str, L2Entry] = {}
         self._lock = threading.RLock()
         self.available = True  # False while the master is down: reads and writes fail
+        self.version = 0  # bumped by every change to the set of files (lets pollers skip a tick with no news)
 
     def write(self, path: str, size: int, meta: dict[str, Any] | None = None) -> None:
         with self._lock:
             if not self.available:
                 raise OSError(f"curvine: master unavailable, cannot write {path}")
             self._files[path] = L2Entry(size=size, meta=dict(meta or {}))
+            self.version += 1
 
     def read(self, path: str) -> L2Entry | None:
         with self._lock:
@@ -114,6 +116,7 @@ class L2Namespace:
             doomed = [p for p in self._files if p.startswith(prefix)]
             for p in doomed:
                 del self._files[p]
+            self.version += bool(doomed)
             return len(doomed)
 
     def drop_where(self, predicate: Callable[[str, L2Entry], bool]) -> int:
@@ -121,6 +124,7 @@ class L2Namespace:
             doomed = [p for p, e in self._files.items() if predicate(p, e)]
             for p in doomed:
                 del self._files[p]
+            self.version += bool(doomed)
             return len(doomed)
 
     def total_bytes(self) -> int:

@@ -380,13 +380,20 @@ class CurvineSimulation:
 
     def _tick(self) -> None:
         ticks = 0
+        seen: tuple[int, int] | None = None
         while not self._stop.wait(TICK_S):
             ticks += 1
+            # Everything a tick derives comes from the API objects and the L2 files: with neither changed since
+            # the last full tick there is nothing to do (ten idle clusters in one interpreter stay cheap).
+            state = (self.store.resource_version, self.twin.l2.version)
+            if state == seen and ticks % 4:
+                continue
             try:
                 self._sync()
                 self._refresh_availability()
                 if ticks % 4 == 0:  # the master notices live workers (and so, later, lost ones) by heartbeat
                     self._worker_infos()
+                seen = state
             except Exception:
                 log.exception("curvine: periodic sync failed")
 

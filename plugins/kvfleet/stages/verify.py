@@ -177,32 +177,59 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     speedup = _speedup(cold, warm)
     expected = expected_speedup(total, ep.instance_type)
     ratio = hits / total if total else 0.0
-    samples = [round(speedup, 3)]
+    pairs = [_Sample(cold, warm, ratio)]
     if ratio >= PASS_HIT_RATIO and verdict_of(ratio, speedup, expected, tolerance) == "degraded":
         ctx.say(f"stage 5: {ep.key}: full hits but speedup {speedup:.2f}x < {expected * (1 - tolerance):.2f}x; "
                 f"measuring {SPEEDUP_SAMPLES_ON_DOUBT - 1} more pairs before judging")
-        for i in range(1, SPEEDUP_SAMPLES_ON_DOUBT):
-            samples.append(round(_speedup(*_probe_pair(ctx, ep, pod_a, pod_b,
-                                                       build_prompt(prompt_tokens, f"{nonce}-{i}"))), 3))
-        speedup = sorted(samples)[len(samples) // 2]
-    verdict = verdict_of(ratio, speedup, expected, tolerance)
+        more = [_probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, f"{nonce}-{i}"))
+                for i in range(1, SPEEDUP_SAMPLES_ON_DOUBT)]
+        scan_more = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
+        for c, w in more:  # every re-measured pair must be a full L2 hit too, or its speed says nothing
+            lk = scan_more.lookup_for(w.request_id)
+            pairs.append(_Sample(c, w, (lk.hit or 0) / lk.total if lk and lk.total else 0.0))
+    median = sorted(pairs, key=lambda p: p.speedup)[len(pairs) // 2]
+    worst_ratio = min(p.hit_ratio for p in pairs)
+    speedup = median.speedup
+    verdict = verdict_of(min(ratio, worst_ratio), speedup, expected, tolerance)
     garbled = scan_a.garbled + scan_b.garbled
     result = Verification(
         ctx.cluster.name, ep.key, ep.lob, ep.instance_type, verdict, prompt_tokens=total, stored_tokens=stored,
-        hit_tokens=hits, hit_ratio=round(ratio, 4), l2_read_ms=scan_b.retrieve_ms(warm.request_id),
-        ttft_cold_ms=round(cold.ttft_s * 1000, 1), ttft_warm_ms=round(warm.ttft_s * 1000, 1),
+        hit_tokens=hits, hit_ratio=round(min(ratio, worst_ratio), 4), l2_read_ms=scan_b.retrieve_ms(warm.request_id),
+        ttft_cold_ms=round(median.cold.ttft_s * 1000, 1), ttft_warm_ms=round(median.warm.ttft_s * 1000, 1),
         speedup=round(speedup, 3), expected_speedup=expected,
         detail={**base.detail, "request_a": cold.request_id, "request_b": warm.request_id,
-                "lookup_b_found": lookup_b is not None, "speedup_samples": samples, "garbled_lines": garbled[:5],
-                "errors_a": scan_a.errors[-3:]},
+                "lookup_b_found": lookup_b is not None, "speedup_samples": [p.as_dict() for p in pairs],
+                "garbled_lines": garbled[:5], "errors_a": scan_a.errors[-3:]},
     )
-    if verdict == "fail" or ratio < PASS_HIT_RATIO:
+    if ratio < PASS_HIT_RATIO:
         result.diagnosis = diagnose(stored, hits, total, env_a, scan_a, settings.hash_seed)
+    elif worst_ratio < PASS_HIT_RATIO:
+        result.diagnosis = (f"full hits on the first pair, but {worst_ratio:.0%} on a re-measured pair: "
+                            "L2 answers intermittently (Curvine workers, the mount, or the PVC)")
     elif verdict == "degraded":
-        result.diagnosis = f"full hits but speedup {speedup:.2f}x below the expected {expected:.2f}x"
+        result.diagnosis = (f"full hits but speedup {speedup:.2f}x below the expected {expected:.2f}x"
+                            + (f" (median of {len(pairs)} pairs)" if len(pairs) > 1 else ""))
     if lookup_b is None:
         result.diagnosis = (result.diagnosis or "") + f" [no LMCache lookup line for request {warm.request_id} on B]"
     return result
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """One cold/warm pair of the same prompt, and the share of it B found in L2."""
+
+    cold: Any
+    warm: Any
+    hit_ratio: float
+
+    @property
+    def speedup(self) -> float:
+        return _speedup(self.cold, self.warm)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"speedup": round(self.speedup, 3), "hit_ratio": round(self.hit_ratio, 4),
+                "ttft_cold_ms": round(self.cold.ttft_s * 1000, 1), "ttft_warm_ms": round(self.warm.ttft_s * 1000, 1),
+                "request_b": self.warm.request_id}
 
 
 def _probe_pair(ctx: StageContext, ep: Endpoint, pod_a: Any, pod_b: Any, prompt: str) -> tuple[Any, Any]:

@@ -137,6 +137,7 @@ class CurvineSimulation:
         # a moment before the simulation has acted on it; only registered pods count as live, as in Curvine,
         # where a worker is live once it has registered, after any format.
         self._registered: set[str] = set()
+        self._registrations = 0  # bumped when a pod registers or goes away: part of what a tick compares
         self._placement: dict[str, str] = {}  # L2 path -> worker pod name holding its blocks
         self._rr = 0
         self._known_workers: dict[str, dict[str, Any]] = {}  # worker name -> last WorkerInfo seen live
@@ -264,6 +265,7 @@ class CurvineSimulation:
             with self._lock:
                 self._started.pop(uid, None)
                 self._registered.discard(uid)
+                self._registrations += 1
             self._log(pod, f"received SIGTERM, {component} {name} stopping")
             return
         if not _running(pod):
@@ -282,6 +284,7 @@ class CurvineSimulation:
         with self._lock:
             if uid in self._started:  # not deleted meanwhile
                 self._registered.add(uid)
+                self._registrations += 1
 
     def _crashloop(self, pod: dict[str, Any], component: str) -> None:
         """The container exits at start-up; the kubelet restarts it with back-off: Running, never Ready."""
@@ -380,12 +383,13 @@ class CurvineSimulation:
 
     def _tick(self) -> None:
         ticks = 0
-        seen: tuple[int, int] | None = None
+        seen: tuple[int, int, int] | None = None
         while not self._stop.wait(TICK_S):
             ticks += 1
-            # Everything a tick derives comes from the API objects and the L2 files: with neither changed since
-            # the last full tick there is nothing to do (ten idle clusters in one interpreter stay cheap).
-            state = (self.store.resource_version, self.twin.l2.version)
+            # Everything a tick derives comes from the API objects, the L2 files and which pods have registered:
+            # with none of them changed since the last full tick there is nothing to do (ten idle clusters in
+            # one interpreter stay cheap).
+            state = (self.store.resource_version, self.twin.l2.version, self._registrations)
             if state == seen and ticks % 4:
                 continue
             try:

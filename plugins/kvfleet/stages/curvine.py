@@ -133,8 +133,8 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     for rev in ctx.helm.history(release, ns):
         n, status, updated = int(rev["revision"]), rev.get("status"), rev.get("updated")
         seen = known.get(n)
-        if ctx.history is not None and seen is not None and updated and seen["helm_updated"] == str(updated):
-            if seen["status"] != status:
+        if seen is not None and updated and seen["helm_updated"] == str(updated):  # only known with a history
+            if seen["status"] != status and ctx.history is not None:
                 ctx.history.set_curvine_release_status(cluster=cluster, namespace=ns, release=release, revision=n,
                                                        status=status)
             out.append({"revision": n, "status": status, "flags": seen["flags"]})

@@ -83,3 +83,18 @@ def pod_log_since(kube: Any, namespace: str, pod: str, container: str, since: da
         return (resp.data or b"").decode("utf-8", "replace")
     finally:
         resp.release_conn()
+
+
+def pod_metrics_text(kube: Any, namespace: str, pod: str, port: int = VLLM_PORT, max_bytes: int = 8 << 20) -> str:
+    """``GET /metrics`` of a vLLM pod through the API-server pod proxy (Prometheus text format), bounded."""
+    try:
+        resp = kube.api_client.call_api(
+            kube.proxy_path(namespace, pod, port, "metrics"), "GET", header_params={"Accept": "text/plain"},
+            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            _request_timeout=30)
+    except ApiException as exc:
+        raise api_error(exc, f"metrics of {namespace}/{pod}") from exc
+    try:
+        return (resp.read(max_bytes) or b"").decode("utf-8", "replace")
+    finally:
+        resp.release_conn()

@@ -1,0 +1,92 @@
+"""The L2 economics and capacity advisor's observation side: per endpoint, read every Ready vLLM pod's
+``/metrics`` through the API-server pod proxy; per cluster, read Curvine's master API; then judge with the pure
+model in ``kvfleet.fleet.economics``.
+
+Called by `kvfleet advise` and the ``advise`` task of ``kvfleet_hit_verification``; the scale-out DAG's scheduled
+detection reads the capacity recommendation. Read-only: it changes nothing.
+
+Metric names (vLLM ``vllm/v1/metrics/loggers.py``, 0.11.x): the histogram ``vllm:request_prompt_tokens``
+("Number of prefill tokens processed.", buckets 1-2-5 up to max_model_len) gives the prompt-length distribution
+and its ``_count`` the requests; LMCache's ``lmcache:num_hit_tokens`` / ``lmcache:num_requested_tokens``
+(``lmcache/observability.py``) give the prefix reuse. Counters run from the pod's start, so the window is each
+pod's age (``status.startTime``), combined into one effective window across the endpoint's pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.inference import pod_metrics_text
+from kvfleet.clients.kube import call
+from kvfleet.errors import KvfleetError
+from kvfleet.fleet import economics as E
+from kvfleet.fleet import prom
+from kvfleet.fleet.inventory import Endpoint
+from kvfleet.stages.base import StageContext
+
+PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
+
+
+@dataclass
+class ClusterReport:
+    cluster: str
+    endpoints: list[E.EndpointAdvice] = field(default_factory=list)
+    capacity: E.ClusterAdvice | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "endpoints": [e.as_dict() for e in self.endpoints],
+                "capacity": self.capacity.as_dict() if self.capacity else None, "errors": self.errors}
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+
+
+def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.EndpointTraffic:
+    pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
+                what=f"pods of {ep.key}").items
+    cumulative: dict[float, float] = {}
+    sums = 0.0
+    rate_per_s = 0.0
+    hits = requested = 0.0
+    for pod in (p for p in pods if _ready(p)):
+        samples = prom.parse(pod_metrics_text(ctx.kube, ep.namespace, pod.metadata.name))
+        buckets, hsum, count = prom.histogram(samples, PROMPT_HISTOGRAM)
+        for le, n in buckets:
+            cumulative[le] = cumulative.get(le, 0.0) + n
+        sums += hsum or 0.0
+        started = pod.status.start_time
+        age = max(1.0, (now - started).total_seconds()) if started else None
+        if count and age:
+            rate_per_s += count / age
+        hits += prom.total(samples, "lmcache:num_hit_tokens") or 0.0
+        requested += prom.total(samples, "lmcache:num_requested_tokens") or 0.0
+    lengths = E.histogram_buckets(sorted(cumulative.items()), sums or None)
+    n = sum(b.requests for b in lengths)
+    window = n / rate_per_s if rate_per_s > 0 else 3600.0
+    return E.EndpointTraffic(endpoint=ep.key, instance_type=ep.instance_type, lengths=lengths, window_s=window,
+                             reuse_ratio=(hits / requested) if requested > 0 else None)
+
+
+def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD, retention_h: float = 24.0,
+                   now: datetime | None = None) -> ClusterReport:
+    now = now or datetime.now(UTC)
+    report = ClusterReport(ctx.cluster.name)
+    for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
+        try:
+            report.endpoints.append(E.advise_endpoint(observe_endpoint(ctx, ep, now), retention_h=retention_h))
+        except KvfleetError as exc:
+            report.errors.append(f"{ep.ref}: {exc}")
+    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
+    l2 = [a for a in report.endpoints if a.endpoint in l2_keys]
+    try:
+        ov = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace).overview()
+        report.capacity = E.advise_cluster(ctx.cluster.name, l2, capacity_bytes=ov.capacity,
+                                           workers=ov.live_workers, threshold=threshold)
+    except KvfleetError as exc:
+        report.errors.append(f"Curvine master: {exc}")
+    return report

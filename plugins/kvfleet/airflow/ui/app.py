@@ -1,0 +1,145 @@
+"""The kvfleet page: a FastAPI app that Airflow's API server mounts at ``/kvfleet`` (the plugin's ``fastapi_apps``).
+
+Routes (relative to the mount point):
+
+- ``/`` -> ``/fleet``; ``/fleet``, ``/trends``, ``/drift``, ``/curvine``, ``/gates``, ``/runs``: HTML views;
+- ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
+  their parameters; ``/api/queries/<name>``: one named query's rows (parameters from the query string).
+
+It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``History.query``, as the CLI
+does). Auth is Airflow's: the caller is the user of the JWT in the ``Authorization: Bearer`` header or the UI's
+``_token`` cookie, resolved by Airflow's own ``get_user`` dependency against the auth manager the API server
+initialised, and must be allowed to read DAG runs. An HTML request without a valid user is redirected to the
+auth manager's login page (which comes back here); an API request gets 401 (no or expired token) or 403.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from kvfleet.airflow.ui import catalog, pages
+from kvfleet.airflow.ui.catalog import Filters, QueryError
+from kvfleet.airflow.ui.svg import LobColours
+
+log = logging.getLogger(__name__)
+bearer = HTTPBearer(auto_error=False)
+DEFAULT_SINCE = {"drift": "30d", "gates": "30d", "runs": "7d", "trends": "30d"}
+
+
+class NotSignedIn(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+async def airflow_user(request: Request,
+                       credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Any:
+    """The Airflow user of this request, allowed to read DAG runs; raises NotSignedIn otherwise."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import get_user
+
+    try:
+        user = await get_user(request, None, credentials)
+    except HTTPException as exc:
+        raise NotSignedIn(exc.status_code, str(exc.detail)) from None
+    if not get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, user=user):
+        raise NotSignedIn(403, f"user {user.get_name()!r} may not read DAG runs, which the kvfleet history records")
+    return user
+
+
+User = Annotated[Any, Depends(airflow_user)]
+
+
+def _history() -> Any:
+    from kvfleet.history.repo import History
+
+    return History()
+
+
+def _app_history(request: Request) -> Any:
+    state = request.app.state
+    if getattr(state, "history", None) is None:
+        state.history = state.history_factory()
+    return state.history
+
+
+def _filters(request: Request, view: str) -> Filters:
+    return Filters.from_query(request.query_params, default_since=DEFAULT_SINCE.get(view, catalog.DEFAULT_SINCE))
+
+
+async def not_signed_in(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, NotSignedIn)
+    wants_html = not request.url.path.startswith(f"{request.scope.get('root_path', '')}/api")
+    if exc.status == 401 and wants_html:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=303)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+
+async def bad_query(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, QueryError)
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+
+def index(request: Request, user: User) -> RedirectResponse:
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/fleet", status_code=303)
+
+
+def list_queries(user: User) -> dict[str, Any]:
+    return {"queries": [{"name": n, "parameters": catalog.bind_names(n), "description": catalog.description(n)}
+                        for n in catalog.available()]}
+
+
+def run_query(name: str, request: Request, user: User) -> dict[str, Any]:
+    binds = _filters(request, "query").binds(name)
+    return {"query": name, "parameters": catalog.jsonable(binds),
+            "rows": catalog.jsonable(_app_history(request).query(name, **binds))}
+
+
+def api_view(view: str) -> Callable[..., dict[str, Any]]:
+    def handler(request: Request, user: User) -> dict[str, Any]:
+        data = pages.build(view, _app_history(request), _filters(request, view))
+        return dict(catalog.jsonable({"view": view, **data}))
+
+    handler.__name__ = f"api_{view}"
+    return handler
+
+
+def html_view(view: str) -> Callable[..., HTMLResponse]:
+    def handler(request: Request, user: User) -> HTMLResponse:
+        history = _app_history(request)
+        base = str(request.scope.get("root_path", ""))
+        f = _filters(request, view)
+        known_lobs = pages.lobs(history)
+        colours = LobColours(known_lobs)
+        ctx = {"clusters": [r["cluster"] for r in history.query("ui_clusters")], "lobs": known_lobs}
+        body = pages.RENDERERS[view](pages.build(view, history, f), f, colours, base, ctx)
+        return HTMLResponse(pages.page(view, body, base=base, user=user.get_name(), colours=colours))
+
+    handler.__name__ = f"html_{view}"
+    return handler
+
+
+def create_app(history_factory: Callable[[], Any] = _history) -> FastAPI:
+    """The app; ``history_factory`` builds the History repository (once, on the first request that reads)."""
+    app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
+                  docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
+    app.state.history_factory = history_factory
+    app.state.history = None
+    app.add_exception_handler(NotSignedIn, not_signed_in)
+    app.add_exception_handler(QueryError, bad_query)
+    app.get("/", include_in_schema=False)(index)
+    app.get("/api/queries")(list_queries)
+    app.get("/api/queries/{name}")(run_query)
+    for view in pages.VIEWS:
+        app.get(f"/api/{view}")(api_view(view))
+        app.get(f"/{view}", response_class=HTMLResponse, include_in_schema=False)(html_view(view))
+    return app

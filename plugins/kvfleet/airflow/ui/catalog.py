@@ -1,0 +1,139 @@
+"""The named queries the kvfleet page may run, and how a request's query string binds their parameters.
+
+Called by ``kvfleet.airflow.ui.app`` (the generic ``/api/queries/{name}`` route) and ``kvfleet.airflow.ui.pages``
+(the views). Every query is a file in ``sql/queries/`` run through ``History.query`` — the same named queries
+the CLI's ``kvfleet audit`` runs — so a figure on the page and the CLI's ``--json`` come from the same SQL.
+
+A new named query plugs in by existing: the catalog lists the folder, reads the bind parameters the SQL names
+(``:cluster``, ``:cutoff``…) and fills each from the request (``since`` becomes ``cutoff``), a default, or NULL.
+Values are always bound, never formatted into SQL. Names are checked against the folder's files, so a request
+cannot name a path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kvfleet.history.db import sql_dir
+from kvfleet.history.repo import since_to_timedelta
+
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# SQLAlchemy's text() bind syntax: ":name", not "::cast" and not a "\:" escape.
+BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+DEFAULT_SINCE = "30d"
+MAX_LIMIT = 5000
+DEFAULT_LIMIT = 500
+TEXT_PARAMS = ("cluster", "lob", "endpoint", "run_key", "dag_id", "kind", "status")
+
+
+class QueryError(ValueError):
+    """A request the catalog refuses; ``status`` is the HTTP status to answer with (400 or 404)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def queries_dir() -> Path:
+    return sql_dir() / "queries"
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in queries_dir().glob("*.sql"))
+
+
+def exists(name: str) -> bool:
+    return bool(NAME.match(name)) and (queries_dir() / f"{name}.sql").is_file()
+
+
+def _without_comments(sql: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def bind_names(name: str) -> list[str]:
+    if not exists(name):
+        raise QueryError(f"query {name!r}: no such named query; one of: {', '.join(available())}", status=404)
+    sql = _without_comments((queries_dir() / f"{name}.sql").read_text())
+    return list(dict.fromkeys(BIND.findall(sql)))
+
+
+def description(name: str) -> str:
+    """The leading ``--`` comment of the query file."""
+    lines = []
+    for line in (queries_dir() / f"{name}.sql").read_text().splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[2:].strip())
+    return " ".join(lines)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What a request asks for, validated. ``since`` is a duration like 7d, 12h or 30m."""
+
+    since: str = DEFAULT_SINCE
+    limit: int = DEFAULT_LIMIT
+    text: Mapping[str, str | None] | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str], *, default_since: str = DEFAULT_SINCE) -> Filters:
+        since = query.get("since") or default_since
+        try:
+            since_to_timedelta(since)
+        except ValueError:
+            raise QueryError(f"since: {since!r} is not a duration; use e.g. 7d, 12h or 30m") from None
+        raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+            raise QueryError(f"limit: {raw_limit!r} is not a whole number from 1 to {MAX_LIMIT}; pick one in range")
+        text: dict[str, str | None] = {}
+        for key in TEXT_PARAMS:
+            value = (query.get(key) or "").strip()
+            if len(value) > 253:
+                raise QueryError(f"{key}: {len(value)} characters is longer than 253; shorten it")
+            text[key] = value or None
+        return cls(since=since, limit=int(raw_limit), text=text)
+
+    def get(self, key: str) -> str | None:
+        return (self.text or {}).get(key)
+
+    def cutoff(self, now: datetime | None = None) -> datetime:
+        return (now or datetime.now(UTC)) - since_to_timedelta(self.since)
+
+    def binds(self, name: str, now: datetime | None = None, **overrides: Any) -> dict[str, Any]:
+        """The values for every parameter the query's SQL names: overrides, then the request, then NULL."""
+        values: dict[str, Any] = {}
+        for key in bind_names(name):
+            if key in overrides:
+                values[key] = overrides[key]
+            elif key == "cutoff":
+                values[key] = self.cutoff(now)
+            elif key == "limit":
+                values[key] = self.limit
+            else:
+                values[key] = self.get(key)
+        return values
+
+
+def run(history: Any, name: str, filters: Filters, **overrides: Any) -> list[dict[str, Any]]:
+    return list(history.query(name, **filters.binds(name, **overrides)))
+
+
+def jsonable(value: Any) -> Any:
+    """Rows -> JSON: times as ISO 8601, intervals as seconds, decimals as floats."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    return value

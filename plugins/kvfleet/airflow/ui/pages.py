@@ -1,0 +1,397 @@
+"""The kvfleet page's views: what each one reads (named queries) and how it renders (HTML with inline SVG).
+
+Called by ``kvfleet.airflow.ui.app``: ``build(view, history, filters)`` returns the view's data (served as JSON
+under ``/api/<view>``), ``render(view, data, ...)`` the HTML body of the same data, so the page and the API
+cannot disagree. Every plot has a table of the same figures beneath it: the page reads without SVG or JS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+from kvfleet.airflow.ui import catalog
+from kvfleet.airflow.ui.catalog import Filters
+from kvfleet.airflow.ui.svg import PUBLISHED_COLOUR, Axis, Bar, LobColours, Series, timeline, xy_chart
+from kvfleet.fleet import economics
+
+VIEWS = ("fleet", "trends", "drift", "curvine", "gates", "runs")
+TITLES = {"fleet": "Fleet", "trends": "Verification trends", "drift": "Drift timeline", "curvine": "Curvine",
+          "gates": "Gates", "runs": "Runs"}
+GATE_DECISIONS_QUERY = "gate_decisions"  # a named query another change may add; used as soon as it exists
+PUBLISHED_SOURCES = {
+    "ml.g5.4xlarge": "ml.g5.4xlarge TTFT curve (Qwen2-7B): 0.99× at 500, 1.7× at 1,000, 2.7× at 2,500 tokens",
+    "ml.g6e.4xlarge": "ml.g6e.4xlarge 4-turn conversation, end to end: 1.22× at 530 → 1.34× at 2,114 tokens",
+    "ml.g6.16xlarge": "no figure published for ml.g6; the g6e conversation figures (1.22–1.34×) as a floor",
+}
+
+
+def _ts(value: Any) -> float | None:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        return datetime.fromisoformat(value).timestamp()
+    return None
+
+
+# ---- data ------------------------------------------------------------------------------------------------------
+
+
+def lobs(history: Any) -> list[str]:
+    return [r["lob"] for r in history.query("ui_lobs")]
+
+
+def fleet_data(history: Any, f: Filters) -> dict[str, Any]:
+    rows = catalog.run(history, "ui_fleet", f)
+    q = (f.get("endpoint") or "").lower()
+    state = f.get("status")
+    rows = [r for r in rows if (not q or q in r["endpoint"].lower()) and (not state or r["l2_state"] == state)]
+    clusters: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        clusters.setdefault(r["cluster"], {}).setdefault(r["lob"] or "(none)", []).append(r)
+    states: dict[str, int] = {}
+    for r in rows:
+        states[r["l2_state"]] = states.get(r["l2_state"], 0) + 1
+    return {"filters": {k: f.get(k) for k in ("cluster", "lob", "endpoint", "status")}, "endpoints": len(rows),
+            "l2_states": states, "open_drift": sum(int(r["open_drift"]) for r in rows),
+            "clusters": [{"cluster": c, "lobs": [{"lob": lob, "endpoints": eps} for lob, eps in sorted(by.items())]}
+                         for c, by in sorted(clusters.items())]}
+
+
+def published_curve(instance_type: str | None) -> dict[str, Any]:
+    itype = instance_type or "ml.g5.4xlarge"
+    curve = [list(p) for p in economics.PROFILES.get(itype, economics.PUBLISHED_G5)]
+    # The tables end with a flat extension of the last published figure ("flat after"): drawn, not marked.
+    points = curve[:-1] if len(curve) > 1 and curve[-1][1] == curve[-2][1] else curve
+    return {"instance_type": itype, "curve": curve, "points": points,
+            "source": PUBLISHED_SOURCES.get(itype, "the ml.g5.4xlarge curve (no profile for this instance type)")}
+
+
+def trends_data(history: Any, f: Filters) -> dict[str, Any]:
+    cluster, endpoint = f.get("cluster"), f.get("endpoint")
+    if not cluster or not endpoint:
+        choices = catalog.run(history, "ui_fleet", f, lob=f.get("lob"))
+        return {"cluster": cluster, "endpoint": endpoint, "choose": [
+            {k: r[k] for k in ("cluster", "endpoint", "lob", "last_verdict", "instance_type")} for r in choices]}
+    rows = catalog.run(history, "ui_endpoint_verifications", f)
+    itype = next((r["instance_type"] for r in reversed(rows) if r["instance_type"]), None)
+    latest_by_length: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        if r["prompt_tokens"] is not None and r["speedup"] is not None:
+            latest_by_length[int(r["prompt_tokens"])] = r  # rows are oldest first: the newest wins
+    sweep = [{"prompt_tokens": n, "speedup": r["speedup"], "expected_speedup": r["expected_speedup"],
+              "hit_ratio": r["hit_ratio"], "at": r["at"], "run_key": r["run_key"], "verdict": r["verdict"]}
+             for n, r in sorted(latest_by_length.items())]
+    return {"cluster": cluster, "endpoint": endpoint, "lob": next((r["lob"] for r in rows if r["lob"]), None),
+            "instance_type": itype, "since": f.since, "verifications": rows, "sweep": sweep,
+            "published": published_curve(itype)}
+
+
+def drift_data(history: Any, f: Filters) -> dict[str, Any]:
+    rows = catalog.run(history, "drift_since", f)
+    if f.get("cluster"):
+        rows = [r for r in rows if r["cluster"] == f.get("cluster")]
+    per_cluster: dict[str, dict[str, int]] = {}
+    for r in rows:
+        c = per_cluster.setdefault(r["cluster"], {"seen": 0, "open": 0, "resolved": 0, "remediated": 0,
+                                                  "remediation_refused": 0, "remediation_failed": 0})
+        c["seen"] += 1
+        c["resolved" if r["resolved_at"] is not None else "open"] += 1
+        outcome = (r.get("remediation") or {}).get("outcome")
+        if outcome == "changed":
+            c["remediated"] += 1
+        elif outcome in ("refused", "failed"):
+            c[f"remediation_{outcome}"] += 1
+    return {"since": f.since, "findings": rows, "per_cluster": per_cluster}
+
+
+def curvine_data(history: Any, f: Filters) -> dict[str, Any]:
+    clusters = [r["cluster"] for r in history.query("ui_clusters")]
+    chosen = [f.get("cluster")] if f.get("cluster") else clusters
+    return {"clusters": clusters, "curvine": [
+        {"cluster": c, "releases": history.query("curvine_history", cluster=c),
+         "capacity": history.query("capacity_history", cluster=c)} for c in chosen]}
+
+
+def gates_data(history: Any, f: Filters) -> dict[str, Any]:
+    if catalog.exists(GATE_DECISIONS_QUERY):
+        return {"source": GATE_DECISIONS_QUERY, "note": "", "since": f.since,
+                "rows": catalog.run(history, GATE_DECISIONS_QUERY, f)}
+    return {"source": "ui_gate_steps", "since": f.since, "rows": catalog.run(history, "ui_gate_steps", f),
+            "note": "No gate-decisions query is installed yet: these are the gate steps recorded in the history's "
+                    "step events (automatic gates after each wave, and every human answer with its responder)."}
+
+
+def runs_data(history: Any, f: Filters) -> dict[str, Any]:
+    rows = catalog.run(history, "recent_runs", f)
+    if f.get("dag_id"):
+        rows = [r for r in rows if r["dag_id"] == f.get("dag_id")]
+    if f.get("status"):
+        rows = [r for r in rows if r["status"] == f.get("status")]
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {"since": f.since, "runs": rows, "statuses": statuses}
+
+
+BUILDERS: dict[str, Callable[[Any, Filters], dict[str, Any]]] = {
+    "fleet": fleet_data, "trends": trends_data, "drift": drift_data, "curvine": curvine_data,
+    "gates": gates_data, "runs": runs_data}
+
+
+def build(view: str, history: Any, f: Filters) -> dict[str, Any]:
+    return BUILDERS[view](history, f)
+
+
+# ---- HTML ------------------------------------------------------------------------------------------------------
+
+
+def cell(value: Any) -> str:
+    """Shown text of a value: as the CLI's tables print it (3 significant figures, whole numbers from 100)."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        text = f"{value:.3g}"
+        return f"{value:.6f}".rstrip("0").rstrip(".") if "e" in text else text
+    if isinstance(value, dict | list):
+        return json.dumps(catalog.jsonable(value), sort_keys=True)[:80]
+    return str(value)
+
+
+def _raw(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict | list):
+        return json.dumps(catalog.jsonable(value), sort_keys=True)
+    return "" if value is None else str(value)
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id: str = "",
+          colours: LobColours | None = None, link: Callable[[Mapping[str, Any]], str | None] | None = None) -> str:
+    if not rows:
+        return '<p class="empty">(none recorded)</p>'
+    head = "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in columns)
+    body = []
+    for r in rows:
+        tds = []
+        for c in columns:
+            text = escape(cell(r.get(c)))
+            if c == "lob" and colours is not None and r.get(c):
+                text = f'<span class="swatch" style="background:{colours(r[c])}"></span>{text}'
+            if c == "endpoint" and link is not None and (href := link(r)):
+                text = f'<a href="{escape(href)}">{text}</a>'
+            cls = f' class="v-{escape(str(r[c]))}"' if c in ("verdict", "last_verdict", "l2_state", "status") else ""
+            tds.append(f'<td data-col="{escape(c)}" data-value="{escape(_raw(r.get(c)))}"{cls}>{text}</td>')
+        body.append(f"<tr>{''.join(tds)}</tr>")
+    return (f'<table id="{escape(table_id)}" class="data"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def _filter_form(fields: Sequence[tuple[str, str, Sequence[str] | None]], f: Filters) -> str:
+    """A plain GET form (no JS): text inputs, or selects when the choices are known."""
+    parts = []
+    for key, label, choices in fields:
+        value = f.since if key == "since" else (f.get(key) or "")
+        if choices is not None:
+            opts = "".join(f'<option value="{escape(c)}"{" selected" if c == value else ""}>{escape(c or "all")}'
+                           "</option>" for c in ["", *choices])
+            parts.append(f'<label>{escape(label)} <select name="{key}">{opts}</select></label>')
+        else:
+            parts.append(f'<label>{escape(label)} <input name="{key}" value="{escape(value)}" size="14"></label>')
+    return f'<form class="filters" method="get">{"".join(parts)}<button type="submit">Apply</button></form>'
+
+
+def _href(base: str, view: str, **params: Any) -> str:
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    return f"{base}/{view}" + (f"?{query}" if query else "")
+
+
+def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
+                         ("endpoint", "endpoint contains", None),
+                         ("status", "L2 state", ["applied", "drifted", "failed", "not applied", "unknown"])], f)
+    summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["l2_states"].items())) or "none"
+    out = [form, f'<p class="summary">{data["endpoints"]} endpoints: {summary}; {data["open_drift"]} open drift '
+                 "findings.</p>"]
+    cols = ["endpoint", "lob", "l2_state", "last_verdict", "hit_ratio", "speedup", "expected_speedup",
+            "open_drift", "drift_kinds", "last_change_at", "last_change_stage", "last_change_outcome"]
+    for c in data["clusters"]:
+        out.append(f'<h2 id="cluster-{escape(c["cluster"])}">{escape(c["cluster"])}</h2>')
+        for group in c["lobs"]:
+            out.append(f'<h3><span class="swatch" style="background:{colours(group["lob"])}"></span>'
+                       f'{escape(group["lob"])} <small>({len(group["endpoints"])} endpoints)</small></h3>')
+            out.append(table(group["endpoints"], cols, table_id=f'fleet-{c["cluster"]}-{group["lob"]}',
+                             colours=colours, link=lambda r: _href(base, "trends", cluster=r["cluster"],
+                                                                    endpoint=r["endpoint"])))
+    return "".join(out)
+
+
+def render_trends(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    if "choose" in data:
+        return ("<p>Pick an endpoint (or open one from the Fleet view).</p>"
+                + table(data["choose"], ["cluster", "endpoint", "lob", "instance_type", "last_verdict"],
+                        table_id="trends-choose", colours=colours,
+                        link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"])))
+    rows, colour = data["verifications"], colours(data["lob"])
+    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("endpoint", "endpoint", None),
+                         ("since", "since", None)], f)
+    out = [form, f'<h2><span class="swatch" style="background:{colour}"></span>{escape(data["cluster"])} · '
+                 f'{escape(data["endpoint"])} <small>{escape(data["lob"] or "")} · '
+                 f'{escape(data["instance_type"] or "instance type not recorded")}</small></h2>']
+    if not rows:
+        return "".join([*out, f'<p class="empty">No verification of this endpoint in the last {escape(f.since)}.</p>'])
+    timed = [(t, r) for r in rows if (t := _ts(r["at"])) is not None]
+    out.append(xy_chart([Series("hit ratio", colour, [(t, r["hit_ratio"]) for t, r in timed
+                                                       if r["hit_ratio"] is not None])],
+                        title="Cross-pod L2 hit ratio over time", x=Axis("time (UTC)", time=True),
+                        y=Axis("hit ratio", lo=0.0, hi=1.05, fmt="{:.2f}"), chart_id="plot-hit-ratio"))
+    out.append(xy_chart([Series("measured speedup", colour, [(t, r["speedup"]) for t, r in timed
+                                                              if r["speedup"] is not None]),
+                         Series("expected (published)", PUBLISHED_COLOUR,
+                                [(t, r["expected_speedup"]) for t, r in timed if r["expected_speedup"] is not None],
+                                dashed=True, marker="none")],
+                        title="TTFT speedup over time (cold on pod A / warm on pod B)", x=Axis("time (UTC)", time=True),
+                        y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"), chart_id="plot-speedup-time"))
+    pub = data["published"]
+    older = [(float(r["prompt_tokens"]), float(r["speedup"])) for r in rows
+             if r["prompt_tokens"] is not None and r["speedup"] is not None]
+    out.append(xy_chart([Series("published curve", PUBLISHED_COLOUR, [tuple(p) for p in pub["curve"]],
+                                dashed=True, marker="none"),
+                         Series("published points", PUBLISHED_COLOUR, [tuple(p) for p in pub["points"]],
+                                line=False, marker="square"),
+                         Series("all measurements", colour, older, line=False, opacity=0.35),
+                         Series("latest per length", colour,
+                                [(float(s["prompt_tokens"]), float(s["speedup"])) for s in data["sweep"]])],
+                        title=f"Speedup vs prompt length, against the published curve ({pub['instance_type']})",
+                        x=Axis("prompt tokens", lo=0.0, fmt="{:,.0f}"), y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"),
+                        chart_id="plot-sweep"))
+    out.append(f'<p class="source">Published: {escape(pub["source"])}.</p>')
+    out.append("<h3>Speedup per prompt length (newest measurement of each length)</h3>")
+    out.append(table(data["sweep"], ["prompt_tokens", "speedup", "expected_speedup", "hit_ratio", "verdict", "at",
+                                     "run_key"], table_id="trends-sweep"))
+    out.append("<h3>Every verification</h3>")
+    out.append(table(list(reversed(rows)), ["at", "prompt_tokens", "hit_ratio", "ttft_cold_ms", "ttft_warm_ms",
+                                            "speedup", "expected_speedup", "verdict", "diagnosis", "run_key"],
+                     table_id="trends-verifications"))
+    return "".join(out)
+
+
+def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("since", "since", None)], f)
+    rows = data["findings"]
+    per = [{"cluster": c, **v} for c, v in sorted(data["per_cluster"].items())]
+    out = [form, "<h2>Findings per cluster</h2>",
+           table(per, ["cluster", "seen", "open", "resolved", "remediated", "remediation_refused",
+                       "remediation_failed"], table_id="drift-per-cluster")]
+    bars = []
+    for r in sorted(rows, key=lambda r: (r["cluster"], _ts(r["first_seen"]) or 0.0)):
+        start = _ts(r["first_seen"])
+        if start is None:
+            continue
+        outcome = (r.get("remediation") or {}).get("outcome")
+        bars.append(Bar(row=f'{r["cluster"]} · {r["endpoint"] or r["object_ref"]}', start=start,
+                        end=_ts(r["resolved_at"]), colour=colours(r["lob"]),
+                        label=f'{r["kind"]} ({r["severity"]}) {r["field"] or ""}'.strip(),
+                        hatched=outcome in ("refused", "failed"),
+                        extra={"kind": r["kind"], "cluster": r["cluster"], "remediation": outcome or ""}))
+    if bars:
+        out.append(timeline(bars, title=f"Drift findings opened and resolved (last {f.since})",
+                            now=datetime.now(UTC).timestamp(), chart_id="plot-drift"))
+    for r in rows:
+        rem = r.get("remediation") or {}
+        r["remediation_outcome"] = rem.get("outcome")
+        r["remediation_action"] = rem.get("action")
+    out.append("<h2>Every finding</h2>")
+    out.append(table(rows, ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual",
+                            "first_seen", "resolved_at", "remediation_action", "remediation_outcome"],
+                     table_id="drift-findings", colours=colours))
+    return "".join(out)
+
+
+def render_curvine(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    out = [_filter_form([("cluster", "cluster", data["clusters"])], f)]
+    gib = 2 ** 30
+    for c in data["curvine"]:
+        out.append(f'<h2>{escape(c["cluster"])}</h2>')
+        caps = c["capacity"]
+        points = [(t, r["capacity_bytes"] / gib) for r in caps
+                  if (t := _ts(r["at"])) is not None and r["capacity_bytes"] is not None]
+        used = [(t, r["fs_used_bytes"] / gib) for r in caps
+                if (t := _ts(r["at"])) is not None and r["fs_used_bytes"] is not None]
+        if points:
+            out.append(xy_chart([Series("capacity GiB", "#0072B2", points), Series("used GiB", "#E69F00", used)],
+                                title=f"Curvine capacity on {c['cluster']}", x=Axis("time (UTC)", time=True),
+                                y=Axis("GiB", lo=0.0, fmt="{:,.0f}"), chart_id=f"plot-capacity-{c['cluster']}"))
+        out.append("<h3>Release revisions and their format flags</h3>")
+        out.append(table(c["releases"], ["release", "revision", "chart_version", "status", "format_master",
+                                         "format_worker", "format_journal", "recorded_at", "run_key"],
+                         table_id=f"curvine-releases-{c['cluster']}"))
+        for r in caps:
+            r["capacity_gib"] = None if r["capacity_bytes"] is None else r["capacity_bytes"] / gib
+            r["fs_used_gib"] = None if r["fs_used_bytes"] is None else r["fs_used_bytes"] / gib
+        out.append("<h3>Capacity snapshots</h3>")
+        out.append(table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
+                                "files_total", "run_key"], table_id=f"curvine-capacity-{c['cluster']}"))
+    return "".join(out)
+
+
+def render_gates(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    rows = data["rows"]
+    cols = list(rows[0]) if rows else []
+    note = f'<p class="note">{escape(data["note"])}</p>' if data["note"] else ""
+    return (_filter_form([("since", "since", None)], f) + note
+            + f'<p class="source">Named query: <code>{escape(data["source"])}</code></p>'
+            + table(rows, cols, table_id="gates"))
+
+
+def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    form = _filter_form([("dag_id", "DAG", None), ("status", "status", sorted(data["statuses"])),
+                         ("since", "since", None)], f)
+    summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["statuses"].items())) or "none"
+    return (form + f'<p class="summary">{len(data["runs"])} runs: {summary}.</p>'
+            + table(data["runs"], ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status",
+                                   "changed", "unchanged", "failed", "planned"], table_id="runs"))
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], str]] = {
+    "fleet": render_fleet, "trends": render_trends, "drift": render_drift, "curvine": render_curvine,
+    "gates": render_gates, "runs": render_runs}
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:0;color:#1a1a1a;background:#fafafa}
+header{background:#017cee;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center;flex-wrap:wrap}
+header a{color:#fff;text-decoration:none;padding:4px 8px;border-radius:4px}
+header a.active{background:rgba(255,255,255,.25);font-weight:600}
+main{padding:12px 16px;max-width:1400px}
+table.data{border-collapse:collapse;font-size:12px;margin:6px 0 16px;background:#fff}
+table.data th,table.data td{border:1px solid #ddd;padding:3px 6px;text-align:left;white-space:nowrap}
+table.data th{background:#f0f0f0}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
+.legend{margin:4px 0 8px;font-size:12px}.legend .lob{margin-right:12px}
+.v-pass,.v-applied,.v-success{color:#0a7a2f}.v-fail,.v-failed,.v-drifted{color:#b00020;font-weight:600}
+.v-degraded,.v-unverifiable,.v-not\\ applied,.v-completed_with_failures{color:#a15c00}
+form.filters{display:flex;gap:10px;flex-wrap:wrap;align-items:center;margin:6px 0;font-size:13px}
+svg.chart{display:block;margin:8px 0;max-width:100%;height:auto;background:#fff;border:1px solid #e4e4e4}
+p.note{background:#fff7e0;border:1px solid #f0d890;padding:6px 8px;font-size:13px}
+p.source,p.summary{font-size:13px;color:#444}.user{margin-left:auto;font-size:12px}
+"""
+
+
+def page(view: str, body: str, *, base: str, user: str, colours: LobColours) -> str:
+    tabs = "".join(f'<a href="{base}/{v}"{" class=active" if v == view else ""}>{escape(TITLES[v])}</a>'
+                   for v in VIEWS)
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kvfleet · {escape(TITLES[view])}'
+            f'</title><meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
+            f'<body data-view="{view}"><header><strong>kvfleet</strong>{tabs}<span class="user">signed in as '
+            f'{escape(user)} · <a href="{base}/api/{view}">JSON</a></span></header><main>'
+            f"<h1>{escape(TITLES[view])}</h1>{colours.legend_html()}{body}</main></body></html>")

@@ -1,0 +1,300 @@
+"""The kvfleet page's app through FastAPI's TestClient, with Airflow's real auth manager (SimpleAuthManager) and a
+history written through the History API the product uses (no rollout: the browser test runs one).
+
+What holds: no data without a valid Airflow user (401 for the API, a redirect to Airflow's login for a page, 403
+for a forged token), the JSON shapes of every view, that figures equal what `History.query` (the CLI's named
+queries) returns for the same rows, that bad filters are 400s naming the field, and that the plugin registers
+the app at /kvfleet with a navigation entry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration]
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+JWT_SECRET = "kvfleet-ui-test-secret-" + "0123456789abcdef" * 3
+
+
+def seed_history(history: Any) -> dict[str, Any]:
+    """A rollout of 3 endpoints on 2 clusters with verifications (one a sweep), a gate answered by a human, Curvine
+    revisions and capacity, and drift opened, remediated and resolved; written as the stages write them."""
+    from kvfleet.history.repo import StepEvent, StepKey
+
+    rk = "kvfleet_rollout/manual__2026-11-30T10:00:00+00:00"
+    history.start_run(rk, dag_id="kvfleet_rollout", run_id=rk.split("/", 1)[1], trigger="manual",
+                      triggered_by="alice", params={"wave_size": 3})
+    eps = [("ml-prod-use1", "retail/retail-search-rag", "retail"), ("ml-prod-use1", "support/support-chat", "support"),
+           ("ml-stage-usw2", "payments/payments-fraud", "payments")]
+    for i, (cluster, ep, lob) in enumerate(eps):
+        key = StepKey(rk, "cluster.wave_0", i)
+        history.record_step(key, StepEvent(f"endpoint:{ep}", "endpoint", "changed", cluster=cluster, endpoint=ep,
+                                           lob=lob, detail={"cr": "changed"}))
+        history.record_verification(key, f"verify:0:{ep}", {
+            "cluster": cluster, "endpoint": ep, "lob": lob, "instance_type": "ml.g5.4xlarge", "prompt_tokens": 2000,
+            "stored_tokens": 1792, "hit_tokens": 1792, "hit_ratio": 1.0, "ttft_cold_ms": 620.0 + i,
+            "ttft_warm_ms": 260.0, "speedup": round((620.0 + i) / 260.0, 3), "expected_speedup": 2.367,
+            "verdict": "pass" if i != 1 else "degraded", "diagnosis": None if i != 1 else "slow warm TTFT"})
+        history.record_step(key, StepEvent("gate:0", "gate", "passed" if i != 1 else "degraded", cluster=cluster))
+    history.record_step(StepKey(rk, "cluster.gate_0", 0), StepEvent(
+        "gate_response:cluster.gate_0", "gate", "approved", cluster="ml-prod-use1",
+        detail={"chosen": "Approve", "asked": "ask_review", "waves": [0]}), actor="alice")
+    # a sweep of the first endpoint by the hourly verification DAG
+    vk = "kvfleet_hit_verification/scheduled__2026-11-30T11:00:00+00:00"
+    history.start_run(vk, dag_id="kvfleet_hit_verification", run_id=vk.split("/", 1)[1], trigger="schedule",
+                      triggered_by=None, params={"sweep": True})
+    sweep = {500: 1.02, 1000: 1.66, 1500: 2.01, 2000: 2.35, 2500: 2.62, 3000: 2.69}
+    for n, s in sweep.items():
+        history.record_verification(StepKey(vk, "verify_cluster", 0), f"verify:retail/retail-search-rag:{n}", {
+            "cluster": "ml-prod-use1", "endpoint": "retail/retail-search-rag", "lob": "retail",
+            "instance_type": "ml.g5.4xlarge", "prompt_tokens": n, "hit_ratio": 1.0, "ttft_cold_ms": 0.31 * n,
+            "ttft_warm_ms": 0.31 * n / s, "speedup": s, "expected_speedup": 2.0, "verdict": "pass"})
+    history.end_run(vk, "success", {})
+    history.record_curvine_release(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=1,
+                                   chart_version="0.2.1", status="superseded",
+                                   flags={"formatMaster": True, "formatWorker": True, "formatJournal": True},
+                                   values={}, run_key=rk, helm_updated="2026-11-30 10:01:00")
+    history.record_curvine_release(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=2,
+                                   chart_version="0.2.1", status="deployed",
+                                   flags={"formatMaster": False, "formatWorker": False, "formatJournal": False},
+                                   values={}, run_key=rk, helm_updated="2026-11-30 10:02:00")
+    for phase, cap in (("install", 2), ("verify", 3)):
+        history.record_capacity(run_key=rk, step=f"curvine:{phase}", cluster="ml-prod-use1", phase=phase,
+                                overview={"capacity": cap * 100 * 2**30, "fs_used": 2**30, "live_workers": cap,
+                                          "lost_workers": 0, "files_total": 10, "dir_total": 2})
+    history.end_run(rk, "success", {})
+    dk = "kvfleet_drift_check/scheduled__2026-11-30T12:00:00+00:00"
+    history.start_run(dk, dag_id="kvfleet_drift_check", run_id=dk.split("/", 1)[1], trigger="schedule",
+                      triggered_by=None, params={})
+    finding = {"fingerprint": "patch_lost:support/support-chat:env", "kind": "patch_lost_to_reconcile",
+               "severity": "high", "object_ref": "Deployment support/support-chat", "field": "env.LMCACHE",
+               "expected": "set", "actual": "missing", "lob": "support", "endpoint": "support/support-chat"}
+    history.sync_findings("ml-prod-use1", [finding], dk)
+    history.record_remediation(finding["fingerprint"], {"action": "reapply_overlay", "outcome": "changed"})
+    history.sync_findings("ml-prod-use1", [], dk + "-2")
+    still = {**finding, "fingerprint": "operator_paused:ml-stage-usw2", "kind": "operator_paused_too_long",
+             "object_ref": "Deployment hyperpod-inference-operator", "endpoint": None, "lob": None, "field": None}
+    history.sync_findings("ml-stage-usw2", [still], dk)
+    history.end_run(dk, "success", {})
+    failed = "kvfleet_curvine_upgrade/manual__2026-11-30T13:00:00+00:00"
+    history.start_run(failed, dag_id="kvfleet_curvine_upgrade", run_id=failed.split("/", 1)[1], trigger="manual",
+                      triggered_by="bob", params={})
+    history.end_run(failed, "failed", {})
+    return {"rollout": rk, "sweep": sweep}
+
+
+@pytest.fixture(scope="module")
+def auth(tmp_path_factory: pytest.TempPathFactory, airflow_db: bool) -> Iterator[Any]:
+    """Airflow's SimpleAuthManager with two users whose passwords are known, initialised as the API server does
+    (on a migrated metadata database: token revocation is checked there)."""
+    import os
+
+    passwords = tmp_path_factory.mktemp("auth") / "passwords.json"
+    passwords.write_text(json.dumps({"alice": "alice-pw", "nobody": "nobody-pw"}))
+    env = {"AIRFLOW__CORE__AUTH_MANAGER":
+           "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:viewer",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+           "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
+
+    purge_cached_app()
+    manager = init_auth_manager()
+    try:
+        yield manager
+    finally:
+        purge_cached_app()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _token(manager: Any, user: str, role: str | None) -> str:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return str(manager.generate_jwt(SimpleAuthManagerUser(username=user, role=role)))
+
+
+@pytest.fixture
+def client(history: Any, auth: Any) -> Iterator[Any]:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kvfleet.airflow.ui.app import create_app
+
+    root = FastAPI()
+    root.mount("/kvfleet", create_app(lambda: history))
+    with TestClient(root, base_url="http://127.0.0.1:8080") as c:
+        yield c
+
+
+@pytest.fixture
+def seeded(history: Any) -> dict[str, Any]:
+    return seed_history(history)
+
+
+@pytest.fixture
+def alice(auth: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {_token(auth, 'alice', 'viewer')}"}
+
+
+def test_no_data_without_a_user(client: Any, seeded: dict[str, Any], auth: Any) -> None:
+    for path in ("/kvfleet/api/fleet", "/kvfleet/api/runs", "/kvfleet/api/queries", "/kvfleet/api/queries/recent_runs"):
+        resp = client.get(path)
+        assert resp.status_code == 401, (path, resp.text)
+        assert "rows" not in resp.text and "retail" not in resp.text
+    page = client.get("/kvfleet/fleet", follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/auth/login?next=")
+    assert "kvfleet%2Ffleet" in page.headers["location"]
+    forged = _token(auth, "alice", "viewer")[:-4] + "AAAA"
+    assert client.get("/kvfleet/api/fleet", headers={"Authorization": f"Bearer {forged}"}).status_code == 403
+    # a token signed with another secret is refused too
+    from airflow.api_fastapi.auth.tokens import JWTGenerator
+
+    other = JWTGenerator(secret_key="not-the-secret-" + "0123456789abcdef" * 4, valid_for=60, audience="apache-airflow")
+    assert client.get("/kvfleet/api/fleet",
+                      headers={"Authorization": f"Bearer {other.generate({'sub': 'alice', 'role': 'admin'})}"}
+                      ).status_code in (401, 403)
+
+
+def test_a_user_without_a_role_may_not_read(client: Any, seeded: dict[str, Any], auth: Any) -> None:
+    resp = client.get("/kvfleet/api/fleet", headers={"Authorization": f"Bearer {_token(auth, 'nobody', None)}"})
+    assert resp.status_code == 403
+    assert "may not read DAG runs" in resp.json()["detail"]
+
+
+def test_the_ui_cookie_is_accepted(client: Any, seeded: dict[str, Any], auth: Any) -> None:
+    client.cookies.set("_token", _token(auth, "alice", "viewer"))
+    try:
+        page = client.get("/kvfleet/fleet")
+    finally:
+        client.cookies.clear()
+    assert page.status_code == 200
+    assert "signed in as alice" in page.text
+
+
+def test_fleet_json_and_filters(client: Any, seeded: dict[str, Any], alice: dict[str, str], history: Any) -> None:
+    data = client.get("/kvfleet/api/fleet", headers=alice).json()
+    assert data["view"] == "fleet" and data["endpoints"] == 3
+    rows = {(e["cluster"], e["endpoint"]): e for c in data["clusters"] for g in c["lobs"] for e in g["endpoints"]}
+    newest = {}
+    for v in sorted(history.query("verifications", cutoff=EPOCH, lob=None, endpoint=None), key=lambda r: r["at"]):
+        newest[(v["cluster"], v["endpoint"])] = v
+    for key, row in rows.items():
+        assert row["last_verdict"] == newest[key]["verdict"]
+        assert row["speedup"] == pytest.approx(newest[key]["speedup"])
+    assert rows[("ml-prod-use1", "retail/retail-search-rag")]["speedup"] == pytest.approx(2.69)  # the sweep's last
+    assert rows[("ml-prod-use1", "support/support-chat")]["l2_state"] == "applied"  # drift resolved
+    assert rows[("ml-prod-use1", "support/support-chat")]["last_verdict"] == "degraded"
+    assert data["open_drift"] == 0  # the operator finding is cluster-wide, not an endpoint's
+    only = client.get("/kvfleet/api/fleet", params={"lob": "payments"}, headers=alice).json()
+    assert [e["endpoint"] for c in only["clusters"] for g in c["lobs"] for e in g["endpoints"]] == [
+        "payments/payments-fraud"]
+    assert client.get("/kvfleet/api/fleet", params={"cluster": "nope"}, headers=alice).json()["endpoints"] == 0
+
+
+def test_trends_plot_the_sweep_against_the_published_curve(client: Any, seeded: dict[str, Any],
+                                                           alice: dict[str, str]) -> None:
+    params = {"cluster": "ml-prod-use1", "endpoint": "retail/retail-search-rag", "since": "3650d"}
+    data = client.get("/kvfleet/api/trends", params=params, headers=alice).json()
+    assert data["instance_type"] == "ml.g5.4xlarge"
+    assert data["published"]["points"] == [[500, 0.99], [1000, 1.7], [2500, 2.7]]
+    assert {s["prompt_tokens"]: s["speedup"] for s in data["sweep"]} == seeded["sweep"]
+    assert len(data["verifications"]) == 7
+    html = client.get("/kvfleet/trends", params=params, headers=alice).text
+    assert 'id="plot-sweep"' in html and 'data-series="published points"' in html
+    assert 'data-x="2500" data-y="2.7"' in html and 'data-x="2500" data-y="2.62"' in html
+    assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_every_view_answers_json_and_html(client: Any, seeded: dict[str, Any], alice: dict[str, str],
+                                          history: Any) -> None:
+    from kvfleet.airflow.ui.pages import VIEWS
+
+    for view in VIEWS:
+        data = client.get(f"/kvfleet/api/{view}", params={"since": "3650d"}, headers=alice)
+        assert data.status_code == 200, (view, data.text)
+        assert data.json()["view"] == view
+        page = client.get(f"/kvfleet/{view}", params={"since": "3650d"}, headers=alice)
+        assert page.status_code == 200, view
+        assert ("<svg" in page.text) == (view in ("drift", "curvine")), view  # trends: pick an endpoint first
+    runs = client.get("/kvfleet/api/runs", params={"since": "3650d"}, headers=alice).json()
+    cli = history.query("recent_runs", cutoff=EPOCH, limit=500)
+    assert [(r["run_key"], r["status"]) for r in runs["runs"]] == [(r["run_key"], r["status"]) for r in cli]
+    assert runs["statuses"] == {"failed": 1, "success": 3}
+    gates = client.get("/kvfleet/api/gates", params={"since": "3650d"}, headers=alice).json()
+    human = [g for g in gates["rows"] if g.get("chosen")]
+    if gates["source"] == "ui_gate_steps":
+        assert human and human[0]["decided_by"] == "alice" and human[0]["chosen"] == "Approve"
+    drift = client.get("/kvfleet/api/drift", params={"since": "3650d"}, headers=alice).json()
+    assert drift["per_cluster"]["ml-prod-use1"] == {"seen": 1, "open": 0, "resolved": 1, "remediated": 1,
+                                                     "remediation_refused": 0, "remediation_failed": 0}
+    assert drift["per_cluster"]["ml-stage-usw2"]["open"] == 1
+    curvine = client.get("/kvfleet/api/curvine", params={"cluster": "ml-prod-use1"}, headers=alice).json()
+    [c] = curvine["curvine"]
+    assert [(r["revision"], r["format_master"]) for r in c["releases"]] == [(1, True), (2, False)]
+    assert [r["capacity_bytes"] for r in c["capacity"]] == [200 * 2**30, 300 * 2**30]
+
+
+def test_named_queries_plug_in_and_bad_filters_are_400s(client: Any, seeded: dict[str, Any],
+                                                       alice: dict[str, str]) -> None:
+    listed = {q["name"]: q for q in client.get("/kvfleet/api/queries", headers=alice).json()["queries"]}
+    assert listed["verifications"]["parameters"] == ["cutoff", "lob", "endpoint"]
+    assert {"ui_fleet", "ui_gate_steps", "recent_runs"} <= set(listed)
+    rows = client.get("/kvfleet/api/queries/verifications", params={"lob": "payments", "since": "3650d"},
+                      headers=alice).json()["rows"]
+    assert [r["endpoint"] for r in rows] == ["payments/payments-fraud"]
+    bad = client.get("/kvfleet/api/runs", params={"since": "yesterday"}, headers=alice)
+    assert bad.status_code == 400 and "since" in bad.json()["detail"] and "7d" in bad.json()["detail"]
+    bad = client.get("/kvfleet/api/runs", params={"limit": "0"}, headers=alice)
+    assert bad.status_code == 400 and "limit" in bad.json()["detail"] and "1 to 5000" in bad.json()["detail"]
+    missing = client.get("/kvfleet/api/queries/..%2Fmigrations%2F0001_initial.up", headers=alice)
+    assert missing.status_code == 404
+    assert client.get("/kvfleet/api/queries/no_such_query", headers=alice).status_code == 404
+
+
+def test_the_plugin_mounts_the_app_and_links_it_from_the_navigation() -> None:
+    from fastapi import FastAPI
+
+    from kvfleet.airflow.plugin import KvfleetPlugin
+
+    [app] = KvfleetPlugin.fastapi_apps
+    assert app["url_prefix"] == "/kvfleet" and isinstance(app["app"], FastAPI)
+    [view] = KvfleetPlugin.external_views
+    assert view["href"] == "kvfleet/fleet" and view["destination"] == "nav" and view["url_route"] == "kvfleet"
+    # the UI's plugin serializer accepts the entry as Airflow 3.3 defines it
+    from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
+
+    assert ExternalViewResponse.model_validate(view).href == "kvfleet/fleet"
+
+
+def test_lob_colours_are_fixed_per_lob() -> None:
+    from kvfleet.airflow.ui.svg import PALETTE, LobColours
+
+    a, b = LobColours(["retail", "payments", "support"]), LobColours(["support", "retail", "payments", None])
+    assert [a(x) for x in ("payments", "retail", "support")] == list(PALETTE[:3])
+    assert all(a(x) == b(x) for x in ("payments", "retail", "support", "unknown-lob"))
+
+
+def test_sql_files_bind_only_named_parameters() -> None:
+    from kvfleet.airflow.ui import catalog
+
+    for name in catalog.available():
+        if name.startswith("ui_"):
+            text = (catalog.queries_dir() / f"{name}.sql").read_text()
+            assert text.startswith("--"), f"{name}.sql starts with a comment saying what it answers"
+    assert catalog.bind_names("ui_fleet") == ["cluster", "lob"]
+    assert Path(catalog.queries_dir()).is_dir()
+    assert catalog.Filters().cutoff(EPOCH + timedelta(days=30)) == EPOCH  # 30 days back by default
+    assert catalog.Filters.from_query({"since": "12h"}).cutoff(EPOCH) == EPOCH - timedelta(hours=12)

@@ -39,7 +39,30 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- join "," $dirs -}}
 {{- end -}}
 
-{{/* Format flags travel in every Curvine container's env: a pod acts on the flags it was created with. */}}
+{{/* The ServiceAccount every Curvine pod and the pre-upgrade hook run as. */}}
+{{- define "curvine.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "curvine.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* On upgrade, refuse a change of master.replicas (the Raft group cannot be resized in place): read the live
+     master StatefulSet with `lookup`, as upstream does; the hook Job checks the same thing in the cluster. */}}
+{{- define "curvine.keepMasterReplicas" -}}
+{{- if .Release.IsUpgrade -}}
+{{- $live := lookup "apps/v1" "StatefulSet" .Release.Namespace (printf "%s-master" (include "curvine.fullname" .)) -}}
+{{- $was := 0 -}}
+{{- if $live }}{{- $was = int $live.spec.replicas -}}{{- end -}}
+{{- if and (gt $was 0) (ne $was (int .Values.master.replicas)) -}}
+{{- fail (printf "master.replicas cannot change on upgrade (live %d, requested %d): delete and reinstall the Curvine cluster to resize its masters" $was (int .Values.master.replicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Format flags travel in every Curvine container's env: a pod acts on the flags it was created with. Only
+     master and worker: upstream's configmap renders no journal flag (FACTS.md §7.3). */}}
 {{- define "curvine.formatEnv" -}}
 - name: CURVINE_CLUSTER_ID
   value: {{ .Values.cluster.id | quote }}
@@ -47,8 +70,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   value: {{ .Values.cluster.formatMaster | toString | quote }}
 - name: CURVINE_FORMAT_WORKER
   value: {{ .Values.cluster.formatWorker | toString | quote }}
-- name: CURVINE_FORMAT_JOURNAL
-  value: {{ .Values.cluster.formatJournal | toString | quote }}
 - name: POD_NAMESPACE
   valueFrom:
     fieldRef:

@@ -1,10 +1,27 @@
-"""One tolerant parser for LMCache's log lines (0.3.x and 0.5.x formats, FACTS.md §4.4).
+"""One tolerant parser for LMCache's log lines, and the join of those lines to a client's request.
 
-Pure. Used by stage 5 (hit verification) on the vLLM container logs read with ``sinceTime``. Formats changed
-between LMCache versions (an optional ``Inference Engine computed tokens`` field, a ``[req_id=...]`` prefix on
-store/retrieve lines, ``gb`` vs ``GB``), so every group that moved is optional. A line that mentions LMCache's
-keywords but matches no pattern is returned as *garbled*, never raised: a verification reports it instead of
-crashing.
+Pure. Used by stage 5 (hit verification) on the vLLM container logs read with ``sinceTime``.
+
+What a real line looks like (tests/conformance/facts/lmcache_vllm_logs.yaml names each source):
+- LMCache's ``CustomFormatter`` (``lmcache/logging.py``, 0.3.9.post2 and 0.5.6) wraps the level prefix and the
+  location suffix in ANSI colour codes: ``\\x1b[32;20m[<asctime>] LMCache INFO:\\x1b[0m <message>
+  \\x1b[3m(<file>:<line>:<logger>)\\x1b[0m``. Codes are stripped before matching, and error messages are returned
+  without them (and without the location suffix).
+- vLLM's engine-core process prefixes every line it writes with ``(EngineCore_DP0 pid=<n>) `` (coloured on a tty).
+- Formats changed between LMCache versions: an optional ``Inference Engine computed tokens`` field (0.5.x), a
+  ``[req_id=<id>]`` prefix on store/retrieve lines (0.5.x; ``[req_id=<id> kv_group=<n>]`` on main after 0.5.6),
+  ``gb`` vs ``GB``. Every group that moved is optional.
+- The id LMCache logs is vLLM's *engine* request id, never the id the client sees in the SSE stream: the
+  completion endpoint runs prompt ``i`` as ``f"{request_id}-{i}"`` and newer vLLM appends ``-<8 random chars>``
+  (``InputProcessor.assign_request_id``); chat runs its one prompt as the request id itself (plus the suffix).
+  :func:`joins` is that rule and nothing looser: ``cmpl-ab`` never matches ``cmpl-abc-0``.
+- 0.3.x store/retrieve lines carry no id at all; such a line is attributed to the request of the latest lookup
+  line before it in the same log (LMCache stores and retrieves a request after looking it up). With concurrent
+  traffic on the pod that attribution can be wrong, so an id-less line never counts for a request whose lookup
+  line is not the latest one before it.
+
+A line that mentions LMCache's keywords but matches no pattern is returned as *garbled*, never raised: a
+verification reports it instead of crashing.
 """
 
 from __future__ import annotations
@@ -13,6 +30,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOCATION = re.compile(r"\s*\([\w.\-]+\.py:\d+:[\w.\-]+\)\s*$")  # CustomFormatter's (file:line:logger) suffix
+_REQ_PREFIX = r"(?:\[req_id=(?P<req>[^\]\s]+)(?: kv_group=(?P<kv_group>[^\]\s]*))?\] )?"
 _LOOKUP = re.compile(
     r"Reqid: (?P<req>[^,]+), Total tokens (?P<total>\d+),"
     r"(?: Inference Engine computed tokens: (?P<computed>\d+),)?"
@@ -20,16 +40,36 @@ _LOOKUP = re.compile(
     r"(?:, (?:but )?need to load: (?P<load>-?\d+))?"
 )
 _STORE = re.compile(
-    r"(?:\[req_id=(?P<req>[^\]]+)\] )?Stored (?P<stored>\d+) out of total (?P<total>\d+) tokens\."
+    _REQ_PREFIX + r"Stored (?P<stored>\d+) out of total (?P<total>\d+) tokens\."
     r"(?: size: (?P<gb>[\d.]+) (?i:gb),)? cost (?P<ms>[\d.]+) ms(?:, throughput: (?P<tp>[\d.]+) GB/s)?"
 )
 _RETRIEVE = re.compile(
-    r"(?:\[req_id=(?P<req>[^\]]+)\] )?Retrieved (?P<got>\d+) out of (?:total )?(?P<required>\d+)"
+    _REQ_PREFIX + r"Retrieved (?P<got>\d+) out of (?:total )?(?P<required>\d+)"
     r"(?: required)?(?: tokens)?(?: \(from (?P<total>\d+) total tokens\))?(?: out of total (?P<total2>\d+) tokens)?"
     r"\.?(?: size: (?P<gb>[\d.]+) (?i:gb),)? ?(?:cost (?P<ms>[\d.]+) ms)?(?:, throughput: (?P<tp>[\d.]+) GB/s)?"
 )
-_ERROR = re.compile(r"LMCache (?:ERROR|WARNING):\s*(?P<msg>.*)")
+_ERROR = re.compile(r"LMCache (?:ERROR|WARNING|CRITICAL):\s*(?P<msg>.*)")
+# LMCache lines that carry a keyword but are not lookups (0.5.6 debug: the chunked-load cap); recognised, ignored.
+_IGNORED = re.compile(r"Reqid: [^,]+, Chunked KV loading")
 _KEYWORDS = ("Reqid:", "Stored ", "Retrieved ", "LMCache hit tokens")
+# The engine id's suffixes after the client's id: prompt index, then vLLM's 8 random characters (either optional).
+_ENGINE_SUFFIX = re.compile(r"(?:-\d+)?(?:-[0-9A-Za-z]{8})?")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def joins(client_id: str, engine_id: str | None) -> bool:
+    """Whether a logged (engine) request id belongs to the client's request id (the SSE ``id``): equal, or the
+    client id followed by ``-<digits>`` and/or ``-<8 chars>`` and nothing else."""
+    if not engine_id or not client_id:
+        return False
+    if engine_id == client_id:
+        return True
+    if not engine_id.startswith(client_id + "-"):
+        return False
+    return _ENGINE_SUFFIX.fullmatch(engine_id[len(client_id):]) is not None
 
 
 @dataclass
@@ -48,6 +88,8 @@ class Store:
     total: int
     gb: float | None
     ms: float
+    owner: str | None = None  # req_id, or (0.3.x, no id in the line) the latest lookup's id before it
+    kv_group: str | None = None
 
 
 @dataclass
@@ -57,6 +99,8 @@ class Retrieve:
     required: int
     ms: float | None
     gb: float | None
+    owner: str | None = None
+    kv_group: str | None = None
 
 
 @dataclass
@@ -66,18 +110,20 @@ class LogScan:
     retrieves: list[Retrieve] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     garbled: list[str] = field(default_factory=list)
+    _last_lookup: str | None = None
 
     def lookup_for(self, req_id: str) -> Lookup | None:
-        found = [lk for lk in self.lookups if lk.req_id == req_id]
+        """The latest lookup line of the client's request ``req_id`` (its SSE id; engine ids join, see ``joins``)."""
+        found = [lk for lk in self.lookups if joins(req_id, lk.req_id)]
         return found[-1] if found else None
 
     def stored_tokens(self, req_id: str | None = None) -> int:
-        """Tokens stored (by request id when the format carries it, else every store line in the window)."""
-        lines = [s for s in self.stores if req_id is None or s.req_id in (None, req_id)]
-        return max((s.stored for s in lines), default=0)
+        """Tokens stored for the client's request (every store line of it, summed: chunked prefill stores in
+        several calls); ``None``: every store line in the window."""
+        return sum(s.stored for s in self.stores if req_id is None or joins(req_id, s.owner))
 
     def retrieve_ms(self, req_id: str | None = None) -> float | None:
-        lines = [r for r in self.retrieves if (req_id is None or r.req_id in (None, req_id)) and r.ms is not None]
+        lines = [r for r in self.retrieves if (req_id is None or joins(req_id, r.owner)) and r.ms is not None]
         return lines[-1].ms if lines else None
 
 
@@ -90,15 +136,22 @@ def _float(v: str | None) -> float | None:
 
 
 def parse_line(line: str, scan: LogScan) -> None:
+    line = strip_ansi(line)
+    if _IGNORED.search(line):
+        return
     if m := _LOOKUP.search(line):
-        scan.lookups.append(Lookup(m["req"].strip(), int(m["total"]), _int(m["hit"]), _int(m["load"]),
-                                   _int(m["computed"])))
+        req = m["req"].strip()
+        scan.lookups.append(Lookup(req, int(m["total"]), _int(m["hit"]), _int(m["load"]), _int(m["computed"])))
+        scan._last_lookup = req
     elif m := _STORE.search(line):
-        scan.stores.append(Store(m["req"], int(m["stored"]), int(m["total"]), _float(m["gb"]), float(m["ms"])))
+        scan.stores.append(Store(m["req"], int(m["stored"]), int(m["total"]), _float(m["gb"]), float(m["ms"]),
+                                 owner=m["req"] or scan._last_lookup, kv_group=m["kv_group"]))
     elif m := _RETRIEVE.search(line):
-        scan.retrieves.append(Retrieve(m["req"], int(m["got"]), int(m["required"]), _float(m["ms"]), _float(m["gb"])))
+        scan.retrieves.append(Retrieve(m["req"], int(m["got"]), int(m["required"]), _float(m["ms"]),
+                                       _float(m["gb"]), owner=m["req"] or scan._last_lookup,
+                                       kv_group=m["kv_group"]))
     elif m := _ERROR.search(line):
-        scan.errors.append(m["msg"].strip())
+        scan.errors.append(_LOCATION.sub("", m["msg"]).strip())
     elif "LMCache" in line and any(k in line for k in _KEYWORDS):
         scan.garbled.append(line.strip()[:300])
 

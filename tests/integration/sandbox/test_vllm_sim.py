@@ -17,6 +17,7 @@ import pytest
 from kube_manifests import TOKEN
 from kubernetes import client
 
+from kvfleet.fleet import lmcache_log
 from kvfleet.fleet.constants import L2_URL, OPERATOR_L2_URL
 from kvfleet.sandbox.controllers import vllm
 from kvfleet.sandbox.twin import Clock, ClusterTwin, SandboxSettings
@@ -67,8 +68,8 @@ def twin_factory(kube):
 
 
 def vllm_pod(twin: ClusterTwin, name: str, node: str, env: list[dict], *, mount: bool = True,
-             ready: bool = True) -> str:
-    container = {"name": APP, "image": "vllm", "ports": [{"containerPort": 8000}], "env": env}
+             ready: bool = True, image: str = "vllm") -> str:
+    container = {"name": APP, "image": image, "ports": [{"containerPort": 8000}], "env": env}
     volumes = []
     if mount:
         container["volumeMounts"] = [{"name": "curvine-cache", "mountPath": "/mnt/curvine"}]
@@ -141,13 +142,16 @@ def pod_log(api, pod: str, since: dt.datetime) -> str:
 
 
 def lines_for(log: str, req_id: str) -> dict:
-    """The LMCache lines of one request: lookup by Reqid; store/retrieve are the lines that follow it."""
+    """The LMCache lines of one client request (its SSE id): the lookup whose engine id joins it (kvfleet's join
+    rule); store/retrieve are the lines that follow it. Colour codes are stripped first, as stage 5 does."""
     found: dict = {}
     following = False
-    for line in log.splitlines():
+    for line in lmcache_log.strip_ansi(log).splitlines():
         m = HIT.search(line)
         if m:
-            following = m["req"] == req_id
+            following = lmcache_log.joins(req_id, m["req"])
+            if following:
+                found["engine_id"] = m["req"]
             if following:
                 found["hit"] = m
             continue
@@ -263,12 +267,15 @@ def test_logs_in_the_0_5_6_format(twin_factory, api):
     twin = twin_factory(version="0.5.6")
     cold, _, warm, log_b = cross_pod(api, twin, BLOG_ENV, BLOG_ENV)
     since = since_now() - dt.timedelta(minutes=1)
-    text_a, text_b = pod_log(api, "ep-a", since), pod_log(api, "ep-b", since)
-    assert f"Reqid: {cold['id']}, Total tokens 2000, Inference Engine computed tokens: 0, LMCache hit tokens: 0, " \
-           "need to load: 0" in text_a
+    text_a = lmcache_log.strip_ansi(pod_log(api, "ep-a", since))
+    text_b = lmcache_log.strip_ansi(pod_log(api, "ep-b", since))
+    cold_engine = re.escape(cold["id"]) + "-0-[0-9a-f]{8}"
+    assert re.search(f"Reqid: {cold_engine}, Total tokens 2000, Inference Engine computed tokens: 0, LMCache hit "
+                     "tokens: 0, need to load: 0", text_a)
     # 0.5.6 does not save the partial tail chunk: 7 × 256 = 1,792 tokens.
-    assert f"[req_id={cold['id']}] Stored 1792 out of total 2000 tokens. size: " in text_a and " GB, cost " in text_a
-    assert log_b["hit"]["hit"] == "1792" and f"[req_id={warm['id']}] Retrieved 1792 out of 1792" in text_b
+    assert re.search(rf"\[req_id={cold_engine}\] Stored 1792 out of total 2000 tokens\. size: [\d.]+ GB, cost ", text_a)
+    assert log_b["hit"]["hit"] == "1792"
+    assert re.search(rf"\[req_id={re.escape(warm['id'])}-0-[0-9a-f]{{8}}\] Retrieved 1792 out of 1792", text_b)
     files = twin.l2.list("/l2cache/")
     assert files and all(re.search(r"/-SEP-opt-SEP-ml-SEP-model@1@0@[0-9a-f]+@bfloat16\.data$", f) for f in files)
 
@@ -295,7 +302,45 @@ def test_log_source_honours_since_seconds_and_tail(twin_factory, api):
     tail = core.read_namespaced_pod_log("ep-a", NS, container=APP, tail_lines=1, _preload_content=False)
     assert tail.data.decode().count("\n") == 1 and "Stored 600 out of total 600" in tail.data.decode()
     assert pod_log(api, "ep-a", since_now() + dt.timedelta(minutes=5)) == ""
-    assert re.match(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] LMCache INFO: ", recent.data.decode())
+    # vLLM's engine-core prefix, then LMCache's coloured level prefix (tests/conformance/facts/lmcache_vllm_logs.yaml)
+    assert re.match(r"^\(EngineCore_DP0 pid=\d+\) \x1b\[32;20m\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] LMCache INFO:"
+                    r"\x1b\[0m ", recent.data.decode())
+
+
+def test_the_twin_logs_engine_ids_with_colour_codes_never_the_client_id(twin_factory, api):
+    twin = twin_factory()
+    vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV)
+    since = since_now()
+    res = stream_completion(api, "ep-a", prompt(600))
+    chat = stream_completion(api, "ep-a", prompt(600), chat=True)
+    raw = pod_log(api, "ep-a", since)
+    lookups = [line for line in raw.splitlines() if "Reqid: " in line]
+    assert len(lookups) == 2 and all(line.startswith("(EngineCore_DP0 pid=") for line in lookups)
+    assert all("\x1b[32;20m[" in line and "LMCache INFO:\x1b[0m Reqid: " in line for line in lookups)
+    assert all(re.search(r" \x1b\[3m\(vllm_v1_adapter\.py:\d+:lmcache\.integration\.vllm\.vllm_v1_adapter\)\x1b\[0m$",
+                         line) for line in lookups)
+    # Completion: prompt index 0 and 8 random hex; chat: the id plus 8 random hex. Never the bare client id.
+    assert re.search(rf"Reqid: {re.escape(res['id'])}-0-[0-9a-f]{{8}}, Total tokens 600,", lookups[0])
+    assert re.search(rf"Reqid: {re.escape(chat['id'])}-[0-9a-f]{{8}}, Total tokens", lookups[1])
+    assert f"Reqid: {res['id']}," not in raw and f"Reqid: {chat['id']}," not in raw
+    scan = lmcache_log.parse(raw)  # and kvfleet's parser joins both back to the client ids
+    assert scan.lookup_for(res["id"]).total == 600 and scan.stored_tokens(res["id"]) == 600
+    assert scan.lookup_for(chat["id"]) is not None and scan.lookup_for(res["id"][:-1]) is None
+
+
+@pytest.mark.parametrize(("image", "version"), [("lmcache/vllm-openai:v0.5.6", "0.5.6"),
+                                                ("lmcache/vllm-openai:v0.3.9", "0.3.9"),
+                                                ("lmcache/vllm-openai:latest", "0.3.9")])
+def test_the_log_format_follows_the_pod_image_tag(twin_factory, api, image, version):
+    twin = twin_factory()  # the twin's default format is 0.3.9; the image tag decides
+    vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV, image=image)
+    since = since_now()
+    res = stream_completion(api, "ep-a", prompt(600))
+    text = lmcache_log.strip_ansi(pod_log(api, "ep-a", since))
+    assert twin.services["vllm"].pod_cache_stats(NS, "ep-a")["version"] == version
+    assert ("Inference Engine computed tokens" in text) == (version == "0.5.6")
+    assert (f"[req_id={res['id']}-0-" in text) == (version == "0.5.6")
+    assert lmcache_log.parse(text).stored_tokens(res["id"]) == (512 if version == "0.5.6" else 600)
 
 
 def test_api_surface_metrics_health_models_and_errors(twin_factory, api):

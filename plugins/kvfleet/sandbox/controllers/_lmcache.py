@@ -255,10 +255,61 @@ def resolve_l2(store: KubeStore, pod: dict[str, Any], container: dict[str, Any],
                     reason=f"{url_path} is not under a Curvine volumeMount of the vLLM container")
 
 
-# --- log lines (FACTS §4.4, verbatim format strings) ----------------------------------------------------------
+# --- log lines (FACTS §4.4, §7.1, §7.2; tests/conformance/facts/lmcache_vllm_logs.yaml) ------------------------
 
-def stamp(when: dt.datetime, level: str, message: str) -> str:
-    return f"[{when.strftime('%Y-%m-%d %H:%M:%S')},{when.microsecond // 1000:03d}] LMCache {level}: {message}"
+# LMCache's CustomFormatter (lmcache/logging.py, identical in 0.3.9.post2 and 0.5.6): the level colour, then
+# "[%(asctime)s] LMCache %(levelname)s:" and a reset, the message, then the italic "(%(filename)s:%(lineno)d:%(name)s)".
+LEVEL_COLOUR = {"DEBUG": "\x1b[1m", "INFO": "\x1b[32;20m", "WARNING": "\x1b[33;20m", "ERROR": "\x1b[31;20m",
+                "CRITICAL": "\x1b[31;1m"}
+RESET = "\x1b[0m"
+ITALIC = "\x1b[3m"
+# Where each line is logged from (file, line of the logger call, logger name), per emulated version.
+LOCATIONS = {
+    "0.3.9": {"lookup": ("vllm_v1_adapter.py", 1330, "lmcache.integration.vllm.vllm_v1_adapter"),
+              "store": ("cache_engine.py", 303, "lmcache.v1.cache_engine"),
+              "retrieve": ("cache_engine.py", 531, "lmcache.v1.cache_engine"),
+              "fs_error": ("fs_connector.py", 231, "lmcache.v1.storage_backend.connector.fs_connector"),
+              "engine": ("cache_engine.py", 100, "lmcache.v1.cache_engine")},
+    "0.5.6": {"lookup": ("vllm_v1_adapter.py", 1476, "lmcache.integration.vllm.vllm_v1_adapter"),
+              "store": ("cache_engine.py", 588, "lmcache.v1.cache_engine"),
+              "retrieve": ("cache_engine.py", 985, "lmcache.v1.cache_engine"),
+              "fs_error": ("fs_connector.py", 376, "lmcache.v1.storage_backend.connector.fs_connector"),
+              "engine": ("cache_engine.py", 100, "lmcache.v1.cache_engine")},
+}
+# vLLM's decorate_logs (vllm/utils/system_utils.py _add_prefix): "(<process name> pid=<pid>) " before every line the
+# engine-core process writes; without a tty (a container's log) the prefix is not coloured.
+ENGINE_PROCESS = "EngineCore_DP0"
+_IMAGE_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def version_for_image(image: str | None, default: str) -> str:
+    """The emulated LMCache log format for a pod's image tag (``lmcache/vllm-openai:v0.3.9`` -> 0.3.9): tags before
+    0.5 log the 0.3.9 formats, 0.5 and later the 0.5.6 ones; a tag without a version (``latest``) -> ``default``."""
+    tag = (image or "").rsplit("/", 1)[-1]
+    tag = tag.split("@", 1)[0].split(":", 1)[1] if ":" in tag else ""
+    m = _IMAGE_VERSION.match(tag)
+    if not m:
+        return default if default in VERSIONS else VERSIONS[0]
+    return "0.5.6" if (int(m[1]), int(m[2])) >= (0, 5) else "0.3.9"
+
+
+def engine_request_id(client_id: str, suffix: str, prompt_index: int | None = 0) -> str:
+    """vLLM's engine request id for a client request id: the completion endpoint runs prompt ``i`` as
+    ``f"{request_id}-{i}"`` (chat passes ``None``: its one prompt keeps the id), and ``assign_request_id`` appends
+    ``-`` and 8 random characters."""
+    base = client_id if prompt_index is None else f"{client_id}-{prompt_index}"
+    return f"{base}-{suffix[:8]}"
+
+
+def stamp(when: dt.datetime, level: str, message: str, location: tuple[str, int, str] | None = None,
+          pid: int | None = None) -> str:
+    """One line as it reaches the container log: vLLM's process prefix (when ``pid``), LMCache's coloured prefix,
+    the message, the coloured location suffix."""
+    asctime = f"{when.strftime('%Y-%m-%d %H:%M:%S')},{when.microsecond // 1000:03d}"
+    filename, lineno, logger = location or ("cache_engine.py", 1, "lmcache.v1.cache_engine")
+    process = f"({ENGINE_PROCESS} pid={pid}) " if pid is not None else ""
+    return (f"{process}{LEVEL_COLOUR.get(level, '')}[{asctime}] LMCache {level}:{RESET} {message} "
+            f"{ITALIC}({filename}:{lineno}:{logger}){RESET}")
 
 
 # The verbatim format strings, kept as LMCache writes them (logger.info with %-formatting).
@@ -282,8 +333,8 @@ RETRIEVE_FMT = {
 
 
 def lookup_line(version: str, req_id: str, total: int, computed: int, hits: int, need: int) -> str:
-    if version == "0.5.6":
-        return LOOKUP_FMT[version] % (req_id, total, computed, hits, need)
+    if version == "0.5.6":  # 0.5.6 logs max(need_to_allocate, 0)
+        return LOOKUP_FMT[version] % (req_id, total, computed, hits, max(need, 0))
     return LOOKUP_FMT["0.3.9"] % (req_id, total, hits, need)
 
 

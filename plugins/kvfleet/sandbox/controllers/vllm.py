@@ -38,10 +38,14 @@ PYTHONHASHSEED; unset or "random" → each pod draws its own root at start, so c
   one chunk; the partial tail chunk only with save_unfull_chunk: True in 0.3.9, False in 0.5.6).
 
 Log lines (container log of the vLLM container, real UTC timestamps so ``sinceTime`` works, a bounded ring per
-pod): ``[2026-11-29 10:00:00,123] LMCache INFO: Reqid: <id>, Total tokens N, LMCache hit tokens: H, need to load:
-L`` at arrival, the ``Retrieved ...`` line after a load, the ``Stored ...`` line after prefill — in the 0.3.9
-formats by default and 0.5.6's with ``settings.lmcache_version``. ``Reqid`` is the ``id`` returned to the client
-(``cmpl-<hex>`` / ``chatcmpl-<hex>``).
+pod), written like the real thing (tests/conformance/facts/lmcache_vllm_logs.yaml): vLLM's ``(EngineCore_DP0
+pid=<n>) `` prefix, LMCache's coloured ``[2026-11-29 10:00:00,123] LMCache INFO:`` prefix and ``(<file>:<line>:
+<logger>)`` suffix, and the message: ``Reqid: <id>, Total tokens N, LMCache hit tokens: H, need to load: L`` at
+arrival, the ``Retrieved ...`` line after a load, the ``Stored ...`` line after prefill. The format is the pod
+image tag's (``lmcache/vllm-openai:v0.3.9`` -> 0.3.9, v0.5 and later -> 0.5.6; ``settings.lmcache_version`` for a
+tag without a version). The id logged is vLLM's *engine* request id, never the ``id`` returned to the client:
+``cmpl-<hex>-0-<8 hex>`` for a completion (prompt index 0, then ``assign_request_id``'s 8 random characters),
+``chatcmpl-<hex>-<8 hex>`` for a chat completion; stage 5 must join them.
 
 Probe hooks: ``twin.services["vllm"]`` is the ``VllmSimulation`` (``pod_cache_stats``, ``l2_target``,
 ``set_profile``).
@@ -52,6 +56,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import threading
 import time
@@ -207,7 +212,10 @@ class PodEngine:
         self.container = container["name"]
         self.node = (pod.get("spec") or {}).get("nodeName", "")
         env = lm.container_env(pod, container)
-        self.version = twin.settings.lmcache_version if twin.settings.lmcache_version in lm.VERSIONS else "0.3.9"
+        self.image = str(container.get("image") or "")
+        self.version = lm.version_for_image(self.image, twin.settings.lmcache_version)
+        # vLLM's engine-core process id, as its log prefix shows it (stable per pod, not drawn from twin.rng)
+        self.pid = 100 + int(hashlib.sha1(f"{self.namespace}/{self.name}/{self.uid}".encode()).hexdigest(), 16) % 9000
         self.config = lm.LmcacheConfig.from_env(env, self.version)
         self.model_path = _arg(container, "--model") or env.get("MODEL_PATH") or DEFAULT_MODEL_PATH
         self.served_name = (_arg(container, "--served-model-name") or env.get("SERVED_MODEL_NAME")
@@ -225,9 +233,10 @@ class PodEngine:
         self.started = time.time()
         self._startup_lines()
 
-    def write(self, level: str, message: str) -> None:
+    def write(self, level: str, message: str, where: str = "engine") -> None:
+        """Append one line as LMCache's logger would print it, logged from ``where`` (a key of lm.LOCATIONS)."""
         now = dt.datetime.now(dt.UTC)
-        self.log.append((now, lm.stamp(now, level, message)))
+        self.log.append((now, lm.stamp(now, level, message, lm.LOCATIONS[self.version][where], self.pid)))
 
     def _startup_lines(self) -> None:
         cfg = self.config
@@ -391,7 +400,7 @@ class VllmSimulation:
         hits = chunks[len(tiers) - 1].end if tiers else 0
         plan = _Plan(req_id, n, chunks, computed, hits)
         need = hits - computed - (1 if hits == n else 0)
-        engine.write("INFO", lm.lookup_line(engine.version, req_id, n, computed, hits, need))
+        engine.write("INFO", lm.lookup_line(engine.version, req_id, n, computed, hits, need), "lookup")
         if need > 0:
             self._retrieve(engine, plan, tiers, l2, target)
         if l2 is not None or cfg.local_cpu:  # with neither, LMCache has no storage backend
@@ -426,7 +435,7 @@ class VllmSimulation:
                 try:
                     entry = l2.read(target.path_of(c)) if l2 is not None else None
                 except OSError as exc:
-                    engine.write("ERROR", f"Failed to read from file {target.path_of(c)}: {exc}")
+                    engine.write("ERROR", f"Failed to read from file {target.path_of(c)}: {exc}", "fs_error")
                     entry = None
                 if entry is None:
                     break
@@ -453,7 +462,8 @@ class VllmSimulation:
         bpt = engine.profile.kv_bytes_per_token
         if l2 is not None and target.fails_writes:
             for c in plan.to_store:
-                engine.write("ERROR", f"Failed to write file {target.path_of(c)}: {target.fails_writes}")
+                engine.write("ERROR", f"Failed to write file {target.path_of(c)}: {target.fails_writes}",
+                             "fs_error")
             return
         stored = 0
         for c in plan.to_store:
@@ -464,14 +474,14 @@ class VllmSimulation:
                     l2.write(target.path_of(c), int(c.tokens * bpt), {"key": c.key, "pod": engine.name,
                                                                       "node": engine.node, "tokens": c.tokens})
                 except OSError as exc:
-                    engine.write("ERROR", f"Failed to write file {target.path_of(c)}: {exc}")
+                    engine.write("ERROR", f"Failed to write file {target.path_of(c)}: {exc}", "fs_error")
             stored += c.tokens
         cost = plan.cost
         assert cost is not None
         ms = cost.store_ms * cost.noise_factor
         share = engine.profile.offload_share
         engine.write("INFO", lm.store_line(engine.version, plan.req_id, stored, plan.total,
-                                           engine.profile.kv_gb(stored), ms, ms * share, ms * (1 - share)))
+                                           engine.profile.kv_gb(stored), ms, ms * share, ms * (1 - share)), "store")
         engine.metrics.lm_stored += stored
 
     def _account(self, engine: PodEngine, plan: _Plan) -> None:
@@ -498,7 +508,8 @@ class VllmSimulation:
             if plan.retrieved:
                 read_ms = (cost.l1_read_ms + cost.l2_read_ms) * f
                 engine.write("INFO", lm.retrieve_line(engine.version, plan.req_id, plan.retrieved, plan.required,
-                                                      plan.total, engine.profile.kv_gb(plan.retrieved), read_ms))
+                                                      plan.total, engine.profile.kv_gb(plan.retrieved), read_ms),
+                             "retrieve")
             time.sleep((cost.prefill_ms + cost.store_ms) * f / 1000)
         finally:
             self._store(engine, plan)
@@ -549,8 +560,10 @@ class VllmSimulation:
                 "completion). Please reduce the length of the messages or completion.")
         output = min(max_tokens, MAX_OUTPUT_TOKENS)
         req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        # What the engine (and so LMCache) sees: prompt 0 of a completion, then assign_request_id's suffix.
+        engine_id = lm.engine_request_id(req_id, uuid.uuid4().hex, None if chat else 0)
         with engine.lock:
-            plan = self._plan(engine, req_id, tokens, output)
+            plan = self._plan(engine, engine_id, tokens, output)
         stream = bool(request.get("stream"))
         usage_wanted = bool((request.get("stream_options") or {}).get("include_usage"))
         response = _Response(engine, req_id, chat, len(tokens), output, plan.computed)

@@ -95,7 +95,11 @@ def test_instance_type_must_start_with_ml() -> None:
 
 
 def test_l2_on_one_node_cluster_is_a_warning_not_an_error() -> None:
-    text = _with(lambda d: d["clusters"][0]["gpu_nodes"].update(count=1))
+    def one_node(d):  # type: ignore[no-untyped-def]
+        d["clusters"][0]["gpu_nodes"].update(count=1)
+        d["endpoints"][0]["replicas"] = 1  # two would not fit one single-GPU node
+
+    text = _with(one_node)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         inv = parse_inventory(text, source="fleet.yaml")

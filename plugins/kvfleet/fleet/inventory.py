@@ -8,21 +8,34 @@ Validation collects *every* problem before it raises, because a platform team fi
 error per run would rightly give up. Each message names the file, the path inside it, the value, what is
 allowed and the fix, e.g. ``fleet.yaml: clusters.ml-prod-1.tiered_storage.memory_percent: 15 is below 20
 (HyperPod accepts 20–100); set it to 20 or more``.
+
+Hostile input is bounded (issue 17): ``load_inventory`` reads only a regular file of at most
+``MAX_INVENTORY_BYTES``; the YAML loader (``fleet/yaml_safe.py``) refuses duplicate keys, alias bombs and deep
+nesting before any value is built; a value is never ``repr()``-ed whole into a message (``show`` cuts it to
+``SHOW_CHARS``); at most ``MAX_PROBLEMS`` problems are listed.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
+import stat
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import hardware, yaml_safe
+
+MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
+SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
+MAX_PROBLEMS: Final = 200  # problems listed; the rest are counted
 
 # Kubernetes DNS-1123 label (namespaces, Deployment names that must also be Service names) and the
 # CRD's modelName pattern (maxLength 63, ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}).
@@ -31,6 +44,37 @@ MODEL_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 HYPERPOD_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 SIZE = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti)$")
 REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+# DNS-1123 subdomain (StorageClass names): lowercase alphanumerics, '-' and '.', at most 253 characters.
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HASH_SEED_MAX: Final = 4_294_967_295  # PYTHONHASHSEED: "an integer in the range [0; 4294967295]" (python --help-env)
+# SemVer 2.0.0 (semver.org's regex), what helm requires of a chart version; EKS add-on versions are v + SemVer.
+SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+                    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+# A helm chart name: lowercase letters, digits and '-' (helm's chart best practices; never a leading '-').
+CHART_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# An OCI image reference (distribution/reference grammar): [domain[:port]/]path[:tag][@digest].
+_IMG_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMG_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_IMG_DOMAIN = rf"(?:{_IMG_LABEL}(?:\.{_IMG_LABEL})*(?::\d{{1,5}})?/)"
+IMAGE_REF = re.compile(rf"^{_IMG_DOMAIN}?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
+                       r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$")
+# A Hugging Face repo id: [owner/]name, letters, digits, '-', '_', '.'; no '--' or '..'; at most 96 characters.
+HF_PART = re.compile(r"^[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?$")
+REPO_URL = re.compile(r"^(https?)://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?(/[A-Za-z0-9._~%/+-]*)?$")
+# Characters helm's --set parser (pkg/strvals, FACTS §7.5) gives a meaning inside a value.
+HELM_SPECIAL = frozenset(",={}[]\\")
+# A host path kvfleet hands to helm and Kubernetes: absolute, plain characters only.
+HOST_PATH = re.compile(r"^/[A-Za-z0-9._/-]*$")
+# Env names kvfleet itself sets in the worker (endpoint_spec.worker_env): an inventory `env` entry would override
+# them silently (a PYTHONHASHSEED there would bypass settings.hash_seed).
+RESERVED_ENV: Final = {
+    C.ENV_REMOTE_URL: "the operator injects its own entry and kvfleet replaces it (a second entry would duplicate it)",
+    C.ENV_HASHSEED: "kvfleet sets it from settings.hash_seed on every pod; set that instead",
+    C.ENV_REMOTE_SERDE: "kvfleet sets it from settings.serde; set that instead",
+    C.ENV_CHUNK_SIZE: "kvfleet sets it from settings.chunk_size; set that instead",
+}
 L2_MODES = ("patch", "kyverno")
 LMCACHE_LOG_FORMATS = ("0.3.9", "0.5.6")
 
@@ -63,6 +107,7 @@ class CurvineSpec:
     storage_class: str = C.CURVINE_STORAGE_CLASS
     fs_path: str = "/l2cache"
     scale_out: str = "report"  # "report": the scheduled path only reports; "auto": it may scale out
+    allow_insecure_repo: bool = False  # an http:// repo_url is refused unless this is true
 
     @property
     def worker_size_bytes(self) -> int:
@@ -208,6 +253,43 @@ def size_to_bytes(size: str) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def show(value: Any, limit: int = SHOW_CHARS) -> str:
+    """A value as a message quotes it: scalars as repr, cut to ``limit`` characters; containers by type and size.
+
+    Never calls ``repr``/``str`` on a container (an alias-shared structure can expand enormously) nor on a huge
+    string or integer.
+    """
+    if isinstance(value, str):
+        if len(value) > limit:
+            return repr(value[:limit]) + f"… ({len(value)} characters)"
+        return repr(value)
+    if value is None or isinstance(value, bool | float):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > 200:
+            return f"an integer of {value.bit_length()} bits"
+        return repr(value)
+    if isinstance(value, dict):
+        return f"a mapping of {len(value)} keys"
+    if isinstance(value, list | tuple | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, bytes):
+        return f"binary data of {len(value)} bytes"
+    text = repr(value)  # dates, timestamps: short by construction
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _key(name: Any) -> str:
+    """A name used inside a problem's path: a short string."""
+    text = name if isinstance(name, str) else show(name)
+    return text if len(text) <= 64 else text[:64] + "…"
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "null"}.get(type(value), f"a {type(value).__name__}")
+
+
 class _Reader:
     """Reads typed fields out of raw YAML mappings, recording a problem instead of raising."""
 
@@ -223,87 +305,153 @@ class _Reader:
         if raw is None:
             return {}
         if not isinstance(raw, dict):
-            self.problem(path, f"expected a mapping, got {type(raw).__name__} {raw!r}")
+            self.problem(path, f"expected a mapping, got {_type_name(raw)} {show(raw)}")
             return {}
-        return raw
+        bad = [k for k in raw if not isinstance(k, str)]
+        for k in bad[:5]:
+            self.problem(f"{path}.{_key(k)}" if path else _key(k),
+                         f"the key {show(k)} is {_type_name(k)}; field names are strings — quote it")
+        return {k: v for k, v in raw.items() if isinstance(k, str)} if bad else raw
 
     def unknown_keys(self, raw: dict[str, Any], allowed: set[str], path: str) -> None:
-        for key in sorted(set(raw) - allowed):
+        for key in sorted(set(raw) - allowed)[:20]:
             self.problem(
-                f"{path}.{key}" if path else key,
+                f"{path}.{_key(key)}" if path else _key(key),
                 f"unknown field; allowed fields: {', '.join(sorted(allowed))}",
             )
 
-    def text(self, raw: dict[str, Any], key: str, path: str, default: str | None = None) -> str:
+    def text(self, raw: dict[str, Any], key: str, path: str, default: str | None = None,
+             max_len: int = 253) -> str:
         value = raw.get(key, default)
         if value is None:
             self.problem(f"{path}.{key}", "is required; add it")
             return ""
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            self.problem(f"{path}.{key}", f"{value!r} is not a string")
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            self.problem(f"{path}.{key}", f"{show(value)} is {_type_name(value)}, not a string; write a string")
             return ""
-        return str(value)
+        if isinstance(value, int) and value.bit_length() > 64:
+            self.problem(f"{path}.{key}", f"{show(value)} is not a string; write a string")
+            return ""
+        text = str(value)
+        if len(text) > max_len:
+            self.problem(f"{path}.{key}", f"{show(text)} is longer than {max_len} characters; shorten it")
+            return ""
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+            self.problem(f"{path}.{key}", f"{show(text)} contains a control character; remove it")
+            return ""
+        return text
 
     def integer(self, raw: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int,
                 why: str = "") -> int:
         value = raw.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(f"{path}.{key}", f"{value!r} is not an integer; use a whole number in {lo}–{hi}")
+            self.problem(f"{path}.{key}", f"{show(value)} is not an integer; use a whole number in {lo}–{hi}")
             return default
         if value < lo:
-            self.problem(f"{path}.{key}", f"{value} is below {lo}{why}; set it to {lo} or more")
-        elif value > hi:
-            self.problem(f"{path}.{key}", f"{value} is above {hi}{why}; set it to {hi} or less")
+            self.problem(f"{path}.{key}", f"{show(value)} is below {lo}{why}; set it to {lo} or more")
+            return default
+        if value > hi:
+            self.problem(f"{path}.{key}", f"{show(value)} is above {hi}{why}; set it to {hi} or less")
+            return default
         return value
 
     def boolean(self, raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
         value = raw.get(key, default)
         if not isinstance(value, bool):
-            self.problem(f"{path}.{key}", f"{value!r} is not a boolean; use true or false")
+            self.problem(f"{path}.{key}", f"{show(value)} is not a boolean; use true or false")
             return default
         return value
 
     def choice(self, raw: dict[str, Any], key: str, path: str, default: str,
                allowed: tuple[str, ...] | frozenset[str]) -> str:
         value = raw.get(key, default)
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             self.problem(
                 f"{path}.{key}",
-                f"{value!r} is not one of {', '.join(sorted(allowed))}; pick one of them",
+                f"{show(value)} is not one of {', '.join(sorted(allowed))}; pick one of them",
             )
             return default
-        return str(value)
+        return value
 
     def name(self, value: str, path: str, pattern: re.Pattern[str], what: str) -> None:
         if value and not pattern.match(value):
-            self.problem(path, f"{value!r} is not a valid {what}; use lowercase letters, digits and '-', "
+            self.problem(path, f"{show(value)} is not a valid {what}; use lowercase letters, digits and '-', "
                          "starting and ending with a letter or digit, at most 63 characters")
 
     def size(self, raw: dict[str, Any], key: str, path: str, default: str) -> str:
         value = self.text(raw, key, path, default)
         if value and not SIZE.match(value):
-            self.problem(f"{path}.{key}", f"{value!r} is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti")
+            self.problem(f"{path}.{key}", f"{show(value)} is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti")
+            return default
         return value
+
+    def storage_class(self, raw: dict[str, Any], key: str, path: str, default: str) -> str:
+        value = self.text(raw, key, path, default)
+        if value and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
+            self.problem(f"{path}.{key}", f"{show(value)} is not a valid StorageClass name (DNS-1123 subdomain: "
+                         "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at "
+                         "most 253 characters); use e.g. ebs-sc")
+        return value
+
+    def helm_value(self, value: str, path: str) -> bool:
+        """A string that reaches ``helm --set``: refuse what helm's parser would interpret (FACTS §7.5)."""
+        if value.startswith("-"):
+            self.problem(path, f"{show(value)} begins with '-', which helm and kubectl read as a flag; "
+                         "remove the leading '-'")
+            return False
+        special = sorted({ch for ch in value if ch in HELM_SPECIAL})
+        if special:
+            self.problem(path, f"{show(value)} contains {' '.join(repr(c) for c in special)}, which helm's --set "
+                         "parser interprets (a ',' splits the value, '=' '{' '}' '[' '\\' are syntax); "
+                         "use a value without them")
+            return False
+        return True
 
 
 def _named_items(r: _Reader, raw: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """Accept a list of mappings with `name`, or a mapping keyed by name; return (name, body) pairs."""
+    """Accept a list of mappings with `name`, or a mapping keyed by name; return (name, body) pairs.
+
+    A name must be a string (or a plain integer); a name that appears twice is a problem, never "last wins".
+    """
     if raw is None:
         return []
+    items: list[tuple[str, dict[str, Any]]] = []
     if isinstance(raw, dict):
-        items = []
         for name, body in raw.items():
-            body = r.mapping(body, f"{path}.{name}")
-            items.append((str(name), {**body, "name": body.get("name", name)}))
-        return items
-    if isinstance(raw, list):
-        items = []
+            body = r.mapping(body, f"{path}.{_key(name)}")
+            items.append((_key(name), {**body, "name": body.get("name", name)}))
+    elif isinstance(raw, list):
         for i, body in enumerate(raw):
             body = r.mapping(body, f"{path}[{i}]")
-            items.append((str(body.get("name", f"#{i}")), body))
-        return items
-    r.problem(path, f"expected a list or mapping, got {type(raw).__name__}")
-    return []
+            name = body.get("name", f"#{i}")
+            if isinstance(name, bool) or not isinstance(name, str | int) or len(str(name)) > 253:
+                r.problem(f"{path}[{i}].name", f"{show(name)} is not a name; use a string")
+                name = f"#{i}"
+            items.append((str(name), body))
+    else:
+        r.problem(path, f"expected a list or mapping, got {_type_name(raw)} {show(raw)}")
+        return []
+    return items
+
+
+def _unique(r: _Reader, items: list[tuple[str, dict[str, Any]]], path: str, what: str) -> None:
+    seen: dict[str, int] = {}
+    for i, (name, _) in enumerate(items):
+        if name.startswith("#"):
+            continue
+        if name in seen:
+            r.problem(f"{path}[{i}]", f"duplicate {what} {show(name)} (also at {path}[{seen[name]}]); "
+                      "each name may appear once — merge the two entries or rename one")
+        else:
+            seen[name] = i
+
+
+def _no_dotdot(r: _Reader, value: str, path: str, what: str) -> bool:
+    if ".." in value.split("/"):
+        r.problem(path, f"{show(value)} contains a '..' segment; {what} must not climb out of its directory — "
+                  "write the path without '..'")
+        return False
+    return True
 
 
 def _settings(r: _Reader, raw: dict[str, Any]) -> Settings:
@@ -313,22 +461,55 @@ def _settings(r: _Reader, raw: dict[str, Any]) -> Settings:
     s = Settings(
         wave_size=r.integer(raw, "wave_size", path, 3, 1, 500),
         chunk_size=r.integer(raw, "chunk_size", path, C.CHUNK_SIZE, 16, 4096),
-        l2_url=r.text(raw, "l2_url", path, C.L2_URL),
+        l2_url=r.text(raw, "l2_url", path, C.L2_URL, max_len=1024),
         serde=r.choice(raw, "serde", path, C.L2_SERDE, ("naive",)),
-        hash_seed=r.text(raw, "hash_seed", path, C.PYTHONHASHSEED),
+        hash_seed=_hash_seed(r, raw, path),
         lmcache_log_format=r.choice(raw, "lmcache_log_format", path, "0.3.9", LMCACHE_LOG_FORMATS),
         operator_pause_threshold_minutes=r.integer(raw, "operator_pause_threshold_minutes", path, 30, 1, 1440),
     )
     if s.l2_url and not s.l2_url.startswith(f"fs://localhost:0{C.L2_MOUNT_PATH}/"):
-        r.problem(f"{path}.l2_url", f"{s.l2_url!r} must be an fs:// URL under {C.L2_MOUNT_PATH}/ "
+        r.problem(f"{path}.l2_url", f"{show(s.l2_url)} must be an fs:// URL under {C.L2_MOUNT_PATH}/ "
                   f"(LMCache's fs connector reads the Curvine mount); use {C.L2_URL}")
+    elif s.l2_url and _no_dotdot(r, s.l2_url, f"{path}.l2_url", "the L2 path") and " " in s.l2_url:
+        r.problem(f"{path}.l2_url", f"{show(s.l2_url)} contains a space; use {C.L2_URL}")
     return s
+
+
+def _hash_seed(r: _Reader, raw: dict[str, Any], path: str) -> str:
+    value = raw.get("hash_seed", C.PYTHONHASHSEED)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value) if value.bit_length() <= 64 else value
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 10 \
+            or int(value) > HASH_SEED_MAX:
+        r.problem(f"{path}.hash_seed", f"{show(value)} is not an integer string in 0–{HASH_SEED_MAX}; "
+                  "PYTHONHASHSEED must be the same fixed number on every pod (LMCache keys derive from Python "
+                  "hashes; 'random' gives each pod its own keys and no cross-pod hit) — use \"0\"")
+        return C.PYTHONHASHSEED
+    return value
+
+
+def _chart_version(r: _Reader, value: str, path: str, what: str) -> None:
+    if value and not SEMVER.match(value):
+        r.problem(path, f"{show(value)} is not a SemVer 2 version, which {what} requires; use e.g. "
+                  f"{C.CURVINE_CHART_VERSION}")
+
+
+def _repo_url(r: _Reader, value: str, allow_http: bool, path: str) -> None:
+    if not value:
+        return
+    m = REPO_URL.match(value)
+    if not m:
+        r.problem(path, f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user "
+                  "name, query or spaces); use e.g. https://curvineio.github.io/helm-charts")
+    elif m.group(1) == "http" and not allow_http:
+        r.problem(path, f"{show(value)} is plain http: charts fetched over it can be altered in transit; use "
+                  "https://, or set allow_insecure_repo: true beside it for a repository you trust on your network")
 
 
 def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
     d = CurvineSpec()
     r.unknown_keys(raw, {"chart", "csi_chart", "repo_url", "version", "namespace", "master", "worker",
-                         "storage_class", "fs_path", "scale_out"}, path)
+                         "storage_class", "fs_path", "scale_out", "allow_insecure_repo"}, path)
     master = r.mapping(raw.get("master"), f"{path}.master")
     worker = r.mapping(raw.get("worker"), f"{path}.worker")
     r.unknown_keys(master, {"replicas", "storage_class", "meta_size", "journal_size"}, f"{path}.master")
@@ -336,45 +517,94 @@ def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
     spec = CurvineSpec(
         chart=r.text(raw, "chart", path, d.chart),
         csi_chart=r.text(raw, "csi_chart", path, d.csi_chart),
-        repo_url=r.text(raw, "repo_url", path, d.repo_url),
+        repo_url=r.text(raw, "repo_url", path, d.repo_url, max_len=2048),
         version=r.text(raw, "version", path, d.version),
         namespace=r.text(raw, "namespace", path, d.namespace),
         master_replicas=r.integer(master, "replicas", f"{path}.master", 1, 1, 7),
-        master_storage_class=r.text(master, "storage_class", f"{path}.master", d.master_storage_class),
+        master_storage_class=r.storage_class(master, "storage_class", f"{path}.master", d.master_storage_class),
         master_meta_size=r.size(master, "meta_size", f"{path}.master", d.master_meta_size),
         master_journal_size=r.size(master, "journal_size", f"{path}.master", d.master_journal_size),
         worker_replicas=r.integer(worker, "replicas", f"{path}.worker", 2, 1, 1000),
-        worker_host_path=r.text(worker, "host_path", f"{path}.worker", d.worker_host_path),
+        worker_host_path=r.text(worker, "host_path", f"{path}.worker", d.worker_host_path, max_len=4096),
         worker_size=r.size(worker, "size", f"{path}.worker", d.worker_size),
-        storage_class=r.text(raw, "storage_class", path, d.storage_class),
-        fs_path=r.text(raw, "fs_path", path, d.fs_path),
+        storage_class=r.storage_class(raw, "storage_class", path, d.storage_class),
+        fs_path=r.text(raw, "fs_path", path, d.fs_path, max_len=4096),
         scale_out=r.choice(raw, "scale_out", path, "report", ("report", "auto")),
+        allow_insecure_repo=r.boolean(raw, "allow_insecure_repo", path, False),
     )
     if spec.master_replicas % 2 == 0:
         r.problem(f"{path}.master.replicas", f"{spec.master_replicas} is even; Curvine's Raft masters must be "
                   "odd (1, 3, 5, 7)")
     r.name(spec.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
-    if not spec.worker_host_path.startswith("/"):
-        r.problem(f"{path}.worker.host_path", f"{spec.worker_host_path!r} must be an absolute path on the node's NVMe")
-    if not spec.fs_path.startswith("/"):
-        r.problem(f"{path}.fs_path", f"{spec.fs_path!r} must be an absolute Curvine path such as /l2cache")
+    for key, value in (("chart", spec.chart), ("csi_chart", spec.csi_chart)):
+        if value and not CHART_NAME.match(value):
+            r.problem(f"{path}.{key}", f"{show(value)} is not a helm chart name (lowercase letters, digits and "
+                      "'-', starting and ending with a letter or digit); use e.g. curvine")
+    _chart_version(r, spec.version, f"{path}.version", "helm")
+    _repo_url(r, spec.repo_url, spec.allow_insecure_repo, f"{path}.repo_url")
+    hp = spec.worker_host_path
+    hp_path = f"{path}.worker.host_path"
+    if hp and r.helm_value(hp, hp_path) and _no_dotdot(r, hp, hp_path, "a host path") \
+            and (not HOST_PATH.match(hp) or len(hp) < 2):
+        r.problem(f"{path}.worker.host_path", f"{show(hp)} must be an absolute path on the node's NVMe of "
+                  "letters, digits, '.', '_', '-' and '/'; use e.g. /opt/dlami/nvme/curvine-data")
+    fs = spec.fs_path
+    if fs and _no_dotdot(r, fs, f"{path}.fs_path", "the Curvine path") and not HOST_PATH.match(fs):
+        r.problem(f"{path}.fs_path", f"{show(fs)} must be an absolute Curvine path of letters, digits, "
+                  "'.', '_', '-' and '/', such as /l2cache")
     return spec
+
+
+def _json_value(r: _Reader, value: Any, path: str, depth: int = 0) -> bool:
+    """True when ``value`` is plain JSON (add-on configurationValues are sent as a JSON string)."""
+    if depth > 20:
+        r.problem(path, "is nested more than 20 levels; flatten it")
+        return False
+    if value is None or isinstance(value, bool | str):
+        return True
+    if isinstance(value, int):
+        return value.bit_length() <= 64 or _bad(r, path, value, "an integer beyond 64 bits")
+    if isinstance(value, float):
+        return math.isfinite(value) or _bad(r, path, value, "not a finite number")
+    if isinstance(value, list):
+        return all(_json_value(r, v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+    if isinstance(value, dict):
+        return all(
+            (isinstance(k, str) or _bad(r, f"{path}.{_key(k)}", k, "a key that is not a string"))
+            and _json_value(r, v, f"{path}.{_key(k)}", depth + 1)
+            for k, v in value.items()
+        )
+    return _bad(r, path, value, f"{_type_name(value)}, which JSON cannot carry")
+
+
+def _bad(r: _Reader, path: str, value: Any, why: str) -> bool:
+    r.problem(path, f"{show(value)} is {why}; use a string, number, boolean, list or mapping")
+    return False
 
 
 def _addons(r: _Reader, raw: Any, path: str) -> tuple[AddonSpec, ...]:
     specs = []
-    for name, body in _named_items(r, raw, path):
+    items = _named_items(r, raw, path)
+    _unique(r, items, path, "add-on")
+    for name, body in items:
         p = f"{path}.{name}"
         if name not in C.ADDON_ORDER:
-            r.problem(p, f"unknown add-on {name!r}; kvfleet manages {', '.join(C.ADDON_ORDER)}")
+            r.problem(p, f"unknown add-on {show(name)}; kvfleet manages {', '.join(C.ADDON_ORDER)}")
             continue
         r.unknown_keys(body, {"name", "version", "configuration"}, p)
         conf = body.get("configuration")
         if conf is not None and not isinstance(conf, dict):
-            r.problem(f"{p}.configuration", "must be a mapping (it is sent as the add-on's JSON configurationValues)")
+            r.problem(f"{p}.configuration", f"{show(conf)} must be a mapping (it is sent as the add-on's JSON "
+                      "configurationValues)")
             conf = None
-        version = body.get("version")
-        specs.append(AddonSpec(name=name, version=str(version) if version else None, configuration=conf))
+        elif conf is not None and not _json_value(r, conf, f"{p}.configuration"):
+            conf = None
+        version = r.text(body, "version", p, "") or None
+        if version and not (version.startswith("v") and SEMVER.match(version[1:])):
+            r.problem(f"{p}.version", f"{show(version)} is not an EKS add-on version (v + SemVer, such as "
+                      "v1.0.0-eksbuild.1); use the version `aws eks describe-addon-versions` lists")
+            version = None
+        specs.append(AddonSpec(name=name, version=version, configuration=conf))
     return tuple(specs)
 
 
@@ -385,7 +615,7 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
     r.name(name, f"{path}.name", HYPERPOD_NAME, "HyperPod cluster name")
     region = r.text(raw, "region", path)
     if region and not REGION.match(region):
-        r.problem(f"{path}.region", f"{region!r} is not an AWS region such as us-east-1")
+        r.problem(f"{path}.region", f"{show(region)} is not an AWS region such as us-east-1")
     ts = r.mapping(raw.get("tiered_storage"), f"{path}.tiered_storage")
     r.unknown_keys(ts, {"mode", "memory_percent"}, f"{path}.tiered_storage")
     gpu = r.mapping(raw.get("gpu_nodes"), f"{path}.gpu_nodes")
@@ -404,26 +634,61 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
         gpu_instance_type=r.text(gpu, "instance_type", f"{path}.gpu_nodes", "ml.g6e.4xlarge"),
         l2_injection=r.choice(raw, "l2_injection", path, "patch", L2_MODES),
         production=r.boolean(raw, "production", path, False),
-        ebs_storage_class=r.text(raw, "ebs_storage_class", path, "ebs-sc"),
+        ebs_storage_class=r.storage_class(raw, "ebs_storage_class", path, "ebs-sc"),
         curvine=_curvine(r, r.mapping(raw.get("curvine"), f"{path}.curvine"), f"{path}.curvine"),
         addons=_addons(r, raw.get("addons"), f"{path}.addons"),
     )
-    _instance_type(r, cluster.gpu_instance_type, f"{path}.gpu_nodes.instance_type")
+    if _instance_type(r, cluster.gpu_instance_type, f"{path}.gpu_nodes.instance_type") \
+            and hardware.gpu_shape(cluster.gpu_instance_type) is None:
+        r.problem(f"{path}.gpu_nodes.instance_type", f"{show(cluster.gpu_instance_type)} is not an instance type "
+                  "kvfleet knows the GPUs of, so GPU capacity cannot be checked; use one of "
+                  f"{', '.join(hardware.known_types())}")
     return cluster
 
 
-def _instance_type(r: _Reader, value: str, path: str) -> None:
+def _instance_type(r: _Reader, value: str, path: str) -> bool:
     if value and not value.startswith("ml."):
-        r.problem(path, f"{value!r} does not start with 'ml.' (SageMaker instance types do, "
-                  f"and the CRD's instanceType pattern is ^ml\\..*); use e.g. ml.{value}")
+        r.problem(path, f"{show(value)} does not start with 'ml.' (SageMaker instance types do, "
+                  f"and the CRD's instanceType pattern is ^ml\\..*); use e.g. ml.{_key(value)}")
+        return False
+    if value and not re.match(r"^ml\.[a-z0-9-]+\.[a-z0-9]+$", value):
+        r.problem(path, f"{show(value)} is not a SageMaker instance type such as ml.g5.4xlarge")
+        return False
+    return bool(value)
+
+
+def _env(r: _Reader, raw: Any, path: str) -> dict[str, str]:
+    env = r.mapping(raw, path)
+    out: dict[str, str] = {}
+    for name, value in list(env.items())[:200]:
+        p = f"{path}.{_key(name)}"
+        if not ENV_NAME.match(name) or len(name) > 255:
+            r.problem(p, f"{show(name)} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most "
+                      "255 characters); rename it, e.g. with '_' instead of '-' or '.'")
+            continue
+        if name in RESERVED_ENV:
+            r.problem(p, f"must not be set in the inventory: {RESERVED_ENV[name]}; remove it")
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float) or \
+                (isinstance(value, int) and value.bit_length() > 64):
+            r.problem(p, f"{show(value)} is {_type_name(value)}; an env value is a string — quote it, e.g. "
+                      f"{name}: \"1\"")
+            continue
+        text = str(value)
+        if len(text) > 4096 or "\0" in text:
+            r.problem(p, f"{show(text)} is longer than 4096 characters or contains NUL; shorten it")
+            continue
+        out[name] = text
+    if len(env) > 200:
+        r.problem(path, f"has {len(env)} entries; at most 200")
+    return out
 
 
 def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
     # Index plus name: the same name may legally appear on two clusters, so the name alone is ambiguous.
-    path = f"endpoints[{i}]" if name.startswith("#") else f"endpoints[{i}]({name})"
+    path = f"endpoints[{i}]" if name.startswith("#") else f"endpoints[{i}]({_key(name)})"
     r.unknown_keys(raw, {"name", "namespace", "lob", "cluster", "model", "instance_type", "replicas",
                          "routing", "l1", "l2", "image", "model_id", "env"}, path)
-    env = r.mapping(raw.get("env"), f"{path}.env")
     ep = Endpoint(
         name=r.text(raw, "name", path),
         namespace=r.text(raw, "namespace", path, "default"),
@@ -435,40 +700,67 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
         routing=r.choice(raw, "routing", path, "prefixaware", C.ROUTING_STRATEGIES),
         l1=r.boolean(raw, "l1", path, True),
         l2=r.boolean(raw, "l2", path, True),
-        image=r.text(raw, "image", path, Endpoint.image),
+        image=r.text(raw, "image", path, Endpoint.image, max_len=512),
         model_id=r.text(raw, "model_id", path, Endpoint.model_id),
-        extra_env={str(k): str(v) for k, v in env.items()},
+        extra_env=_env(r, raw.get("env"), f"{path}.env"),
     )
     r.name(ep.name, f"{path}.name", DNS_LABEL, "Kubernetes object name")
     r.name(ep.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
     if ep.model and not MODEL_NAME.match(ep.model):
-        r.problem(f"{path}.model", f"{ep.model!r} does not match the CRD's modelName pattern "
+        r.problem(f"{path}.model", f"{show(ep.model)} does not match the CRD's modelName pattern "
                   "^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; use letters, digits and '-' only")
     _instance_type(r, ep.instance_type, f"{path}.instance_type")
-    for reserved in (C.ENV_REMOTE_URL,):
-        if reserved in ep.extra_env:
-            r.problem(f"{path}.env.{reserved}", "must not be set in the inventory: the operator injects its own "
-                      "entry and kvfleet replaces it (a second entry would duplicate it); remove it")
+    if ep.image and (len(ep.image) > 255 or not IMAGE_REF.match(ep.image)):
+        r.problem(f"{path}.image", f"{show(ep.image)} is not an image reference "
+                  "([registry[:port]/]repository[:tag][@sha256:digest], lowercase repository); use e.g. "
+                  f"{Endpoint.image}")
+    if ep.model_id:
+        parts = ep.model_id.split("/")
+        if len(parts) > 2 or len(ep.model_id) > 96 or "--" in ep.model_id or ".." in ep.model_id \
+                or not all(HF_PART.match(p) for p in parts):
+            r.problem(f"{path}.model_id", f"{show(ep.model_id)} is not a Hugging Face model id ([owner/]name of "
+                      "letters, digits, '-', '_' and '.', no '--' or '..', at most 96 characters); use e.g. "
+                      f"{Endpoint.model_id}")
     return ep
 
 
 def _cross_checks(r: _Reader, inv_lobs: dict[str, Lob], clusters: dict[str, Cluster],
                   endpoints: list[tuple[str, Endpoint]]) -> None:
     seen: dict[tuple[str, str, str], str] = {}
+    named: dict[tuple[str, str], tuple[str, str]] = {}
+    unique: list[tuple[str, Endpoint]] = []  # a duplicate is its own problem, not also GPU demand
     for path, ep in endpoints:
         if ep.cluster and ep.cluster not in clusters:
-            r.problem(f"{path}.cluster", f"{ep.cluster!r} is not a declared cluster; declared: "
-                      f"{', '.join(sorted(clusters)) or 'none'}")
+            r.problem(f"{path}.cluster", f"{show(ep.cluster)} is not a declared cluster; declared: "
+                      f"{', '.join(sorted(clusters)[:20]) or 'none'}")
         if ep.lob and ep.lob not in inv_lobs:
-            r.problem(f"{path}.lob", f"{ep.lob!r} is not a declared line of business; declared: "
-                      f"{', '.join(sorted(inv_lobs)) or 'none'}")
+            r.problem(f"{path}.lob", f"{show(ep.lob)} is not a declared line of business; declared: "
+                      f"{', '.join(sorted(inv_lobs)[:20]) or 'none'}")
         key = (ep.cluster, ep.namespace, ep.name)
         if key in seen:
             r.problem(f"{path}", f"duplicate endpoint {ep.namespace}/{ep.name} on cluster {ep.cluster} "
                       f"(also at {seen[key]}); rename one or move it to another namespace")
+            continue
+        seen[key] = path
+        unique.append((path, ep))
+        other = named.get((ep.cluster, ep.name))
+        if other is not None and ep.name:
+            # The CR's spec.endpointName is ep.name; the CRD describes it as the "Name of a SageMaker endpoint to
+            # be created for this InferenceEndpointConfig", and a SageMaker endpoint name is unique per AWS
+            # account and region — one cluster is one account and region, so the namespace does not separate
+            # the two: the second CR's endpoint would collide with the first.
+            r.problem(f"{path}.name", f"{show(ep.name)} is also the endpoint at {other[0]} (namespace "
+                      f"{other[1]}) on cluster {ep.cluster}; kvfleet sets the CR's endpointName to the name, and "
+                      "that names a SageMaker endpoint, unique per AWS account and region (the CRD: \"Name of a "
+                      "SageMaker endpoint to be created\"), so two namespaces cannot both use it; rename one")
         else:
-            seen[key] = path
+            named[(ep.cluster, ep.name)] = (path, ep.namespace)
         cluster = clusters.get(ep.cluster)
+        if cluster and ep.instance_type.startswith("ml.") and cluster.gpu_instance_type.startswith("ml.") \
+                and ep.instance_type != cluster.gpu_instance_type:
+            r.problem(f"{path}.instance_type", f"{show(ep.instance_type)} but cluster {ep.cluster}'s GPU nodes are "
+                      f"{cluster.gpu_instance_type} (gpu_nodes.instance_type): the operator schedules a replica "
+                      f"only on nodes of its instanceType, so none would start; use {cluster.gpu_instance_type}")
         if cluster and ep.l2 and cluster.gpu_node_count < 2:
             # A warning, not an error: L2 still serves one pod's restarts, but cross-node reuse (the point of
             # a shared L2) cannot exist and stage 5 will always report `unverifiable`.
@@ -477,25 +769,67 @@ def _cross_checks(r: _Reader, inv_lobs: dict[str, Lob], clusters: dict[str, Clus
                 f"{cluster.gpu_node_count} GPU node; cross-node reuse needs at least 2 nodes, so verification "
                 "will be 'unverifiable'. Add a node or set l2: false."
             )
+    _gpu_capacity(r, clusters, unique)
+
+
+def gpu_demand(cluster: Cluster, endpoints: list[Endpoint] | tuple[Endpoint, ...]) -> tuple[int, int]:
+    """(GPUs the cluster's endpoints need, GPUs its declared nodes have), headroom of its L2 mode included."""
+    shape = hardware.gpu_shape(cluster.gpu_instance_type)
+    available = cluster.gpu_node_count * (shape.gpus if shape else 0)
+    needed = sum(e.replicas * hardware.GPUS_PER_REPLICA for e in endpoints if e.cluster == cluster.name)
+    # Surge headroom of the change strategy goes here (0 for both today: see hardware.PATCH_HEADROOM_GPUS).
+    needed += hardware.PATCH_HEADROOM_GPUS.get(cluster.l2_injection, 0)
+    return needed, available
+
+
+def _gpu_capacity(r: _Reader, clusters: dict[str, Cluster], endpoints: list[tuple[str, Endpoint]]) -> None:
+    for cluster in clusters.values():
+        shape = hardware.gpu_shape(cluster.gpu_instance_type)
+        if shape is None or cluster.gpu_node_count < 1:
+            continue  # already a problem of its own
+        eps = [ep for _, ep in endpoints if ep.cluster == cluster.name]
+        needed, available = gpu_demand(cluster, eps)
+        if needed > available:
+            top = sorted(eps, key=lambda e: -e.replicas)[:5]
+            detail = ", ".join(f"{e.namespace}/{e.name} {e.replicas}" for e in top)
+            r.problem(f"clusters.{cluster.name}.gpu_nodes",
+                      f"GPU overcommit: the endpoints need {needed} GPUs ({len(eps)} endpoints, replicas × "
+                      f"{hardware.GPUS_PER_REPLICA} GPU each: {detail}{', …' if len(eps) > 5 else ''}) but "
+                      f"{cluster.gpu_node_count} × {cluster.gpu_instance_type} nodes have {available} GPUs "
+                      f"({shape.gpus} {shape.gpu} per node); replicas beyond {available} would stay Pending and "
+                      f"the rollout end in DeploymentFailed — lower replicas or raise gpu_nodes.count to "
+                      f"{-(-needed // shape.gpus)}")
 
 
 def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
     """Parse and validate an inventory text. Raises ``InventoryError`` listing every problem."""
     r = _Reader(source)
+    if len(text) > MAX_INVENTORY_BYTES:
+        raise InventoryError([f"{source}: the inventory has {len(text)} characters, more than the "
+                              f"{MAX_INVENTORY_BYTES} allowed; split the fleet into several files"])
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml_safe.load(text)
     except yaml.YAMLError as exc:
-        raise InventoryError([f"{source}: not valid YAML: {exc}"]) from exc
+        raise InventoryError([f"{source}: not valid YAML: {_cut(str(exc), 400)}"]) from None
+    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        # a constructor's own failure (e.g. an integer of more than 4300 digits, a bad timestamp)
+        raise InventoryError([f"{source}: not valid YAML: {type(exc).__name__}: {_cut(str(exc), 200)}"]) from None
     raw = r.mapping(raw, "(top level)")
     r.unknown_keys(raw, {"settings", "lobs", "clusters", "endpoints"}, "")
     settings = _settings(r, r.mapping(raw.get("settings"), "settings"))
-    lobs = {}
-    for name, body in _named_items(r, raw.get("lobs"), "lobs"):
+    lobs: dict[str, Lob] = {}
+    lob_items = _named_items(r, raw.get("lobs"), "lobs")
+    _unique(r, lob_items, "lobs", "line of business")
+    for name, body in lob_items:
         r.unknown_keys(body, {"name", "description", "remediate_drift"}, f"lobs.{name}")
         r.name(name, f"lobs.{name}", DNS_LABEL, "line-of-business name")
-        lobs[name] = Lob(name, str(body.get("description", "")),
-                         r.boolean(body, "remediate_drift", f"lobs.{name}", False))
-    clusters = {name: _cluster(r, name, body) for name, body in _named_items(r, raw.get("clusters"), "clusters")}
+        lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000),
+                                  r.boolean(body, "remediate_drift", f"lobs.{name}", False)))
+    cluster_items = _named_items(r, raw.get("clusters"), "clusters")
+    _unique(r, cluster_items, "clusters", "cluster")
+    clusters: dict[str, Cluster] = {}
+    for name, body in cluster_items:
+        clusters.setdefault(name, _cluster(r, name, body))
     endpoints = []
     for i, (name, body) in enumerate(_named_items(r, raw.get("endpoints"), "endpoints")):
         ep = _endpoint(r, name, body, i)
@@ -504,7 +838,10 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
         r.problem("clusters", "no cluster declared; declare at least one")
     _cross_checks(r, lobs, clusters, endpoints)
     if r.problems:
-        raise InventoryError(r.problems)
+        shown = r.problems[:MAX_PROBLEMS]
+        if len(r.problems) > MAX_PROBLEMS:
+            shown.append(f"{source}: … and {len(r.problems) - MAX_PROBLEMS} more problems")
+        raise InventoryError(shown)
     for w in r.warnings:
         warnings.warn(w, InventoryWarning, stacklevel=2)
     return Inventory(
@@ -517,10 +854,47 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
     )
 
 
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def read_inventory_text(path: str | Path) -> str:
+    """The inventory's text: a regular file of at most ``MAX_INVENTORY_BYTES``, UTF-8. ``InventoryError`` else.
+
+    The type is checked before the file is opened (``open`` would block on a FIFO and ``read`` never ends on
+    /dev/zero), and the read itself stops one byte past the limit (the file may grow between stat and read).
+    """
+    p = Path(path)
+    shown = _cut(str(p), 200)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise InventoryError([f"{shown}: cannot read the inventory: {exc.strerror}"]) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise InventoryError([f"{shown}: is {kind}, not a regular file; --fleet takes a YAML file"])
+    if st.st_size > MAX_INVENTORY_BYTES:
+        raise InventoryError([f"{shown}: the inventory is {st.st_size} bytes, more than the "
+                              f"{MAX_INVENTORY_BYTES} ({MAX_INVENTORY_BYTES // 1024 // 1024} MiB) allowed; "
+                              "split the fleet into several files"])
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped between stat and open
+                raise InventoryError([f"{shown}: is not a regular file; --fleet takes a YAML file"])
+            data = fh.read(MAX_INVENTORY_BYTES + 1)
+    except OSError as exc:
+        raise InventoryError([f"{shown}: cannot read the inventory: {exc.strerror}"]) from None
+    if len(data) > MAX_INVENTORY_BYTES:
+        raise InventoryError([f"{shown}: the inventory is more than {MAX_INVENTORY_BYTES} bytes; split it"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError([f"{shown}: is not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from None
+
+
 def load_inventory(path: str | Path) -> Inventory:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise InventoryError([f"{p}: cannot read the inventory: {exc.strerror}"]) from exc
-    return parse_inventory(text, source=p.name)
+    return parse_inventory(read_inventory_text(p), source=_cut(p.name, 200))

@@ -19,9 +19,11 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
+from alembic.util.exc import CommandError as AlembicError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.exc import SQLAlchemyError
 
 from kvfleet.airflow.ui import catalog, pages
 from kvfleet.airflow.ui.catalog import Filters, QueryError
@@ -84,6 +86,13 @@ async def not_signed_in(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 
+async def history_unavailable(request: Request, exc: Exception) -> Response:
+    log.exception("kvfleet page: reading the history failed")
+    return JSONResponse({"detail": f"the kvfleet history could not be read ({type(exc).__name__}); check "
+                                   "KVFLEET_HISTORY_URL or the kvfleet_history connection and the API server's log"},
+                        status_code=503)
+
+
 async def bad_query(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, QueryError)
     return JSONResponse({"detail": str(exc)}, status_code=exc.status)
@@ -136,6 +145,8 @@ def create_app(history_factory: Callable[[], Any] = _history) -> FastAPI:
     app.state.history = None
     app.add_exception_handler(NotSignedIn, not_signed_in)
     app.add_exception_handler(QueryError, bad_query)
+    app.add_exception_handler(SQLAlchemyError, history_unavailable)
+    app.add_exception_handler(AlembicError, history_unavailable)
     app.get("/", include_in_schema=False)(index)
     app.get("/api/queries")(list_queries)
     app.get("/api/queries/{name}")(run_query)

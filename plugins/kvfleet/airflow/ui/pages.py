@@ -360,7 +360,7 @@ def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str
     summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["statuses"].items())) or "none"
     return (form + f'<p class="summary">{len(data["runs"])} runs: {summary}.</p>'
             + table(data["runs"], ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status",
-                                   "changed", "unchanged", "failed", "planned"], table_id="runs"))
+                                   "reason", "changed", "unchanged", "failed", "planned"], table_id="runs"))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], str]] = {

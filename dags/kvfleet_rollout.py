@@ -71,8 +71,10 @@ def kvfleet_rollout() -> None:
                 gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot)
                 wave >> gate
                 previous, upstream = gate.output, gate
+        # A teardown WITHOUT a setup: it runs once everything upstream is done, whatever their states, so a
+        # failed `stages` (which would mark a setup's teardown upstream_failed) still frees the lease and slot.
         # A failed restore must fail the run loudly: the operator would be left paused.
-        upstream >> release(cluster).as_teardown(setups=first, on_failure_fail_dagrun=True)
+        upstream >> release(cluster).as_teardown(on_failure_fail_dagrun=True)
         return wave
 
     @task(trigger_rule="none_failed")

@@ -5,6 +5,16 @@ Task structure (one run): ``plan`` -> a mapped task group per cluster -> ``finis
 -> ``gate_0`` -> ``wave_1`` -> ``gate_1`` -> ... -> ``wave_{SLOTS-1}`` -> ``release`` (teardown: restore the
 operator if this run paused it, release lease and slot).
 
+What each exit path does with the lease and the slot (issue 14):
+- a task that ends normally with more of its run to come **parks** the lease (``ClusterLock.park``: no
+  heartbeat, the gate's ttl; free at once when Airflow says the run is no longer running);
+- a task that fails (any exception, a permanent error, SIGTERM) **releases** the lease, and ``cluster_stages``
+  its slot too; a retry takes them again;
+- ``release`` is a teardown with no setup task, so it runs once everything upstream is done whatever their
+  states (success, failed, upstream_failed, skipped by a gate, aborted) and releases both;
+- a task killed with SIGKILL stops heartbeating: its lease is free 60 s later (``ACTIVE_TTL_S``), and the drift
+  check restores an operator that the dead task left paused.
+
 Why wave *slots*: Airflow cannot loop, and a human gate must be a task of its own. So a cluster's plan waves
 are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs every remaining wave in order
 (its inner gates stop on a failure and pause — stop, recorded as ``paused_for_review`` — on an inconclusive
@@ -20,10 +30,12 @@ from typing import Any
 
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.clients.kube import install_sigterm_handler, sleep_or_stop
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
+from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases, run_key_of
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
 from kvfleet.stages.base import StageContext, poll_seconds
@@ -31,7 +43,26 @@ from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
 SLOTS = 5
-LEASE_TTL_S = 3 * 3600  # covers a gate's human response timeout (2 h); a dead run's lease expires after this
+LEASE_TTL_S = ACTIVE_TTL_S  # while a task runs (heartbeat every 20 s)
+PARKED_LEASE_TTL_S = PARKED_TTL_S  # between tasks of the run: the gate's 2 h response timeout and a margin
+RUNNING_STATES = frozenset({"running", "queued"})
+
+
+def airflow_run_alive(holder: str) -> bool | None:
+    """Lease liveness from Airflow itself: is the holder's run (``dag_id/run_id``) still running? None when it
+    cannot tell (not an Airflow run key, or no Airflow task context)."""
+    key = run_key_of(holder)
+    if "/" not in key:
+        return None
+    dag_id, run_id = key.split("/", 1)
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        state = RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    except Exception as exc:  # no supervisor, unknown run: the ttl decides
+        log.debug("run state of %s unknown: %s", key, exc)
+        return None
+    return str(state).lower().split(".")[-1] in RUNNING_STATES
 
 
 def scoped_inventory(params: dict[str, Any]) -> Inventory:
@@ -43,32 +74,51 @@ def scoped_inventory(params: dict[str, Any]) -> Inventory:
 def stage_context(cluster: str, params: dict[str, Any]) -> StageContext:
     info = run_info()
     inv = scoped_inventory(params)
+    install_sigterm_handler()
     return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
                         dry_run=bool(params.get("dry_run")), history=History(),
-                        aws_conn_id=params.get("aws_conn_id") or "aws_default")
+                        aws_conn_id=params.get("aws_conn_id") or "aws_default", holder_alive=airflow_run_alive)
 
 
 def _lease(ctx: StageContext, params: dict[str, Any]) -> ClusterLock:
     info = run_info()
     return ClusterLock(ctx.history or History(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
                        wait_s=float(params.get("lock_wait_minutes", 10)) * 60, poll_s=min(poll_seconds() * 5, 10),
-                       progress=ctx.say)
+                       progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_LEASE_TTL_S)
+
+
+def _slot_prefix(run_key: str) -> str:
+    return f"slot:{run_key}:"
+
+
+def _slot_holder(run_key: str, cluster: str) -> str:
+    return f"{run_key}{SUFFIX}{cluster}"
 
 
 def _slot(history: History, run_key: str, cluster: str, limit: int, wait_s: float, say: Any) -> str:
-    """One of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same table."""
-    holder = f"{run_key}:{cluster}"
+    """One of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same table,
+    parked for the whole run (released by the teardown, or at once when ``cluster_stages`` fails)."""
+    leases = Leases(history.engine)
+    holder = _slot_holder(run_key, cluster)
     started = time.monotonic()
     while True:
         for i in range(limit):
-            row = history.try_lock(f"slot:{run_key}:{i}", holder, "rollout parallelism", LEASE_TTL_S)
+            name = f"{_slot_prefix(run_key)}{i}"
+            row = leases.try_take(name, holder, "rollout parallelism", PARKED_LEASE_TTL_S)
             if row.get("holder") == holder:
-                return f"slot:{run_key}:{i}"
+                leases.park(name, holder, PARKED_LEASE_TTL_S)
+                return name
         if time.monotonic() - started > wait_s:
             raise GateRefused(f"no parallelism slot free for {cluster} after {wait_s:.0f}s "
                               f"(max_parallel_clusters={limit})")
         say(f"waiting for one of {limit} parallel cluster slots")
-        time.sleep(min(poll_seconds() * 5, 10))
+        sleep_or_stop(min(poll_seconds() * 5, 10), f"[{cluster}] parallelism slot wait")
+
+
+def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]:
+    leases = Leases(history.engine)
+    return {"lease": int(leases.release(cluster, run_key)),
+            "slots": leases.release_all(_slot_prefix(run_key), _slot_holder(run_key, cluster))}
 
 
 @permanent_fails_fast
@@ -99,16 +149,25 @@ def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, params)
     info = run_info()
     lease: ClusterLock | None = None
+    history = ctx.history or History()
     try:
         if not ctx.dry_run:
-            _slot(ctx.history or History(), info.run_key, cluster, int(params.get("max_parallel_clusters", 4)),
+            _slot(history, info.run_key, cluster, int(params.get("max_parallel_clusters", 4)),
                   float(params.get("lock_wait_minutes", 10)) * 60, ctx.say)
             lease = _lease(ctx, params).acquire()
         outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
         drift_report = _remediate_drift(ctx) if params.get("remediate_drift") and not ctx.dry_run else None
-    finally:
+    except BaseException:
+        # Every failure path frees what this task took: a retry takes it again; the teardown has nothing left.
         if lease is not None:
-            lease.detach()
+            lease.release()
+        released = _release_all(history, info.run_key, cluster) if not ctx.dry_run else {}
+        ctx.say(f"cluster stages failed: lease and slot released ({released})")
+        raise
+    else:
+        if lease is not None:
+            lease.park()
+    finally:
         ctx.close()
     for o in outcomes:
         log.info("[%s] %s: %s", cluster, o.stage, o.outcome)
@@ -209,15 +268,21 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
                 return {**out, "carry": gates.STOP}
         out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
         return out
+    except BaseException:
+        if lease is not None:  # a failed wave frees the cluster; its retry (or the teardown) takes over
+            lease.release()
+            lease = None
+        raise
     finally:
         if lease is not None:
-            lease.detach()
+            lease.park()
         ctx.close()
 
 
 def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
-    when a wave failed, was aborted, or its worker died between pause and restore."""
+    when ``cluster_stages`` or a wave failed, was skipped or aborted, or its worker died between pause and
+    restore (a teardown without a setup task: trigger rule all-done)."""
     ctx = stage_context(cluster, params)
     info = run_info()
     history = ctx.history or History()
@@ -228,9 +293,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
             if result.get("restored"):
                 ctx.record(f"teardown_restore:{cluster}", "operator", "changed", action="restored by teardown",
                            **result)
-        history.release_lock(cluster, info.run_key)
-        for i in range(int(params.get("max_parallel_clusters", 4))):
-            history.release_lock(f"slot:{info.run_key}:{i}", f"{info.run_key}:{cluster}")
+        result["released"] = _release_all(history, info.run_key, cluster)
         return result
     finally:
         ctx.close()

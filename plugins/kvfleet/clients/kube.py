@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet.errors import PermanentError, TemporaryError
+from kvfleet.errors import KvfleetError, PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,6 +190,56 @@ class ClusterAccess:
             Path(self._ca_file).unlink(missing_ok=True)
 
 
+class StopRequested(KvfleetError):
+    """SIGTERM (or ``request_stop``) arrived while kvfleet was waiting: stop now, run the ``finally`` blocks
+    (the operator restore, the lease release) and let the task end."""
+
+
+_STOP = threading.Event()
+_handler_installed = False
+
+
+def request_stop() -> None:
+    _STOP.set()
+
+
+def stop_requested() -> bool:
+    return _STOP.is_set()
+
+
+def reset_stop() -> None:
+    _STOP.clear()
+
+
+def install_sigterm_handler() -> None:
+    """Make every kvfleet wait loop (``wait_for``, lease waits) end promptly on SIGTERM: the handler sets the stop
+    flag, then calls the handler that was there before (Airflow's task runner raises its own exception from it).
+    Idempotent; only possible in the main thread (elsewhere the flag can still be set with ``request_stop``)."""
+    global _handler_installed
+    import signal
+
+    if _handler_installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        _STOP.set()
+        log.warning("SIGTERM: kvfleet stops waiting")
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise StopRequested("SIGTERM received")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _handler_installed = True
+
+
+def sleep_or_stop(seconds: float, what: str) -> None:
+    """Sleep, unless a stop is requested before (or during) the sleep: then raise ``StopRequested``."""
+    if _STOP.wait(max(seconds, 0.0)):
+        raise StopRequested(f"{what}: stopped waiting (SIGTERM)")
+
+
 def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s: float = 2.0, what: str,
              progress: Callable[[str], None] = log.info) -> str:
     """Poll ``check`` (returns done, observed-state text) until done; TemporaryError on timeout, with the
@@ -197,6 +247,8 @@ def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s:
     started = time.monotonic()
     last_logged = -1e9
     while True:
+        if _STOP.is_set():
+            raise StopRequested(f"{what}: stopped waiting (SIGTERM)")
         done, state = check()
         elapsed = time.monotonic() - started
         if done:
@@ -207,4 +259,4 @@ def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s:
         if elapsed - last_logged >= 10:
             progress(f"{what}: waiting ({elapsed:.0f}s): {state}")
             last_logged = elapsed
-        time.sleep(poll_s)
+        sleep_or_stop(poll_s, what)

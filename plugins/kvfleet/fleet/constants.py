@@ -37,6 +37,14 @@ AI_TOOLKIT_DAEMONSET: Final = "ai-toolkit"
 # --- Inference Operator (stage 2) -------------------------------------------------------------------
 OPERATOR_NAMESPACE: Final = "hyperpod-inference-system"
 OPERATOR_DEPLOYMENT: Final = "hyperpod-inference-controller-manager"  # EKS add-on install
+# A Helm install (aws/sagemaker-hyperpod-cli helm_chart/.../inference-operator, config/manager/manager.yaml:
+# "{{ .Values.namePrefix }}-controller-manager" with namePrefix "hyperpod-inference-operator").
+OPERATOR_HELM_DEPLOYMENT: Final = "hyperpod-inference-operator-controller-manager"
+OPERATOR_DEPLOYMENTS: Final = (OPERATOR_DEPLOYMENT, OPERATOR_HELM_DEPLOYMENT)
+# The chart's Deployment labels: control-plane=<deployment name>, app.kubernetes.io/name=<namePrefix>.
+OPERATOR_CONTROL_PLANE_LABEL: Final = "control-plane"
+OPERATOR_NAME_LABEL: Final = "app.kubernetes.io/name"
+OPERATOR_NAME_VALUE: Final = "hyperpod-inference-operator"
 OPERATOR_ADDON: Final = "amazon-sagemaker-hyperpod-inference"
 # Order matters: the operator add-on needs cert-manager (and the CSI drivers, metrics-server) first.
 ADDON_ORDER: Final = (

@@ -76,6 +76,11 @@ class StageContext:
     timeouts: Timeouts = field(default_factory=Timeouts)
     progress: Callable[[str], None] = log.info
     planned: list[PlannedAction] = field(default_factory=list)
+    # Lease liveness: is the run holding a lease still running? (True / False / None: cannot tell.) Set by the
+    # Airflow task bodies from Airflow's own run state; None elsewhere (then only the lease ttl decides).
+    holder_alive: Callable[[str], bool | None] | None = None
+    # Per-context memo of discovered names (e.g. which Deployment is the operator's controller).
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def hyperpod(self) -> Any:

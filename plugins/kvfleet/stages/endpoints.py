@@ -7,7 +7,11 @@
    - ``patch`` mode — the blog's safe sequence, batched per wave because the operator is one controller per
      cluster: pause the operator once -> scale the wave's Deployments to 0 -> one JSON patch each -> verify the
      rendered objects -> scale back -> wait until every pod is Ready with the new env -> restore the operator.
-     The restore runs in ``finally`` here and again as an Airflow teardown (another process, after a crash);
+     Every patch is computed and checked (server dry run) before the pause: an endpoint without a valid patch
+     is refused and never scaled down. The pause is inside the protected region; on any failure after a
+     scale-down every endpoint is scaled back to its recorded replicas BEFORE the operator is restored. The
+     restore runs in ``finally`` here and again as an Airflow teardown (another process, after a crash), and
+     the drift check restores an operator whose pauser died (``stages.drift``);
    - ``kyverno`` mode — ensure the ClusterPolicy, make the operator re-render (a restart annotation starts a
      rollout; a Deployment that is not fully available is re-rendered, through admission), then verify the
      injection is there *after* the re-render. No operator pause is needed in this mode.
@@ -171,25 +175,89 @@ def _wait_pods(ctx: StageContext, eps: list[Endpoint], want: dict[str, int], new
              what=f"[{ctx.cluster.name}] wave pods", progress=ctx.progress)
 
 
+def _validated_patches(ctx: StageContext, eps: list[Endpoint]) -> tuple[dict[str, list[dict[str, Any]]],
+                                                                          dict[str, str]]:
+    """Compute every endpoint's patch and check it BEFORE anything is paused or scaled: a server-side dry run
+    of the patch must give a Deployment with the overlay. Returns (patches, refused: key -> reason). An
+    endpoint whose violations have no patch (empty) or whose patch would not fix them is refused, untouched."""
+    patches: dict[str, list[dict[str, Any]]] = {}
+    refused: dict[str, str] = {}
+    for ep in eps:
+        patch = l2_patch(_deployment(ctx, ep), ctx.inventory.settings)
+        if not patch:
+            refused[ep.key] = ("the L2 overlay is missing (on the Deployment or its pods) but the patch is empty: "
+                               "nothing to patch, so nothing is scaled down. Pods older than the template: "
+                               f"kubectl rollout restart deployment {ep.name} -n {ep.namespace}")
+            continue
+        if ctx.dry_run:
+            patches[ep.key] = patch
+            continue
+        try:
+            tried = call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patch, dry_run="All",
+                         what=f"check the patch of {ep.key} (server dry run)")
+        except PermanentError as exc:
+            refused[ep.key] = f"the L2 patch is invalid (server dry run refused it): {exc}"
+            continue
+        spec = ctx.kube.api_client.sanitize_for_serialization(tried)["spec"]["template"]["spec"]
+        bad = [v.text() for v in overlay_violations(spec, ep.name, ctx.inventory.settings)]
+        if bad:
+            refused[ep.key] = f"the L2 patch would not fix the Deployment: {'; '.join(bad)}"
+            continue
+        patches[ep.key] = patch
+    return patches, refused
+
+
+def _scale_back(ctx: StageContext, eps: list[Endpoint], replicas: dict[str, int],
+                states: dict[str, str]) -> dict[str, str]:
+    """After a failure past scale-down: every endpoint scaled down goes back to its recorded replicas (before
+    the operator is restored). Returns each endpoint's result (``scaled back to N`` or the error); never raises."""
+    out: dict[str, str] = {}
+    for ep in eps:
+        if states.get(ep.key) not in ("scaled_to_0", "patched"):
+            continue
+        try:
+            _scale(ctx, ep, replicas[ep.key])
+            out[ep.key] = f"scaled back to {replicas[ep.key]}"
+        except Exception as exc:  # the others still get theirs
+            out[ep.key] = f"STILL AT 0: scale back to {replicas[ep.key]} failed: {str(exc)[:200]}"
+            ctx.say(f"ENDPOINT AT 0: could not scale {ep.key} back to {replicas[ep.key]}: {exc}")
+    return out
+
+
+def _plan_patch_wave(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[dict[str, Any]]],
+                     replicas: dict[str, int], refused: dict[str, str]) -> dict:
+    if not eps:
+        return {"planned": [], "refused": refused}
+    op = operator_pause.controller_name(ctx)
+    ctx.plan(STAGE, f"kubectl scale deployment {op} -n {C.OPERATOR_NAMESPACE} --replicas=0")
+    for ep in eps:
+        ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas=0", endpoint=ep.ref)
+        ctx.plan(STAGE, f"kubectl patch deployment {ep.name} -n {ep.namespace} --type=json -p "
+                        f"'{json.dumps(patches[ep.key])}'", endpoint=ep.ref)
+        ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas={replicas[ep.key]}",
+                 endpoint=ep.ref)
+    ctx.plan(STAGE, f"kubectl scale deployment {op} -n {C.OPERATOR_NAMESPACE} --replicas=1"
+                    "   # only after every pod is Ready")
+    return {"planned": [ep.key for ep in eps], "refused": refused}
+
+
 def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str, fail_after_scale_down: bool = False) -> dict:
-    """The safe sequence, batched: one operator pause for the whole wave, restore guaranteed."""
-    patches = {ep.key: l2_patch(_deployment(ctx, ep), ctx.inventory.settings) for ep in eps}
+    """The safe sequence, batched: one operator pause for the whole wave, restore guaranteed.
+
+    Every patch is computed and checked before the pause; an endpoint without a valid patch is refused and never
+    scaled. The pause runs inside the protected region (a temporary error while pausing still restores). On any
+    failure after a scale-down, every endpoint goes back to its recorded replicas BEFORE the operator restore."""
+    patches, refused = _validated_patches(ctx, eps)
+    eps = [ep for ep in eps if ep.key in patches]
     replicas = {ep.key: (_deployment(ctx, ep)["spec"].get("replicas") or ep.replicas) for ep in eps}
     if ctx.dry_run:
-        ctx.plan(STAGE, f"kubectl scale deployment {C.OPERATOR_DEPLOYMENT} -n {C.OPERATOR_NAMESPACE} --replicas=0")
-        for ep in eps:
-            ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas=0", endpoint=ep.ref)
-            ctx.plan(STAGE, f"kubectl patch deployment {ep.name} -n {ep.namespace} --type=json -p "
-                            f"'{json.dumps(patches[ep.key])}'", endpoint=ep.ref)
-            ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas={replicas[ep.key]}",
-                     endpoint=ep.ref)
-        ctx.plan(STAGE, f"kubectl scale deployment {C.OPERATOR_DEPLOYMENT} -n {C.OPERATOR_NAMESPACE} --replicas=1"
-                        "   # only after every pod is Ready")
-        return {"planned": [ep.key for ep in eps]}
-    states = {ep.key: "pending" for ep in eps}
-    operator_pause.pause(ctx, holder)
-    ctx.record(f"operator_pause:{holder}", "operator", "changed", action="paused", holder=holder)
+        return _plan_patch_wave(ctx, eps, patches, replicas, refused)
+    states: dict[str, str] = {ep.key: "pending" for ep in eps}
+    if not eps:
+        return {"states": states, "refused": refused}
     try:
+        operator_pause.pause(ctx, holder)
+        ctx.record(f"operator_pause:{holder}", "operator", "changed", action="paused", holder=holder)
         for ep in eps:
             _scale(ctx, ep, 0)
             states[ep.key] = "scaled_to_0"
@@ -211,7 +279,9 @@ def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str, fail_after_s
         for ep in eps:
             states[ep.key] = "ready"
     except BaseException as exc:
-        ctx.record(f"wave_state:{holder}", "endpoint", "failed", states=states, error=str(exc)[:500])
+        scaled_back = _scale_back(ctx, eps, replicas, states)
+        ctx.record(f"wave_state:{holder}", "endpoint", "failed", states=states, replicas=replicas,
+                   scaled_back=scaled_back, error=str(exc)[:500])
         raise
     finally:
         try:
@@ -220,8 +290,9 @@ def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str, fail_after_s
             ctx.record(f"operator_restore:{holder}", "operator", "failed", action="restore failed",
                        still_paused=True, error=str(exc)[:500])
             raise PermanentError(f"OPERATOR STILL PAUSED on {ctx.cluster.name}: restore failed: {exc}") from exc
-        ctx.record(f"operator_restore:{holder}", "operator", "changed", action="restored", **result)
-    return {"states": states}
+        if result.get("restored"):
+            ctx.record(f"operator_restore:{holder}", "operator", "changed", action="restored", **result)
+    return {"states": states, "refused": refused}
 
 
 def ensure_kyverno_policy(ctx: StageContext) -> str:
@@ -260,6 +331,15 @@ def kyverno_wave(ctx: StageContext, eps: list[Endpoint]) -> dict:
     return {"rerendered": [ep.key for ep in eps]}
 
 
+def _refuse(ctx: StageContext, eps: list[Endpoint], reasons: dict[str, str]) -> list[Outcome]:
+    out = []
+    for ep in eps:
+        ctx.say(f"REFUSED {ep.ref}: {reasons[ep.key]}")
+        out.append(ctx.record(f"endpoint:{ep.key}", STAGE, "refused", endpoint=ep.key, lob=ep.lob,
+                              reason=reasons[ep.key]))
+    return out
+
+
 def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
                    fail_after_scale_down: bool = False) -> list[Outcome]:
     operator_pause.require_running(ctx)
@@ -291,7 +371,9 @@ def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
         overlay.update(patch_wave(ctx, needs, holder, fail_after_scale_down))
     elif ctx.cluster.l2_injection == "kyverno" and any(ep.l2 for ep in ready_eps):
         overlay["policy"] = ensure_kyverno_policy(ctx)
-    for ep in live_eps:
+    unpatched: dict[str, str] = dict(overlay.get("refused") or {})
+    outcomes += _refuse(ctx, [ep for ep in live_eps if ep.key in unpatched], unpatched)
+    for ep in (ep for ep in live_eps if ep.key not in unpatched):
         moved = results[ep.key] in ("changed", "planned") or ep in needs
         remaining = [] if ctx.dry_run else endpoint_violations(ctx, ep)
         if remaining:

@@ -5,8 +5,15 @@ The operator's reconcile loop overwrites direct Deployment patches, so the blog'
 controller to 0 first and restores it only after the patched pods are Ready. Whoever pauses records it on the
 controller Deployment itself (annotations: who, when, the replica count to restore), so that:
 - ``restore`` is idempotent and can run from a teardown task in another process after a crash;
-- the drift check can flag an operator left paused, and by whom;
-- a pause by someone else is never silently undone by kvfleet.
+- the drift check can flag an operator left paused, and by whom, and restore it when the pauser is dead;
+- a pause by someone else is never silently undone by kvfleet;
+- a pause by the same run (a retried task: the holder is the run key, never the task try) is recognised as its
+  own and carried on, not refused.
+
+The controller is found wherever it is installed (issue 13 §3): the EKS add-on names it
+``hyperpod-inference-controller-manager``, the Helm chart ``hyperpod-inference-operator-controller-manager``
+(both in ``hyperpod-inference-system``). Lookup: either name, then the chart's labels
+(``control-plane`` = either name, or ``app.kubernetes.io/name=hyperpod-inference-operator``).
 """
 
 from __future__ import annotations
@@ -18,23 +25,65 @@ from typing import Any
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.history.leases import run_key_of
 from kvfleet.stages.base import StageContext, poll_seconds
+
+_MEMO = "operator_deployment"
+
+
+def find_controller(kube: Any) -> tuple[str, Any] | None:
+    """(name, Deployment) of the operator's controller on this cluster, or None. Tries each known name, then the
+    chart's labels, so an add-on install, a Helm install or a renamed install are all found."""
+    for name in C.OPERATOR_DEPLOYMENTS:
+        dep = get_or_none(kube.apps.read_namespaced_deployment, name, C.OPERATOR_NAMESPACE)
+        if dep is not None:
+            return name, dep
+    selectors = (f"{C.OPERATOR_CONTROL_PLANE_LABEL} in ({','.join(C.OPERATOR_DEPLOYMENTS)})",
+                 f"{C.OPERATOR_NAME_LABEL}={C.OPERATOR_NAME_VALUE}")
+    for selector in selectors:
+        items = call(kube.apps.list_namespaced_deployment, C.OPERATOR_NAMESPACE, label_selector=selector,
+                     what="find the inference operator's controller").items
+        if items:
+            return str(items[0].metadata.name), items[0]
+    return None
+
+
+def controller_name(ctx: StageContext) -> str:
+    """The controller Deployment's name on this cluster (the add-on's name when none is installed yet)."""
+    if _MEMO not in ctx.memo:
+        _controller(ctx)
+    return str(ctx.memo.get(_MEMO, C.OPERATOR_DEPLOYMENT))
 
 
 def _controller(ctx: StageContext) -> Any:
-    dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
+    name = ctx.memo.get(_MEMO)
+    dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, name, C.OPERATOR_NAMESPACE) if name else None
     if dep is None:
-        raise PermanentError(f"operator controller {C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT} not found on "
-                             f"{ctx.cluster.name}: run stage 2 (operator add-ons) first")
+        found = find_controller(ctx.kube)
+        if found is None:
+            raise PermanentError(f"operator controller not found in {C.OPERATOR_NAMESPACE} on {ctx.cluster.name} "
+                                 f"(looked for {' and '.join(C.OPERATOR_DEPLOYMENTS)} and the chart's labels): "
+                                 "run stage 2 (operator add-ons) first")
+        ctx.memo[_MEMO], dep = found
     return dep
+
+
+def scale_hint(ctx: StageContext, replicas: int = 1) -> str:
+    return f"kubectl scale deployment {controller_name(ctx)} -n {C.OPERATOR_NAMESPACE} --replicas={replicas}"
 
 
 def pause_state(ctx: StageContext) -> dict[str, Any]:
     dep = _controller(ctx)
     ann = dep.metadata.annotations or {}
-    return {"replicas": dep.spec.replicas or 0, "ready": getattr(dep.status, "ready_replicas", None) or 0,
+    return {"name": dep.metadata.name, "replicas": dep.spec.replicas or 0,
+            "ready": getattr(dep.status, "ready_replicas", None) or 0,
             "paused_by": ann.get(C.PAUSED_BY_ANNOTATION), "paused_at": ann.get(C.PAUSED_AT_ANNOTATION),
             "restore_to": ann.get(C.PAUSED_REPLICAS_ANNOTATION)}
+
+
+def same_run(a: str | None, b: str | None) -> bool:
+    """Two holders act for the same run (``dag/run`` and ``dag/run#suffix``)."""
+    return bool(a) and bool(b) and run_key_of(str(a)) == run_key_of(str(b))
 
 
 def require_running(ctx: StageContext) -> None:
@@ -44,19 +93,24 @@ def require_running(ctx: StageContext) -> None:
         who = f" (paused by {state['paused_by']} at {state['paused_at']})" if state["paused_by"] else ""
         raise GateRefused(f"the inference operator on {ctx.cluster.name} has no ready replica{who}; its conversion "
                           "webhook is down, so InferenceEndpointConfigs cannot be applied. Restore it first "
-                          f"(kubectl scale deployment {C.OPERATOR_DEPLOYMENT} -n {C.OPERATOR_NAMESPACE} --replicas=1).")
+                          f"({scale_hint(ctx)}).")
 
 
 def pause(ctx: StageContext, holder: str) -> int:
-    """Scale the controller to 0, recording who and when. Returns the replica count to restore."""
+    """Scale the controller to 0, recording who and when. Returns the replica count to restore. A pause already
+    made by the same run (a retry after a temporary error) is carried on; another holder's pause is refused."""
     state = pause_state(ctx)
-    if state["paused_by"] and state["paused_by"] != holder:
+    if state["paused_by"] and not same_run(state["paused_by"], holder):
         raise GateRefused(f"the inference operator on {ctx.cluster.name} is already paused by {state['paused_by']} "
                           f"since {state['paused_at']}; refusing to take over another holder's pause")
+    if state["paused_by"]:
+        ctx.say(f"operator already paused by this run ({state['paused_by']} since {state['paused_at']}): "
+                "carrying on with that pause")
     restore_to = int(state["restore_to"] or state["replicas"] or 1)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    call(ctx.kube.apps.patch_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE,
-         {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: holder, C.PAUSED_AT_ANNOTATION: now,
+    now = state["paused_at"] or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
+         {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"] or holder,
+                                       C.PAUSED_AT_ANNOTATION: now,
                                        C.PAUSED_REPLICAS_ANNOTATION: str(restore_to)}},
           "spec": {"replicas": 0}}, what="pause the inference operator")
     ctx.say(f"operator paused (scaled to 0 by {holder}; will restore to {restore_to})")
@@ -67,15 +121,15 @@ def pause(ctx: StageContext, holder: str) -> int:
 
 
 def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) -> dict[str, Any]:
-    """Scale the controller back and clear the pause annotations. A no-op when nobody (or someone else, if
+    """Scale the controller back and clear the pause annotations. A no-op when nobody (or another run, if
     ``holder`` is given) paused it. Waits until the controller is Ready again."""
     state = pause_state(ctx)
     if not state["paused_by"]:
         return {"restored": False, "reason": "not paused by kvfleet", **state}
-    if holder is not None and state["paused_by"] != holder:
+    if holder is not None and not same_run(state["paused_by"], holder):
         return {"restored": False, "reason": f"paused by {state['paused_by']}, not {holder}", **state}
     replicas = int(state["restore_to"] or 1)
-    call(ctx.kube.apps.patch_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE,
+    call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
          {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: None, C.PAUSED_AT_ANNOTATION: None,
                                        C.PAUSED_REPLICAS_ANNOTATION: None}},
           "spec": {"replicas": replicas}}, what="restore the inference operator")
@@ -85,4 +139,5 @@ def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) 
                  timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
                  what=f"[{ctx.cluster.name}] operator controller restored", progress=ctx.progress)
     ctx.say(f"operator restored to {replicas} replica(s) ({time.monotonic() - started:.1f}s)")
-    return {"restored": True, "replicas": replicas, "was_paused_by": state["paused_by"]}
+    return {"restored": True, "replicas": replicas, "was_paused_by": state["paused_by"],
+            "paused_at": state["paused_at"]}

@@ -1,0 +1,1 @@
+ALTER TABLE cluster_locks DROP COLUMN state;

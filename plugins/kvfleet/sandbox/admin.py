@@ -27,12 +27,19 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
 
   A hook whose controller has not registered its service answers 409 with the reason. The AWS emulator is
   shared by every cluster, so an AWS fault applies fleet-wide whatever ``cluster`` says.
+
+Hostile requests are answered 4xx with a message, before anything changes (issue 17): a field of the wrong type
+(a boolean is not a number), an unknown field, an unknown node → 400/404; a body over ``MAX_BODY_BYTES`` or a
+``Content-Length`` over it → 413 without reading it; a ``Content-Length`` that is not a non-negative integer, or
+chunked encoding → 400/411; JSON nested deeper than ``MAX_JSON_DEPTH`` → 400; a client that stops sending is
+dropped after ``READ_TIMEOUT_S`` (408), so no handler thread is held.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -53,6 +60,21 @@ SERVICE_FAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "l2_read_penalty": ("vllm", "set_l2_read_penalty", ("ms",)),
 }
 API_FAULTS = ("api_error_rate", "api_latency", "clear")
+# The fields each kind reads (besides "cluster" and "kind"), and what each must be.
+FAULT_FIELDS: dict[str, dict[str, str]] = {
+    "api_error_rate": {"rate": "number", "target": "target"},
+    "api_latency": {"seconds": "number", "target": "target"},
+    "clear": {"target": "target"},
+    "operator_rerender": {},
+    "kill_pod": {"namespace": "name", "name": "name"},
+    "lose_node": {"node": "name"},
+    "restart_curvine_master": {},
+    "l2_read_penalty": {"ms": "number"},
+}
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 32
+READ_TIMEOUT_S = 5.0
 
 
 class AdminError(Exception):
@@ -108,7 +130,7 @@ class AdminServer:
         if cluster in (None, "", "*"):
             return list(sb.twins.values())
         if cluster not in sb.twins:
-            raise AdminError(404, f"no cluster {cluster!r} in the sandbox; known: {', '.join(sb.twins)}")
+            raise AdminError(404, f"no cluster {_show(cluster)} in the sandbox; known: {', '.join(sb.twins)}")
         return [sb.twins[cluster]]
 
     def requests(self, cluster: str | None) -> dict[str, Any]:
@@ -143,6 +165,7 @@ class AdminServer:
     def fault(self, body: dict[str, Any]) -> dict[str, Any]:
         kind = body.get("kind")
         cluster = body.get("cluster")
+        _check_fault_body(kind, cluster, body)
         if kind in API_FAULTS:
             return self._api_fault(kind, cluster, body)
         if kind not in SERVICE_FAULTS:
@@ -159,18 +182,24 @@ class AdminServer:
         if service is None or not callable(getattr(service, method, None)):
             raise AdminError(409, f"cluster {twin.name!r} has no {service_name!r} service with {method}(): the "
                                   f"{service_name} controller is not attached (or does not support {kind})")
+        args = [body[k] for k in keys]
+        if kind == "l2_read_penalty":
+            args = [_number(body, "ms", 0.0, 60_000.0)]
+        if kind == "lose_node" and twin.store.get("", "nodes", body["node"]) is None:
+            raise AdminError(404, f"cluster {twin.name!r} has no node {_show(body['node'])}; its GPU nodes: "
+                                  f"{', '.join(twin.gpu_nodes[:20]) or 'none'}")
         try:
-            result = getattr(service, method)(*(body[k] for k in keys))
-        except ValueError as exc:  # the hook refused the value (a range, a name)
-            raise AdminError(400, f"fault {kind!r}: {exc}") from None
+            result = getattr(service, method)(*args)
+        except (ValueError, KeyError, TypeError) as exc:  # the hook refused the value (a range, a name)
+            raise AdminError(400, f"fault {kind!r}: {_cut(str(exc), 200)}") from None
         return {"ok": True, "cluster": twin.name, "kind": kind, "result": result}
 
     def _api_fault(self, kind: str, cluster: str | None, body: dict[str, Any]) -> dict[str, Any]:
         sb = self._sb()
         twins = self._twins(cluster)
         target = body.get("target", "all")
-        if target not in ("kube", "aws", "all"):
-            raise AdminError(400, f"target must be kube, aws or all, not {target!r}")
+        if not isinstance(target, str) or target not in ("kube", "aws", "all"):
+            raise AdminError(400, f"target must be kube, aws or all, not {_show(target)}")
         attr, value = "error_rate", 0.0
         if kind == "api_error_rate":
             value = _number(body, "rate", 0.0, 1.0)
@@ -205,14 +234,73 @@ class AdminServer:
         raise AdminError(404, f"no admin route {method} {path}")
 
 
+def _check_fault_body(kind: Any, cluster: Any, body: dict[str, Any]) -> None:
+    """Refuse (400) a fault body whose kind, cluster or fields have the wrong type, before anything runs."""
+    if not isinstance(kind, str) or kind not in FAULT_FIELDS:
+        known = ", ".join((*API_FAULTS, *SERVICE_FAULTS))
+        raise AdminError(400, f"unknown fault kind {_show(kind)}; known kinds: {known}")
+    if cluster is not None and not isinstance(cluster, str):
+        raise AdminError(400, f"\"cluster\" must be a cluster name (a string) or \"*\", not {_show(cluster)}")
+    allowed = FAULT_FIELDS[kind]
+    unknown = sorted(str(k) for k in body if k not in allowed and k not in ("cluster", "kind"))
+    if unknown:
+        raise AdminError(400, f"fault {kind!r} has no field {', '.join(_show(k) for k in unknown[:5])}; its "
+                              f"fields: {', '.join(['cluster', 'kind', *allowed]) }")
+    for key, what in allowed.items():
+        if key in body and what == "name" and not (isinstance(body[key], str) and 0 < len(body[key]) <= 253):
+            raise AdminError(400, f"{key!r} must be a Kubernetes name (a string of 1–253 characters), not "
+                                  f"{_show(body[key])}")
+
+
 def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float:
-    try:
-        value = float(body[key])
-    except (KeyError, TypeError, ValueError):
-        raise AdminError(400, f"{key!r} must be a number between {lo} and {hi}") from None
-    if not lo <= value <= hi:
-        raise AdminError(400, f"{key!r} must be between {lo} and {hi}, not {value}")
+    """A JSON number in [lo, hi]. A boolean is not a number (``True`` would be 1.0), nor is a string."""
+    raw = body.get(key)
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise AdminError(400, f"{key!r} must be a number between {lo} and {hi}, not {_show(raw)}")
+    value = float(raw) if not isinstance(raw, int) or abs(raw) < 2**63 else math.inf
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise AdminError(400, f"{key!r} must be between {lo} and {hi}, not {_show(raw)}")
     return value
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _show(value: Any) -> str:
+    """A value quoted in an answer: short (a container by its type and size)."""
+    if isinstance(value, dict | list):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} items"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a very large integer"
+    return _cut(repr(value), 80)
+
+
+def json_depth_exceeds(raw: bytes, limit: int) -> bool:
+    """True when the JSON text nests arrays/objects deeper than ``limit`` (strings are skipped)."""
+    depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 class _Server(ThreadingHTTPServer):
@@ -223,16 +311,49 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    timeout = READ_TIMEOUT_S  # socket timeout for every read: a stalled client frees its thread
+
+    def _read_body(self) -> tuple[int, str] | bytes:
+        """The request body, or (status, reason) when it is refused. Never reads more than MAX_BODY_BYTES."""
+        if self.headers.get("Transfer-Encoding"):
+            return 411, "send the body with a Content-Length (chunked transfer encoding is not accepted)"
+        header = self.headers.get_all("Content-Length") or []
+        if len(header) > 1:
+            return 400, "more than one Content-Length header"
+        text = (header[0] if header else "0").strip()
+        if not text.isascii() or not text.isdigit() or len(text) > 20:
+            return 400, f"Content-Length must be a non-negative integer, not {_cut(repr(text), 40)}"
+        length = int(text)
+        if length > MAX_BODY_BYTES:
+            return 413, f"the body is {length} bytes; at most {MAX_BODY_BYTES} are accepted"
+        try:
+            raw = self.rfile.read(length) if length else b""
+        except TimeoutError:
+            return 408, f"the body did not arrive within {READ_TIMEOUT_S} s"
+        if len(raw) < length:
+            return 400, f"the body ended after {len(raw)} of {length} bytes"
+        return raw
 
     def _serve(self) -> None:
         url = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
         try:
-            body = json.loads(raw) if raw else None
+            query = {k: v[-1] for k, v in parse_qs(url.query, max_num_fields=20).items()}
         except ValueError:
-            return self._send(400, {"error": "the body is not JSON"})
+            query = None
+        if query is None or len(url.query) > 2048:
+            self.close_connection = True
+            return self._send(400, {"error": "the query has more than 20 fields or 2048 characters"})
+        got = self._read_body()
+        if isinstance(got, tuple):
+            self.close_connection = True  # the unread rest of the body must not be parsed as a request
+            return self._send(got[0], {"error": got[1]})
+        raw = got
+        if raw and json_depth_exceeds(raw, MAX_JSON_DEPTH):
+            return self._send(400, {"error": f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"})
+        try:
+            body = json.loads(raw, parse_constant=_no_constant) if raw else None
+        except (ValueError, RecursionError):
+            return self._send(400, {"error": "the body is not JSON (UTF-8, no NaN or Infinity)"})
         try:
             self._send(200, self.server.admin.route(self.command, url.path.rstrip("/") or "/", query, body))
         except AdminError as exc:
@@ -245,11 +366,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, payload: Any) -> None:
         data = json.dumps(payload, default=str, sort_keys=True).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client went away; nothing to answer
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("sandbox-admin " + format, *args)

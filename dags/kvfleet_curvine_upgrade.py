@@ -30,8 +30,9 @@ from kvfleet.airflow.params import fleet_param, scope_params
         "version": Param("", type="string", title="Target chart version",
                          description="The curvine chart version to upgrade to, e.g. 0.3.3-alpha."),
         "overrides": Param({}, type="object", title="Extra value overrides",
-                           description="Dotted keys to --set, e.g. {\"config.log.level\": \"DEBUG\"}. A format flag "
-                                       "set true is refused, even with approval."),
+                           description="Dotted keys to values, e.g. {\"config.log.level\": \"DEBUG\"}; kvfleet "
+                                       "writes them to a values file (-f), never --set. Any key or value touching a "
+                                       "format flag (cluster.*format*) is refused, even with approval."),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Run every gate and print the exact helm command and values diff; change "
                                      "nothing."),

@@ -5,8 +5,9 @@ Called from ``dags/kvfleet_curvine_upgrade.py`` and ``dags/kvfleet_curvine_scale
 holds that cluster's lease (holder: the run key) while it changes anything. Gate refusals are ``GateRefused``
 (a PermanentError), so the task fails without spending retries.
 
-Upgrade run: ``scope`` (Params checked, run opened; an override setting a format flag is refused here, before any
-cluster is touched) -> ``preflight`` per cluster (every gate, read-only, and the exact helm command and values
+Upgrade run: ``scope`` (run opened, Params checked; an override touching a format flag — by a key at any depth
+or by a value naming one — is refused here, before any cluster is touched; overrides reach helm as a values
+file) -> ``preflight`` per cluster (every gate, read-only, and the exact helm command and values
 diff — this is the whole run when ``dry_run``) -> ``approval_route`` (the human gate when the ``approval`` Param
 asks for it: by default for production clusters) -> ``upgrade`` per cluster -> ``summary``.
 """
@@ -56,8 +57,14 @@ def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
     if not version:
         raise PermanentError("the `version` Param is required: the Curvine chart version to upgrade to "
                              "(e.g. 0.3.3-alpha)")
+    raw = params.get("overrides") or {}
+    if not isinstance(raw, dict):
+        raise PermanentError(f"the `overrides` Param must be an object of dotted keys to values, got {raw!r:.80} "
+                             "(e.g. {\"config.log.level\": \"DEBUG\"})")
+    # before anything else, on the raw form (nested, lists and all): an override touching a format flag
+    curvine_upgrade.refuse_flag_overrides("the selected clusters", raw)
     return UpgradeRequest(
-        version=version, overrides=curvine_upgrade.normalize_overrides(params.get("overrides") or {}),
+        version=version, overrides=curvine_upgrade.normalize_overrides(raw),
         rollback=bool(params.get("rollback", True)), timeout_s=float(params.get("timeout_minutes") or 15) * 60,
         expired_allowance=int(params.get("expired_files_allowance") or 0),
         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60, l2_check=params.get("l2_check") or "file")
@@ -65,15 +72,17 @@ def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
 
 @permanent_fails_fast
 def open_upgrade(params: dict[str, Any]) -> list[str]:
-    req = upgrade_request(params)
-    clusters, info, history = _open(params, curvine_upgrade.STAGE, {"version": req.version,
-                                                                    "dry_run": bool(params.get("dry_run"))})
+    refused: GateRefused | None = None
     try:
-        curvine_upgrade.refuse_flag_overrides(", ".join(clusters) or "the selected clusters", req.overrides)
+        upgrade_request(params)  # Params checked; an override touching a format flag is refused here
     except GateRefused as exc:
+        refused = exc
+    clusters, info, history = _open(params, curvine_upgrade.STAGE, {"version": params.get("version"),
+                                                                    "dry_run": bool(params.get("dry_run"))})
+    if refused is not None:
         history.record_step(info.step_key, StepEvent("overrides", curvine_upgrade.STAGE, "refused",
-                                                     detail={"reason": str(exc)}), actor=info.actor)
-        raise
+                                                     detail={"reason": str(refused)}), actor=info.actor)
+        raise refused
     return clusters
 
 

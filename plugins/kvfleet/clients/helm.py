@@ -5,12 +5,22 @@ from a repository URL (``--repo``): the inventory's ``curvine.repo_url``, which 
 ``KVFLEET_HELM_REPO_CURVINE`` may override (an internal mirror in production, the stand-in chart repository in
 the sandbox). Every command kvfleet would run can be rendered as text for dry runs (``render``).
 
+Values reach helm only as YAML files kvfleet writes (``-f``, ``values_file``), never ``--set``: helm's strvals
+parser splits a ``--set`` value on commas and reads backslash escapes (FACTS.md §7.5), so a user's value
+``INFO,cluster.formatMaster=true`` would set a second key. A YAML string stays one string. ``set_args`` remains
+only to print kvfleet's own constant flag flips in messages a person may copy.
+
+What an upgrade would deploy is rendered with the same command and ``--dry-run=server -o json``
+(``upgrade_render``: the manifest and the hooks, with helm's own value merge); what a rollback would deploy is the
+target revision's stored manifest and hooks (``revision_manifest``).
+
 Errors: a helm failure is a ``PermanentError`` when helm says the input is wrong (schema, not found, no
 deployed release) and a ``TemporaryError`` otherwise (API timeouts, conflicts).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -42,7 +52,8 @@ def helm_binary() -> str:
 
 
 def set_args(values: Mapping[str, Any]) -> list[str]:
-    """``--set key=value`` pairs in a stable order; booleans as true/false."""
+    """``--set key=value`` pairs in a stable order; booleans as true/false. For messages only (kvfleet's own
+    constant flag flips, which contain no comma or escape): kvfleet itself passes values as files."""
     out: list[str] = []
     for key in sorted(values):
         value = values[key]
@@ -52,7 +63,7 @@ def set_args(values: Mapping[str, Any]) -> list[str]:
 
 
 def render(argv: Sequence[str]) -> str:
-    """The command line as a user would type it (no kubeconfig path)."""
+    """The command line as a user would type it (no kubeconfig path; a values file by its name)."""
     shown = []
     skip = False
     for arg in argv:
@@ -62,15 +73,53 @@ def render(argv: Sequence[str]) -> str:
         if arg == "--kubeconfig":
             skip = True
             continue
-        shown.append(arg)
+        shown.append(Path(arg).name if _is_own_values_file(arg) else arg)
     return " ".join(shlex.quote(a) for a in ["helm", *shown[1:]])
+
+
+_HOME_PREFIX = "kvfleet-helm-"
+
+
+def _is_own_values_file(arg: str) -> bool:
+    path = Path(arg)
+    return arg.endswith(".yaml") and path.parent.name == "values" and path.parent.parent.name.startswith(_HOME_PREFIX)
+
+
+def nest(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted keys (``a.b[0].c``, ``\\.`` for a literal dot) as a nested mapping (a values file's shape)."""
+    from kvfleet.fleet.curvine_values import nested
+
+    return nested(values)
+
+
+def split_manifest(text: str) -> list[dict[str, Any]]:
+    """A rendered multi-document manifest as objects (empty documents dropped)."""
+    import yaml
+
+    return [d for d in yaml.safe_load_all(text or "") if isinstance(d, dict)]
 
 
 class Helm:
     def __init__(self, access: Any, *, timeout_s: float = 300) -> None:
         self.access = access
         self.timeout_s = timeout_s
-        self._home = Path(tempfile.mkdtemp(prefix="kvfleet-helm-"))
+        self._home = Path(tempfile.mkdtemp(prefix=_HOME_PREFIX))
+        self._files = itertools.count(1)
+        self.files: dict[str, str] = {}  # values file path -> its YAML, for plans and records
+
+    def values_file(self, values: Mapping[str, Any], name: str = "values") -> str:
+        """Write ``values`` (dotted or nested keys) as a YAML values file in the private helm home (0600)."""
+        import yaml
+
+        folder = self._home / "values"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        path = folder / f"{name}-{next(self._files):03d}.yaml"
+        text = yaml.safe_dump(nest(values), sort_keys=True, default_flow_style=False, width=120)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        self.files[str(path)] = text
+        return str(path)
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -108,7 +157,8 @@ class Helm:
                 return None
             raise
 
-    def values(self, release: str, namespace: str, *, revision: int | None = None, all_values: bool = True) -> dict:
+    def values(self, release: str, namespace: str, *, revision: int | None = None,
+               all_values: bool = True) -> dict[str, Any]:
         args = ["get", "values", release, "-n", namespace, "-o", "json"]
         if all_values:
             args.append("--all")
@@ -127,6 +177,29 @@ class Helm:
             return False
         return True
 
+    def revision_manifest(self, release: str, namespace: str, revision: int | None = None) -> list[dict[str, Any]]:
+        """What ``helm rollback`` to ``revision`` re-deploys: that revision's stored manifest and its hooks (the
+        current release's when ``revision`` is None)."""
+        at = ["--revision", str(revision)] if revision is not None else []
+        manifest = self.run("get", "manifest", release, "-n", namespace, *at, what="helm get manifest")
+        hooks = self.run("get", "hooks", release, "-n", namespace, *at, what="helm get hooks")
+        return split_manifest(manifest) + split_manifest(hooks)
+
+    def upgrade_render(self, args: Sequence[str]) -> list[dict[str, Any]]:
+        """What ``helm <args>`` (an upgrade) would deploy: the same command with ``--dry-run=server -o json``,
+        so helm merges the values exactly as the real run will; the manifest and the hooks' manifests."""
+        if not args or args[0] != "upgrade":
+            raise PermanentError(f"upgrade_render needs a helm upgrade command, got {render(['helm', *args])}")
+        out = self.run(*args, "--dry-run=server", "-o", "json", what="helm upgrade --dry-run=server")
+        try:
+            rel = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise PermanentError(f"helm upgrade --dry-run=server printed no release JSON: {out[:300]!r}") from exc
+        docs = split_manifest(str(rel.get("manifest") or ""))
+        for hook in rel.get("hooks") or []:
+            docs += split_manifest(str(hook.get("manifest") or ""))
+        return docs
+
     def chart_defaults(self, chart: str, repo: str, version: str) -> dict[str, Any]:
         import yaml
 
@@ -137,14 +210,14 @@ class Helm:
     def install_args(self, release: str, chart: str, namespace: str, *, repo: str, version: str,
                      values: Mapping[str, Any]) -> list[str]:
         return ["install", release, chart, "--repo", repo, "--version", version, "-n", namespace,
-                "--create-namespace", *set_args(values)]
+                "--create-namespace", "-f", self.values_file(values, "install")]
 
     def upgrade_args(self, release: str, chart: str, namespace: str, *, repo: str, version: str,
                      values: Mapping[str, Any], reuse_values: bool = True) -> list[str]:
         args = ["upgrade", release, chart, "--repo", repo, "--version", version, "-n", namespace]
         if reuse_values:
             args.append("--reuse-values")
-        return args + set_args(values)
+        return [*args, "-f", self.values_file(values, "upgrade")] if values else args
 
     def install(self, release: str, chart: str, namespace: str, **kw: Any) -> str:
         return self.run(*self.install_args(release, chart, namespace, **kw), what=f"helm install {release}")

@@ -213,13 +213,34 @@ def first_install(ctx: StageContext) -> dict[str, Any]:
 
 
 def verify_flags_false(ctx: StageContext) -> dict[str, bool | None]:
-    values = ctx.helm.values(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    """The release's values AND the objects it deployed (``helm get manifest``: the ConfigMap's TOML, the pods'
+    env and args) have every format flag false."""
+    ns = ctx.cluster.curvine.namespace
+    values = ctx.helm.values(C.CURVINE_RELEASE, ns)
     flags = cv.flags_of(values)
-    if any(flags.values()):
+    deployed = cv.rendered_format_findings(ctx.helm.revision_manifest(C.CURVINE_RELEASE, ns))
+    if any(flags.values()) or deployed:
         raise PermanentError(f"Curvine release on {ctx.cluster.name} still has format flags set after the flip: "
-                             f"{flags}. A pod restart would wipe L2 metadata; fix with `helm upgrade curvine "
-                             f"--reuse-values {' '.join(set_args(cv.safe_flags()))}`")
+                             f"{flags}{'; deployed: ' + '; '.join(deployed) if deployed else ''}. A pod restart "
+                             f"would wipe L2 metadata; fix with `helm upgrade curvine -n {ns} --reuse-values "
+                             f"{' '.join(set_args(cv.safe_flags()))}`")
     return flags
+
+
+def refuse_rendered_flags(ctx: StageContext, docs: list[dict[str, Any]], action: str, what: str) -> dict[str, Any]:
+    """The format-flag check on what helm WOULD deploy (not on what kvfleet meant to pass): every ConfigMap's TOML
+    and every container's env and args in the rendered objects and hooks. GateRefused naming each place."""
+    if not docs:
+        raise GateRefused(f"{action} refused on {ctx.cluster.name}: {what} rendered no objects, so the format flags "
+                          "cannot be checked in what helm would deploy")
+    findings = cv.rendered_format_findings(docs)
+    if findings:
+        raise GateRefused(
+            f"{action} refused on {ctx.cluster.name} before any change: {what} would deploy a Curvine format flag "
+            f"that is not false — {'; '.join(findings)}. A pod starting with it wipes the L2 metadata or cache "
+            "(FACTS.md §3.3). Find what sets it (an override, the chart's defaults, the stored values) and remove it.")
+    kinds = sorted({f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs})
+    return {"rendered": what, "objects": len(docs), "kinds": kinds, "format_findings": []}
 
 
 def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
@@ -434,9 +455,10 @@ def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
                           f"({lock.get('purpose')}, {since}). Wait for that run to finish, or stop it (its lease "
                           "expires when it stops heartbeating), then retry.")
     dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
-    paused_by = ((dep.metadata.annotations or {}).get(C.PAUSED_BY_ANNOTATION) if dep is not None else None)
+    annotations = (dep.metadata.annotations or {}) if dep is not None else {}
+    paused_by = annotations.get(C.PAUSED_BY_ANNOTATION)
     if paused_by and paused_by != holder:
-        at = (dep.metadata.annotations or {}).get(C.PAUSED_AT_ANNOTATION)
+        at = annotations.get(C.PAUSED_AT_ANNOTATION)
         raise GateRefused(f"{action} refused on {name}: a rollout is running on the cluster — the inference "
                           f"operator was paused by {paused_by} at {at} while it patches endpoints. Wait for it to "
                           "restore the operator (or restore it with the rollout's teardown), then retry.")

@@ -7,12 +7,14 @@ Called by the ``kvfleet_curvine_scale_out`` DAG (``kvfleet.airflow.curvine``), o
   decision is recorded; it scales only when the inventory says ``curvine.scale_out: auto`` for the cluster, and
   otherwise reports. Detection never scales in.
 
-Steps: eligible nodes (Ready, schedulable, the HyperPod compute-type label the chart's worker affinity requires,
-and the inventory's GPU instance type), the NVMe hostPath check on the release's dataDirs, the new count, then
-``helm upgrade --reuse-values --set worker.replicas=N`` with the three format flags forced false, under the
-cluster lease; wait until the new workers are live in the master's ``/api/workers``; verify capacity grew by about
-new workers × dataDir size; a capacity snapshot before and after. Scale-in is refused unless the request allows it,
-and the log says how much cached data the removed workers hold (recomputable, but a TTFT hit).
+Steps: eligible nodes (Ready, schedulable, the labels of the ``worker.nodeSelector`` kvfleet sets — the HyperPod
+compute-type; the chart itself pins nothing — and the inventory's GPU instance type), the NVMe hostPath check on
+the release's dataDirs, the new count, then ``helm upgrade --reuse-values -f <values>`` (a file kvfleet writes:
+``worker.replicas=N``, the placement values, the three format flags false) — rendered first with
+``--dry-run=server`` and refused unless the rendered objects carry every flag false and the worker placement —
+under the cluster lease; wait until the new workers are live in the master's ``/api/workers``; verify capacity grew
+by about new workers × dataDir size; a capacity snapshot before and after. Scale-in is refused unless the request
+allows it, and the log says how much cached data the removed workers hold (recomputable, but a TTFT hit).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from kvfleet.stages.locks import ClusterLock
 
 STAGE = "curvine-scale-out"
 PURPOSE = "curvine-scale-out"
-COMPUTE_TYPE_LABEL = "sagemaker.amazonaws.com/compute-type"  # the chart's worker nodeAffinity requires hyperpod
+# Where workers may run is what kvfleet's values pin them to (``worker.nodeSelector``, fleet.curvine_values): the
+# real chart pins nothing (no nodeSelector, a preferred anti-affinity only). Every scale-out passes those placement
+# values again and checks them in the rendered worker StatefulSet.
+COMPUTE_TYPE_LABEL = cv.COMPUTE_TYPE_LABEL
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 NVME_PREFIX = "/opt/dlami/nvme"  # where the HyperPod DLAMI mounts the instance NVMe
 CAPACITY_TOLERANCE = 0.05
@@ -98,8 +103,9 @@ def eligible_nodes(ctx: StageContext) -> tuple[list[str], dict[str, str]]:
         taints = [t.key for t in (node.spec.taints or []) if t.effect in ("NoSchedule", "NoExecute")] \
             if node.spec else []
         itype = next((labels[k] for k in INSTANCE_TYPE_LABELS if k in labels), None)
-        if labels.get(COMPUTE_TYPE_LABEL) != "hyperpod":
-            ineligible[name] = f"no {COMPUTE_TYPE_LABEL}=hyperpod label"
+        missing = [f"{k}={v}" for k, v in cv.worker_node_selector().items() if labels.get(k) != v]
+        if missing:
+            ineligible[name] = f"no {', '.join(missing)} label (the workers' nodeSelector)"
         elif itype != want_type:
             ineligible[name] = f"instance type {itype} (the cluster's GPU type is {want_type})"
         elif not ready:
@@ -220,11 +226,28 @@ def refuse_unsafe_scale_in(ctx: StageContext, state: PoolState, target: int, req
     return {"removed": removed, "dropped_bytes": dropped}
 
 
+def check_render(ctx: StageContext, args: list[str], target: int) -> dict[str, Any]:
+    """What the scale-out's helm upgrade would deploy (``--dry-run=server``): every format flag false, and the
+    worker StatefulSet pinned to the HyperPod nodes with one worker per node. GateRefused otherwise."""
+    docs = ctx.helm.upgrade_render(args)
+    rendered = stage3.refuse_rendered_flags(ctx, docs, "scale-out", f"helm upgrade worker.replicas={target} "
+                                                                    "(--dry-run=server)")
+    placement = cv.placement_problems(docs)
+    if placement:
+        raise GateRefused(
+            f"scale-out refused on {ctx.cluster.name} before any change: the rendered worker StatefulSet does not "
+            f"pin the workers ({'; '.join(placement)}). Without the nodeSelector a worker can land on a non-GPU "
+            "node and write the NVMe hostPath onto its root disk; without the required anti-affinity two workers "
+            "can share one node's hostPath. The chart must honour worker.nodeSelector and worker.antiAffinity.type.")
+    return rendered
+
+
 # ---- the workflow ------------------------------------------------------------------------------------------------
 
 
 def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     """Decide (detection) or take the requested count, then scale under the lease and prove the capacity."""
+    decision: dict[str, Any]
     try:
         stage3.refuse_busy_cluster(ctx, holder, "scale-out")
         state = observe(ctx)
@@ -257,12 +280,18 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
 
     spec = ctx.cluster.curvine
     version = state.chart_version or spec.version  # never an upgrade on the side: the deployed chart version
-    sets = {"worker.replicas": target, **cv.safe_flags()}
+    # one values file: the count, the placement kvfleet relies on, and the flags false (the chart pins nothing)
+    sets = {"worker.replicas": target, **cv.placement_values(), **cv.safe_flags()}
     args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
                                  version=version, values=sets)
     command = render(ctx.helm.argv(*args))
     # a copy: merged_values shares nested mappings of its ``current`` argument with its result
     diff = stage3.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
+    try:
+        decision["rendered"] = check_render(ctx, args, target)
+    except GateRefused as exc:
+        ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
+        raise
     if ctx.dry_run:
         ctx.plan(STAGE, command, diff=diff)
         return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)

@@ -29,8 +29,10 @@ A dry run stops after the gates and prints the exact helm command and the values
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
@@ -77,22 +79,27 @@ class Preflight:
     command: str
     diff: str
     warnings: list[str] = field(default_factory=list)
+    values_files: dict[str, str] = field(default_factory=dict)  # name in the command -> its YAML
+    rendered: dict[str, Any] = field(default_factory=dict)  # the render check's summary
 
     def as_dict(self) -> dict[str, Any]:
         return {"revision": self.revision, "chart_version": self.chart_version, "command": self.command,
                 "diff": self.diff, "warnings": self.warnings, "flags": cv.flags_of(self.values),
-                "result_flags": cv.flags_of(self.result)}
+                "result_flags": cv.flags_of(self.result), "values_files": self.values_files,
+                "rendered": self.rendered}
 
 
 # ---- gates -----------------------------------------------------------------------------------------------------
 
 
 def normalize_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Overrides as dotted ``--set`` keys with scalar values (nested mappings are flattened)."""
+    """Overrides as dotted keys with scalar values (nested mappings are flattened; a dot inside a nested key is a
+    literal dot, as in a values file). They reach helm as a values file kvfleet writes, never as ``--set``."""
     out: dict[str, Any] = {}
     for key, value in dict(raw or {}).items():
         if isinstance(value, Mapping):
-            out.update(normalize_overrides({f"{key}.{k}": v for k, v in value.items()}))
+            out.update(normalize_overrides({f"{key}.{str(k).replace('.', chr(92) + '.')}": v
+                                            for k, v in value.items()}))
         elif isinstance(value, list | tuple | set):
             raise PermanentError(f"override {key}: {value!r} is not a scalar; give one dotted key per value "
                                  "(e.g. worker.storage.dataDirs[0].size=200Gi)")
@@ -102,13 +109,15 @@ def normalize_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def refuse_flag_overrides(cluster: str, overrides: Mapping[str, Any]) -> None:
-    """An override that sets a format flag is refused — whatever the approval says."""
-    bad = cv.overrides_setting_flags(overrides)
-    if bad:
+    """An override that touches a format flag — by its key at any depth, or by a value that names one (a comma
+    or an escape in a ``--set`` value used to set a second key) — is refused, whatever the approval says."""
+    problems = cv.format_override_problems(overrides)
+    if problems:
         raise GateRefused(
-            f"upgrade refused on {cluster}: the override(s) {', '.join(f'{k}={overrides[k]}' for k in bad)} would "
-            "start Curvine pods with a format flag and wipe the L2 metadata or cache. Approval does not change this: "
-            "reformatting is a separate, deliberate action, never a side effect of an upgrade. Remove the override.")
+            f"upgrade refused on {cluster}: {'; '.join(problems)}. Such an override could start Curvine pods with a "
+            "format flag and wipe the L2 metadata or cache. Approval does not change this: reformatting is a "
+            "separate, deliberate action, never a side effect of an upgrade. Remove the override (kvfleet passes "
+            "every format flag false itself).")
 
 
 def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, Any]) -> Preflight:
@@ -141,23 +150,34 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
     if cv.flags_set(result):  # cannot happen while the flags are passed last; kept as the contract's check
         raise GateRefused(f"upgrade refused on {ctx.cluster.name}: the resulting values would set "
                           f"{', '.join(cv.flags_set(result))} true")
-    args = upgrade_args(ctx, req.version, sets)
+    args = upgrade_args(ctx, req.version, overrides)
+    # the check that counts: the flags in what helm would deploy with exactly these arguments
+    rendered = stage3.refuse_rendered_flags(ctx, ctx.helm.upgrade_render(args), "upgrade",
+                                            f"helm upgrade to {req.version} (--dry-run=server)")
     for w in warnings:
         ctx.say(f"warning: {w}")
     return Preflight(revision, release["chart_version"], values, user_values, result, args,
-                     render(ctx.helm.argv(*args)), stage3.values_diff(values, result), warnings)
+                     render(ctx.helm.argv(*args)), stage3.values_diff(values, result), warnings,
+                     values_files=_files_of(ctx, args), rendered=rendered)
 
 
-def upgrade_args(ctx: StageContext, version: str, sets: Mapping[str, Any]) -> list[str]:
-    """``helm upgrade --reset-then-reuse-values``: the new chart's defaults, then the release's user-supplied
-    values, then ``--set`` — what ``merged_values`` models. Plain ``--reuse-values`` would also keep the *old*
-    chart's defaults (helm copies the previous chart's values), so a new chart's new keys would never arrive;
-    without either, the release's values would be dropped for chart defaults."""
+def _files_of(ctx: StageContext, args: list[str]) -> dict[str, str]:
+    """The YAML of each values file in ``args``, by the name the rendered command shows."""
+    return {Path(path).name: ctx.helm.files.get(path, "")
+            for flag, path in itertools.pairwise(args) if flag == "-f"}
+
+
+def upgrade_args(ctx: StageContext, version: str, overrides: Mapping[str, Any]) -> list[str]:
+    """``helm upgrade --reset-then-reuse-values -f <overrides> -f <flags false>``: the new chart's defaults, then
+    the release's user-supplied values, then the files in order — what ``merged_values`` models. The overrides
+    and the flags are YAML files kvfleet writes (never ``--set``, whose parser splits values on commas); the
+    flags file comes last, so it wins. Plain ``--reuse-values`` would also keep the *old* chart's defaults (helm
+    copies the previous chart's values), so a new chart's new keys would never arrive; without either, the
+    release's values would be dropped for chart defaults."""
     spec = ctx.cluster.curvine
     args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
-                                 version=version, values=sets, reuse_values=False)
-    at = args.index("--set") if "--set" in args else len(args)
-    return [*args[:at], "--reset-then-reuse-values", *args[at:]]
+                                 version=version, values=overrides, reuse_values=False)
+    return [*args, "--reset-then-reuse-values", "-f", ctx.helm.values_file(cv.safe_flags(), "format-flags-false")]
 
 
 # ---- L2 samples and post-checks ----------------------------------------------------------------------------------
@@ -287,10 +307,28 @@ def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason
         seen[rev] = {"status": row.get("status"), "flags": cv.flags_of(values)}
         if str(row.get("status") or "").lower() not in _NOT_TARGETS:
             candidates.append((rev, values))
-    target = cv.newest_safe_revision(candidates, failed_revision)
+    # The stored values say the flags are false; what the rollback re-deploys is the revision's stored manifest
+    # and hooks, so that is checked too (newest first; a revision whose objects carry a flag is skipped).
+    target, rendered = None, {}
+    while True:
+        target = cv.newest_safe_revision(candidates, failed_revision)
+        if target is None:
+            break
+        docs = ctx.helm.revision_manifest(C.CURVINE_RELEASE, ns, target)
+        findings = cv.rendered_format_findings(docs)
+        if docs and not findings:
+            rendered = {"rendered": f"helm get manifest/hooks --revision {target}", "objects": len(docs),
+                        "format_findings": []}
+            break
+        seen[target]["manifest_findings"] = findings or ["the stored manifest is empty"]
+        ctx.say(f"revision {target} is no rollback target: its stored objects carry a format flag "
+                f"({'; '.join(findings) or 'empty manifest'})")
+        candidates = [(r, v) for r, v in candidates if r != target]
     if target is None:
-        listed = "; ".join(f"revision {r} ({s['status']}): " + ", ".join(f"{k}={v}" for k, v in s["flags"].items())
-                           for r, s in sorted(seen.items())) or "none kept in the release history"
+        listed = "; ".join(
+            f"revision {r} ({s['status']}): " + ", ".join(f"{k}={v}" for k, v in s["flags"].items())
+            + (f", deployed objects: {'; '.join(s['manifest_findings'])}" if s.get("manifest_findings") else "")
+            for r, s in sorted(seen.items())) or "none kept in the release history"
         ctx.record("rollback", STAGE, "refused", failed_revision=failed_revision, revisions=seen, reason=reason)
         raise GateRefused(
             f"rollback refused on {ctx.cluster.name}: no revision before {failed_revision} has every format flag "
@@ -312,7 +350,7 @@ def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason
     replaced: list[str] = []
     state = stage3.wait_rolled_out(ctx, timeout_s, each_poll=lambda: replaced.extend(replace_stuck_pods(ctx)))
     return {"from": failed_revision, "to": target, "flags": cv.flags_of(values), "replaced_stuck_pods": replaced,
-            "rollout": state}
+            "rollout": state, "rendered": rendered}
 
 
 def replace_stuck_pods(ctx: StageContext) -> list[str]:
@@ -346,6 +384,7 @@ def upgrade(ctx: StageContext, req: UpgradeRequest, *, holder: str) -> Outcome:
     """Gates, snapshot, upgrade, wait, post-checks and (when asked) a safe rollback on one cluster."""
     cluster = ctx.cluster.name
     try:
+        refuse_flag_overrides(cluster, req.overrides)  # the raw form first: nested, lists and all
         overrides = normalize_overrides(req.overrides)
         refuse_flag_overrides(cluster, overrides)
         stage3.refuse_busy_cluster(ctx, holder, "upgrade")

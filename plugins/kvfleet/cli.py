@@ -2,7 +2,9 @@
 
 Entry point declared in pyproject.toml. Every subcommand works without Airflow running; `audit` and `db` use
 the history database (embedded PostgreSQL when none is configured). Exit codes: 0 ok, 2 invalid input
-(inventory, arguments), 1 anything else that failed.
+(inventory, arguments, configuration), 1 anything else that failed (`audit verify` on a broken chain). An error
+is one line on stderr, never a traceback (KVFLEET_DEBUG=1 shows it). `--json` prints JSON alone on stdout; logs
+and warnings go to stderr.
 """
 
 from __future__ import annotations
@@ -10,18 +12,58 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import os
 import sys
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, NoReturn
 
 from kvfleet.errors import InventoryError, KvfleetError
 from kvfleet.fleet.inventory import InventoryWarning, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
 
 DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
+# The same range as the kvfleet_rollout DAG Param `wave_size` (kvfleet.airflow.params; a unit test keeps them equal).
+WAVE_SIZE_RANGE = (1, 500)
+LIMIT_RANGE = (1, 100_000)
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: exit 2 with this one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _int_in(name: str, lo: int, hi: int) -> Any:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {raw!r} is not a whole number ({lo}–{hi})") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} {value} is out of range: use {lo}–{hi}")
+        return value
+
+    return parse
+
+
+def _since(raw: str) -> str:
+    from kvfleet.history.repo import since_to_timedelta
+
+    try:
+        since_to_timedelta(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--since: ")) from None
+    return raw
 
 
 def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -50,8 +92,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
 def _json_dump(rows: Any) -> None:
-    print(json.dumps(rows, default=str, indent=2, sort_keys=True))
+    print(json.dumps(rows, default=_json_default, indent=2, sort_keys=True))
 
 
 # ---- validate / plan ---------------------------------------------------------------------------------------
@@ -97,51 +147,90 @@ def _cutoff(since: str) -> datetime:
     return since_cutoff(since, datetime.now(UTC))
 
 
+Table = tuple[list[dict[str, Any]], list[str]]
+
+
+def _runs(h: Any, args: argparse.Namespace) -> Table:
+    rows = h.query("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
+    return rows, ["started_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "changed", "unchanged",
+                  "failed", "planned", "unknown_changes", "reason"]
+
+
+def _verifications(h: Any, args: argparse.Namespace) -> Table:
+    rows = h.query("verifications", cutoff=_cutoff(args.since), lob=args.lob, endpoint=args.endpoint)
+    return rows, ["at", "run", "cluster", "endpoint", "lob", "prompt_tokens", "hit_ratio", "ttft_cold_ms",
+                  "ttft_warm_ms", "speedup", "expected_speedup", "verdict", "diagnosis"]
+
+
+def _drift(h: Any, args: argparse.Namespace) -> Table:
+    rows = h.query("open_drift") if args.open else h.query("drift_since", cutoff=_cutoff(args.since))
+    return rows, (["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual", "first_seen",
+                   "last_seen"] + ([] if args.open else ["resolved_at", "resolution"])
+                  + ["remediation_action", "remediation_outcome"])
+
+
+def _gates(h: Any, args: argparse.Namespace) -> Table:
+    rows = h.query("gate_decisions", cutoff=_cutoff(args.since), run_key=args.run, limit=args.limit)
+    for r in rows:  # the table shows the verdicts at the moment of the answer as endpoint=verdict
+        r["verifications_then"] = ", ".join(
+            f"{e}={v.get('verdict')}" for e, v in sorted((r.get("verifications") or {}).items())) or None
+    return rows, ["answered_at", "run_key", "cluster", "gate", "asked", "chosen", "decision", "answered_by",
+                  "timed_out", "waited_s", "wave_verdict", "verifications_then"]
+
+
+def _changes(h: Any, args: argparse.Namespace) -> Table:
+    rows = h.query("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
+                   endpoint=args.endpoint, limit=args.limit)
+    return rows, ["at", "run_key", "cluster", "endpoint", "action", "target", "outcome", "outcome_at", "actor"]
+
+
+def _endpoint(h: Any, args: argparse.Namespace) -> Table:
+    if not args.endpoint:
+        raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
+    rows = h.query("endpoint_changes", endpoint=args.endpoint, cutoff=_cutoff(args.since))
+    return rows, ["at", "cluster", "endpoint", "stage", "step", "outcome", "run_key", "run_status", "trigger",
+                  "triggered_by"]
+
+
+_TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gates": _gates, "changes": _changes,
+           "endpoint": _endpoint}
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
+    if args.what == "curvine" and not args.cluster:
+        raise UsageError("kvfleet audit curvine: --cluster is required")
+    if args.what == "endpoint" and not args.endpoint:
+        raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
     h = _history()
-    what = args.what
-    if what == "runs":
-        rows = h.query("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
-        cols = ["started_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "changed", "unchanged",
-                "failed", "planned"]
-    elif what == "verifications":
-        rows = h.query("verifications", cutoff=_cutoff(args.since), lob=args.lob, endpoint=args.endpoint)
-        cols = ["at", "cluster", "endpoint", "lob", "prompt_tokens", "hit_ratio", "ttft_cold_ms", "ttft_warm_ms",
-                "speedup", "expected_speedup", "verdict", "diagnosis"]
-    elif what == "drift":
-        rows = h.query("open_drift") if args.open else h.query("drift_since", cutoff=_cutoff(args.since))
-        cols = ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual", "first_seen",
-                "last_seen"] + ([] if args.open else ["resolved_at"])
-    elif what == "curvine":
-        if not args.cluster:
-            print("kvfleet audit curvine: --cluster is required", file=sys.stderr)
-            return 2
-        rows = h.query("curvine_history", cluster=args.cluster)
-        caps = h.query("capacity_history", cluster=args.cluster)
-        if args.json:
-            _json_dump({"releases": rows, "capacity": caps})
-            return 0
-        print(f"Curvine releases on {args.cluster} (format flags at every revision)")
-        _print_table(rows, ["release", "revision", "chart_version", "status", "format_master", "format_worker",
-                            "format_journal", "recorded_at", "run_key"])
-        print(f"\nCapacity snapshots on {args.cluster}")
-        for c in caps:  # bytes as GiB for reading; --json keeps the bytes
-            c["capacity_gib"] = None if c.get("capacity_bytes") is None else f"{c['capacity_bytes'] / 2**30:.0f}"
-            c["fs_used_gib"] = None if c.get("fs_used_bytes") is None else f"{c['fs_used_bytes'] / 2**30:.2f}"
-        _print_table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
-                            "files_total", "run_key"])
-        return 0
-    elif what == "rollout":
+    if args.what == "verify":
+        return _audit_verify(h, args)
+    if args.what == "rollout":
         return _audit_rollout(h, args)
-    elif what == "endpoint":
-        rows = h.query("endpoint_changes", endpoint=args.endpoint or "", cutoff=_cutoff(args.since))
-        cols = ["at", "cluster", "endpoint", "stage", "step", "outcome", "dag_id", "trigger", "triggered_by"]
-    else:  # argparse restricts choices
-        raise AssertionError(what)
+    if args.what == "curvine":
+        return _audit_curvine(h, args)
+    rows, cols = _TABLES[args.what](h, args)
     if args.json:
         _json_dump(rows)
     else:
         _print_table(rows, cols)
+    return 0
+
+
+def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
+    rows = h.query("curvine_history", cluster=args.cluster)
+    caps = h.query("capacity_history", cluster=args.cluster)
+    if args.json:
+        _json_dump({"releases": rows, "capacity": caps})
+        return 0
+    print(f"Curvine releases on {args.cluster} (format flags at every revision)")
+    _print_table(rows, ["release", "revision", "chart_version", "status", "format_master", "format_worker",
+                        "format_journal", "recorded_at", "run_key"])
+    print(f"\nCapacity snapshots on {args.cluster}")
+    for c in caps:  # bytes as GiB for reading; --json keeps the bytes
+        c["capacity_gib"] = None if c.get("capacity_bytes") is None else f"{c['capacity_bytes'] / 2**30:.0f}"
+        c["fs_used_gib"] = None if c.get("fs_used_bytes") is None else f"{c['fs_used_bytes'] / 2**30:.2f}"
+    _print_table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
+                        "files_total", "run_key"])
     return 0
 
 
@@ -151,7 +240,10 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
     if not run_key:
         last = h.query("last_run", dag_id="kvfleet_rollout")
         if not last:
-            print("no kvfleet_rollout run recorded yet")
+            if args.json:
+                _json_dump({"run_key": None, "lobs": []})
+            else:
+                print("no kvfleet_rollout run recorded yet")
             return 0
         run_key = last[0]["run_key"]
     rows = h.query("rollout_by_lob", run_key=run_key)
@@ -164,23 +256,58 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit_verify(h: Any, args: argparse.Namespace) -> int:
+    """Walk the audit log's hash chain; exit 1 naming the first broken row."""
+    result = h.verify_chain()
+    if args.json:
+        _json_dump(result)
+    elif result["ok"]:
+        head = result["head"]
+        print(f"audit chain intact: {result['rows']} row(s); head seq {head['seq']} hash {head['hash']}")
+    if not result["ok"]:
+        b = result["broken"]
+        print(f"kvfleet audit verify: audit_log row id={b['id']} (seq {b['seq']}, event {b['event_key']}) is "
+              f"broken: {b['problem']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # ---- db ------------------------------------------------------------------------------------------------------
 
 
+def _check_revision(migrate: Any, revision: str) -> None:
+    from alembic.script import ScriptDirectory
+
+    if revision in ("head", "base", "heads") or revision.lstrip("+-").isdigit():
+        return
+    script = ScriptDirectory.from_config(migrate._config())
+    known = [r.revision for r in script.walk_revisions()]
+    if revision not in known:
+        raise UsageError(f"kvfleet db: unknown revision {revision!r}; known: base, "
+                         f"{', '.join(reversed(known))}, head")
+
+
 def cmd_db(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
     from sqlalchemy import create_engine
 
     from kvfleet.history import migrate
-    from kvfleet.history.db import history_url
+    from kvfleet.history.db import migration_url
 
-    engine = create_engine(history_url())
-    if args.action == "upgrade":
-        migrate.upgrade(engine, args.revision or "head")
-    elif args.action == "downgrade":
-        migrate.downgrade(engine, args.revision or "base")
-    print(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
-          f"(head {migrate.head_revision()})")
-    engine.dispose()
+    if args.revision:
+        _check_revision(migrate, args.revision)
+    engine = create_engine(migration_url())  # as the owner role when one is configured
+    try:
+        if args.action == "upgrade":
+            migrate.upgrade(engine, args.revision or "head")
+        elif args.action == "downgrade":
+            migrate.downgrade(engine, args.revision or "base")
+        print(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
+              f"(head {migrate.head_revision()})")
+    except CommandError as exc:
+        raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
     return 0
 
 
@@ -189,9 +316,21 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """Rollout gates waiting for a human: list them, or answer one (the same code path as Airflow's REST API)."""
+    from kvfleet.history.db import _airflow_configured
+
+    if not _airflow_configured():
+        raise UsageError("kvfleet gate: no Airflow configuration found (no AIRFLOW__* settings and no "
+                         "$AIRFLOW_HOME/airflow.cfg): set AIRFLOW_HOME, or AIRFLOW__DATABASE__SQL_ALCHEMY_CONN to "
+                         "your Airflow metadata database")
+    from sqlalchemy.exc import SQLAlchemyError
+
     from kvfleet.airflow import hitl
 
-    gates = hitl.pending(args.dag)
+    try:
+        gates = hitl.pending(args.dag)
+    except SQLAlchemyError as exc:
+        raise UsageError("kvfleet gate: cannot read Airflow's metadata database: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
     if args.action == "list":
         if not gates:
             print("no gate is waiting for a human")
@@ -213,7 +352,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvfleet", description="Tiered KV cache fleet manager for SageMaker HyperPod")
+    p = _Parser(prog="kvfleet", description="Tiered KV cache fleet manager for SageMaker HyperPod")
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="validate a fleet inventory; exit 2 listing every problem")
@@ -224,17 +363,20 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--fleet", default=DEFAULT_FLEET)
     pl.add_argument("--lob", action="append", help="restrict to a line of business (repeatable)")
     pl.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
-    pl.add_argument("--wave-size", type=int, default=None, help="endpoints per cluster per wave")
+    pl.add_argument("--wave-size", type=_int_in("--wave-size", *WAVE_SIZE_RANGE), default=None,
+                    help=f"endpoints per cluster per wave ({WAVE_SIZE_RANGE[0]}–{WAVE_SIZE_RANGE[1]})")
     pl.add_argument("--no-canary", action="store_true", help="no canary wave")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--diff", action="store_true", help="observe the live fleet and print what would change")
     pl.set_defaults(func=cmd_plan)
 
     a = sub.add_parser("audit", help="query the history store")
-    a.add_argument("what", choices=["runs", "rollout", "verifications", "drift", "curvine", "endpoint"])
-    a.add_argument("--run", help="rollout: the run key (dag_id/run_id); default the newest")
-    a.add_argument("--since", default="7d")
-    a.add_argument("--limit", type=int, default=50)
+    a.add_argument("what", choices=["runs", "rollout", "verifications", "drift", "curvine", "endpoint", "gates",
+                                     "changes", "verify"],
+                   help="changes: write-ahead records; verify: check the audit log's hash chain")
+    a.add_argument("--run", help="rollout, gates, changes: the run key (dag_id/run_id); rollout: default the newest")
+    a.add_argument("--since", type=_since, default="7d", help="7d, 12h, 30m (at most 36500d)")
+    a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=50)
     a.add_argument("--lob")
     a.add_argument("--endpoint")
     a.add_argument("--cluster")
@@ -269,11 +411,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _logs_to_stderr() -> None:
+    """Logs (the embedded-PostgreSQL notice...) and warnings on stderr, whatever configured logging before."""
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) is sys.stdout:
+            handler.setStream(sys.stderr)
+    logging.captureWarnings(True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _logs_to_stderr()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except InventoryError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return 2
     except ValueError as exc:
@@ -281,6 +437,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KvfleetError as exc:
         print(f"kvfleet: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("kvfleet: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a traceback for a user; KVFLEET_DEBUG=1 shows it
+        if os.environ.get("KVFLEET_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:500]
+        print(f"kvfleet: {type(exc).__name__}: {first} (KVFLEET_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
 
 

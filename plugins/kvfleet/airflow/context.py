@@ -30,6 +30,31 @@ class RunInfo:
         return self.triggered_by or f"airflow:{self.trigger}"
 
 
+def _trigger(dag_run: Any) -> str:
+    run_type = str(getattr(dag_run, "run_type", "manual") or "manual").lower().split(".")[-1]
+    return {"scheduled": "schedule"}.get(run_type, run_type)
+
+
+def dag_run_facts(context: Any) -> dict[str, Any]:
+    """What a DAG-level callback knows about its run. Airflow 3.3 gives DAG callbacks either the full context
+    (``dag_run``, ``ti``, ``params``...) or, when the server sent no task instance, only ``dag``, ``run_id``
+    and ``reason``; this works with both."""
+    dag_run = context.get("dag_run")
+    dag = context.get("dag")
+    dag_id = getattr(dag_run, "dag_id", None) or getattr(dag, "dag_id", None) or "unknown"
+    run_id = getattr(dag_run, "run_id", None) or context.get("run_id") or "unknown"
+    params = context.get("params")
+    if not params:
+        params = getattr(dag_run, "conf", None) or {}
+    try:
+        params = dict(params)
+    except (TypeError, ValueError):
+        params = {}
+    return {"run_key": f"{dag_id}/{run_id}", "dag_id": str(dag_id), "run_id": str(run_id),
+            "trigger": _trigger(dag_run) if dag_run is not None else "unknown",
+            "triggered_by": getattr(dag_run, "triggering_user_name", None), "params": params}
+
+
 def run_info(context: dict[str, Any] | None = None) -> RunInfo:
     if context is None:
         from airflow.sdk import get_current_context
@@ -37,8 +62,7 @@ def run_info(context: dict[str, Any] | None = None) -> RunInfo:
         context = dict(get_current_context())
     dag_run = context["dag_run"]
     ti = context["ti"]
-    run_type = str(getattr(dag_run, "run_type", "manual") or "manual").lower().split(".")[-1]
-    trigger = {"scheduled": "schedule"}.get(run_type, run_type)
+    trigger = _trigger(dag_run)
     user = getattr(dag_run, "triggering_user_name", None)
     map_index = getattr(ti, "map_index", -1)
     return RunInfo(

@@ -10,8 +10,10 @@ parameter (SQLAlchemy 2.1's ``text()`` would read ``:2`` inside a JSON literal a
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +26,69 @@ from kvfleet.history.db import get_engine, sql_dir
 
 def _json(value: Any) -> str:
     return json.dumps(value, default=str, sort_keys=True)
+
+
+# ---- terminal status of a run -------------------------------------------------------------------------------
+TERMINAL_STATUSES = ("success", "completed_with_failures", "failed", "aborted", "refused")
+FAILURE_OUTCOMES = frozenset({"failed", "fail", "refused"})
+SKIP_OUTCOMES = frozenset({"skipped", "skipped_by_gate", "paused_for_review"})
+# A refusal of the whole run (not of one endpoint): the plan (unknown LOB, missing fleet file, bad scope) or a
+# Curvine upgrade / scale-out refused by its safety gates.
+REFUSAL_STAGES = frozenset({"plan", "curvine-upgrade", "curvine-scale-out"})
+UNKNOWN_OUTCOME = "unknown — check live state"
+GENESIS_HASH = "0" * 64
+
+
+def _is_abort(step: Mapping[str, Any]) -> bool:
+    return bool(step["outcome"] == "aborted" or (step["stage"] == "gate" and step["outcome"] == "abort"))
+
+
+def _is_refusal(step: Mapping[str, Any]) -> bool:
+    return bool(step["outcome"] == "refused" and step.get("endpoint") is None and step["stage"] in REFUSAL_STAGES)
+
+
+def _step_reason(step: Mapping[str, Any]) -> str | None:
+    detail = step.get("detail") or {}
+    for k in ("error", "reason"):
+        if detail.get(k):
+            return str(detail[k])
+    return None
+
+
+def derive_status(airflow_state: str, steps: Iterable[Mapping[str, Any]],
+                  open_intents: int = 0) -> tuple[str, dict[str, Any]]:
+    """The terminal status of a run from Airflow's final state and the steps it recorded, with the counts
+    behind it. Airflow ``success``: aborted > refused > completed_with_failures > success. Airflow ``failed``:
+    aborted > refused > failed (never ``success``). A write-ahead intent left without an outcome counts as a
+    failure: nobody knows whether that change happened."""
+    if airflow_state not in ("success", "failed"):
+        raise ValueError(f"airflow_state: {airflow_state!r} is not success or failed (a DAG run's end state)")
+    steps = list(steps)
+    counts: dict[str, int] = {}
+    for st in steps:
+        counts[st["outcome"]] = counts.get(st["outcome"], 0) + 1
+    aborts = [st for st in steps if _is_abort(st)]
+    refusals = [st for st in steps if _is_refusal(st)]
+    failures = sum(n for o, n in counts.items() if o in FAILURE_OUTCOMES)
+    skipped = sum(n for o, n in counts.items() if o in SKIP_OUTCOMES)
+    facts: dict[str, Any] = {"outcomes": dict(sorted(counts.items())), "failures": failures, "skipped": skipped,
+                             "open_intents": open_intents, "airflow_state": airflow_state}
+    if aborts:
+        status = "aborted"
+        facts["reason"] = next((r for r in map(_step_reason, aborts) if r), "aborted at a gate")
+    elif refusals:
+        status = "refused"
+        facts["reason"] = next((r for r in map(_step_reason, refusals) if r), "refused")
+    elif airflow_state == "failed":
+        status = "failed"
+        errors = [st for st in steps if st["outcome"] in FAILURE_OUTCOMES and _step_reason(st)]
+        if errors:
+            facts["reason"] = _step_reason(errors[-1])
+    elif failures or skipped or open_intents:
+        status = "completed_with_failures"
+    else:
+        status = "success"
+    return status, facts
 
 
 @dataclass(frozen=True)
@@ -47,6 +112,15 @@ class StepEvent:
     endpoint: str | None = None
     lob: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WriteAhead:
+    """The handle ``History.write_ahead`` yields: set ``result`` / ``detail`` to record a precise outcome."""
+
+    intent_id: int
+    result: str = "changed"
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class History:
@@ -75,6 +149,53 @@ class History:
                 text("UPDATE runs SET status = :s, summary = CAST(:m AS jsonb), ended_at = now() WHERE run_key = :k"),
                 {"k": run_key, "s": status, "m": _json(summary or {})},
             )
+
+    def ensure_run(self, run_key: str, *, dag_id: str | None = None, run_id: str | None = None,
+                   trigger: str = "unknown", triggered_by: str | None = None,
+                   params: Mapping[str, Any] | None = None, conn: Connection | None = None) -> bool:
+        """Open the run's row if no task did (a run that failed before ``start_run``). True if it was created."""
+        if conn is None:
+            with self.engine.begin() as own:
+                return self.ensure_run(run_key, dag_id=dag_id, run_id=run_id, trigger=trigger,
+                                       triggered_by=triggered_by, params=params, conn=own)
+        dag, _, rid = run_key.partition("/")
+        row = conn.execute(
+            text("INSERT INTO runs (run_key, dag_id, run_id, trigger, triggered_by, params) "
+                 "VALUES (:k, :d, :r, :t, :u, CAST(:p AS jsonb)) ON CONFLICT (run_key) DO NOTHING RETURNING run_key"),
+            {"k": run_key, "d": dag_id or dag, "r": run_id or rid, "t": trigger, "u": triggered_by,
+             "p": _json(dict(params or {}))},
+        ).first()
+        return row is not None
+
+    def close_run(self, run_key: str, airflow_state: str, reason: str | None = None, *,
+                  dag_id: str | None = None, run_id: str | None = None, trigger: str = "unknown",
+                  triggered_by: str | None = None, params: Mapping[str, Any] | None = None,
+                  failed_task: str | None = None) -> str:
+        """Write the run's terminal status (``derive_status``) from Airflow's final state, creating the run's row
+        if the run died before opening it. Called by the DAG-level callbacks (``kvfleet.airflow.run_status``);
+        authoritative over whatever a task wrote with ``end_run``. Returns the status."""
+        with self.engine.begin() as conn:
+            created = self.ensure_run(run_key, dag_id=dag_id, run_id=run_id, trigger=trigger,
+                                      triggered_by=triggered_by, params=params, conn=conn)
+            conn.execute(text("SELECT 1 FROM runs WHERE run_key = :k FOR UPDATE"), {"k": run_key})
+            steps = [dict(r) for r in conn.execute(
+                text("SELECT stage, outcome, endpoint, detail FROM step_events WHERE run_key = :k ORDER BY id"),
+                {"k": run_key}).mappings()]
+            open_intents = int(conn.execute(text(
+                "SELECT count(*) FROM audit_log i WHERE i.run_key = :k AND i.kind = 'intent' AND NOT EXISTS "
+                "(SELECT 1 FROM audit_log o WHERE o.intent_id = i.id)"), {"k": run_key}).scalar_one())
+            status, facts = derive_status(airflow_state, steps, open_intents)
+            why = facts.pop("reason", None) or reason
+            if failed_task:
+                facts["failed_task"] = failed_task
+            facts["created_by_callback"] = created
+            conn.execute(
+                text("UPDATE runs SET status = :s, reason = :why, ended_at = COALESCE(ended_at, now()), "
+                     "summary = COALESCE(summary, '{}'::jsonb) || jsonb_build_object('close', CAST(:f AS jsonb)) "
+                     "WHERE run_key = :k"),
+                {"k": run_key, "s": status, "why": why, "f": _json(facts)},
+            )
+        return status
 
     def run(self, run_key: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
@@ -106,20 +227,115 @@ class History:
 
     def audit(self, event_key: str, *, actor: str, action: str, run_key: str | None = None,
               cluster: str | None = None, endpoint: str | None = None,
-              detail: Mapping[str, Any] | None = None, conn: Connection | None = None) -> None:
+              detail: Mapping[str, Any] | None = None, conn: Connection | None = None,
+              kind: str = "event", intent_id: int | None = None) -> int | None:
+        """One audit-log line (hash-chained by the database on insert). Returns its id, or None if a line with
+        this ``event_key`` was already there."""
         if conn is None:
             with self.engine.begin() as own:
                 return self.audit(event_key, actor=actor, action=action, run_key=run_key, cluster=cluster,
-                                  endpoint=endpoint, detail=detail, conn=own)
-        conn.execute(
+                                  endpoint=endpoint, detail=detail, conn=own, kind=kind, intent_id=intent_id)
+        row = conn.execute(
             text(
-                "INSERT INTO audit_log (run_key, event_key, actor, action, cluster, endpoint, detail) "
-                "VALUES (:k, :ek, :a, :act, :c, :e, CAST(:d AS jsonb)) ON CONFLICT (event_key) DO NOTHING"
+                "INSERT INTO audit_log (run_key, event_key, actor, action, cluster, endpoint, detail, kind, "
+                "intent_id) VALUES (:k, :ek, :a, :act, :c, :e, CAST(:d AS jsonb), :kind, :iid) "
+                "ON CONFLICT (event_key) DO NOTHING RETURNING id"
             ),
             {"k": run_key, "ek": event_key, "a": actor, "act": action, "c": cluster, "e": endpoint,
-             "d": _json(dict(detail or {}))},
-        )
-        return None
+             "d": _json(dict(detail or {})), "kind": kind, "iid": intent_id},
+        ).first()
+        return None if row is None else int(row[0])
+
+    # ---- write-ahead records ----------------------------------------------------------------------------------
+    def intent(self, key: StepKey, action: str, target: str, detail: Mapping[str, Any] | None = None, *,
+               cluster: str | None = None, endpoint: str | None = None, actor: str = "kvfleet") -> int:
+        """Record, before a mutating call, that it is about to be made; returns the intent's id for ``outcome``.
+        A retried task re-issues the same intent and gets the same id back."""
+        event_key = key.event_key(f"intent:{action}:{target}")
+        with self.engine.begin() as conn:
+            new = self.audit(event_key, actor=actor, action=f"intent:{action}", run_key=key.run_key, cluster=cluster,
+                             endpoint=endpoint, detail={"target": target, **dict(detail or {})}, conn=conn,
+                             kind="intent")
+            if new is not None:
+                return new
+            return int(conn.execute(text("SELECT id FROM audit_log WHERE event_key = :ek"),
+                                    {"ek": event_key}).scalar_one())
+
+    def outcome(self, intent_id: int, result: str, detail: Mapping[str, Any] | None = None, *,
+                actor: str | None = None) -> int:
+        """Record what became of an intent (``changed``, ``unchanged``, ``failed``, ``refused``, ``observed``...).
+        Several outcomes may follow one intent (a retried task); the newest is its state."""
+        with self.engine.begin() as conn:
+            intent = conn.execute(text("SELECT run_key, actor, action, cluster, endpoint FROM audit_log "
+                                       "WHERE id = :i AND kind = 'intent'"), {"i": intent_id}).mappings().first()
+            if intent is None:
+                raise ValueError(f"intent {intent_id} does not exist")
+            n = int(conn.execute(text("SELECT count(*) FROM audit_log WHERE intent_id = :i"),
+                                 {"i": intent_id}).scalar_one())
+            new = self.audit(f"outcome|{intent_id}|{n + 1}", actor=actor or intent["actor"],
+                             action=f"outcome:{result}", run_key=intent["run_key"], cluster=intent["cluster"],
+                             endpoint=intent["endpoint"], detail={"result": result, **dict(detail or {})},
+                             conn=conn, kind="outcome", intent_id=intent_id)
+            assert new is not None
+            return new
+
+    @contextlib.contextmanager
+    def write_ahead(self, key: StepKey, action: str, target: str, detail: Mapping[str, Any] | None = None, *,
+                    cluster: str | None = None, endpoint: str | None = None,
+                    actor: str = "kvfleet") -> Iterator[WriteAhead]:
+        """Wrap one mutating call: the intent is written before the block, the outcome after it (``changed``
+        unless the block sets ``wa.result``; ``refused`` for a PermanentError, ``failed`` for any other
+        exception, which is re-raised). A process killed inside the block leaves only the intent, which
+        `kvfleet audit` shows as ``unknown — check live state``."""
+        from kvfleet.errors import PermanentError
+
+        wa = WriteAhead(self.intent(key, action, target, detail, cluster=cluster, endpoint=endpoint, actor=actor))
+        try:
+            yield wa
+        except PermanentError as exc:
+            self.outcome(wa.intent_id, "refused", {"error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            raise
+        except Exception as exc:  # a KeyboardInterrupt or SIGTERM leaves the intent open: nobody knows
+            self.outcome(wa.intent_id, "failed", {"error": f"{type(exc).__name__}: {str(exc)[:500]}"})
+            raise
+        self.outcome(wa.intent_id, wa.result, wa.detail)
+
+    def open_intents(self, *, cluster: str | None = None, endpoint: str | None = None,
+                     run_key: str | None = None) -> list[dict[str, Any]]:
+        """Intents with no outcome: changes that may or may not have happened."""
+        return self.query("open_intents", cluster=cluster, endpoint=endpoint, run_key=run_key)
+
+    def resolve_intent(self, intent_id: int, observed: Mapping[str, Any], *, run_key: str) -> int:
+        """The next run or the drift check looked at the live state an open intent was about: record what it
+        saw as the intent's outcome (``observed``)."""
+        return self.outcome(intent_id, "observed", {"observed": dict(observed), "by_run": run_key})
+
+    # ---- tamper evidence ------------------------------------------------------------------------------------
+    def verify_chain(self) -> dict[str, Any]:
+        """Walk the audit log's hash chain in ``seq`` order, recomputing each hash here (SHA-256 over the previous
+        hash and the row's canonical JSON). Returns {ok, rows, head, broken: None | {id, seq, problem}}."""
+        sql = (sql_dir() / "queries" / "audit_chain.sql").read_text()
+        expected_prev, expected_seq, rows = GENESIS_HASH, 1, 0
+        with self.engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=1000).execute(text(sql))
+            for r in result.mappings():
+                rows += 1
+                problem = None
+                if r["seq"] is None or r["seq"] != expected_seq:
+                    problem = (f"sequence {r['seq']} where {expected_seq} was expected: a row was deleted, or "
+                               "inserted outside the chain")
+                elif r["prev_hash"] != expected_prev:
+                    problem = "its prev_hash is not the hash of the row before it: the chain was rewritten"
+                else:
+                    digest = hashlib.sha256((r["prev_hash"] + r["canonical"]).encode()).hexdigest()
+                    if digest != r["row_hash"]:
+                        problem = "its content does not match its hash: the row was changed after it was written"
+                if problem:
+                    return {"ok": False, "rows": rows, "head": None,
+                            "broken": {"id": r["id"], "seq": r["seq"], "event_key": r["event_key"],
+                                       "problem": problem}}
+                expected_prev, expected_seq = r["row_hash"], expected_seq + 1
+        return {"ok": True, "rows": rows, "head": {"seq": expected_seq - 1, "hash": expected_prev}, "broken": None}
 
     def steps(self, run_key: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
@@ -239,7 +455,8 @@ class History:
                 )
                 opened += 1
             stmt = text(
-                "UPDATE drift_findings SET resolved_at = now(), last_run_key = :k WHERE cluster = :c "
+                "UPDATE drift_findings SET resolved_at = now(), last_run_key = :k, resolution = 'gone' "
+                "WHERE cluster = :c "
                 "AND resolved_at IS NULL AND NOT (fingerprint = ANY(:fps))"
                 + (" AND kind = ANY(:kinds)" if scope_kinds is not None else "")
                 + " RETURNING id"
@@ -257,6 +474,20 @@ class History:
                      "AND resolved_at IS NULL"),
                 {"r": _json(dict(remediation)), "fp": fingerprint},
             )
+
+    def resolve_remediated(self, cluster: str, fingerprints: Iterable[str], run_key: str) -> int:
+        """Resolve the open findings this run remediated and then no longer observed (resolution
+        ``remediated``), so they do not stay open until the next check. Returns how many were resolved."""
+        fps = list(fingerprints)
+        if not fps:
+            return 0
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                text("UPDATE drift_findings SET resolved_at = now(), last_run_key = :k, resolution = 'remediated' "
+                     "WHERE cluster = :c AND resolved_at IS NULL AND fingerprint = ANY(:fps) RETURNING id"),
+                {"k": run_key, "c": cluster, "fps": fps},
+            ).fetchall()
+        return len(rows)
 
     def watch(self, cluster: str, watch: str, present: bool, run_key: str | None = None) -> datetime | None:
         """Since when a thresholded condition has been seen (opened now if new); None, and forgotten, when the
@@ -326,11 +557,18 @@ class History:
             return [dict(r) for r in conn.execute(stmt, params).mappings()]
 
 
+MAX_SINCE_DAYS = 36_500  # a hundred years: older than any history
+
+
 def since_to_timedelta(since: str) -> timedelta:
     """'7d', '12h', '30m' -> timedelta. A clear error for anything else."""
-    units = {"d": "days", "h": "hours", "m": "minutes"}
-    if len(since) >= 2 and since[:-1].isdigit() and since[-1] in units:
-        return timedelta(**{units[since[-1]]: int(since[:-1])})
+    units = {"d": ("days", 1), "h": ("hours", 24), "m": ("minutes", 24 * 60)}
+    if len(since) >= 2 and since[:-1].isascii() and since[:-1].isdigit() and since[-1] in units:
+        name, per_day = units[since[-1]]
+        if int(since[:-1]) > MAX_SINCE_DAYS * per_day:
+            raise ValueError(f"--since: {since} is out of range: at most {MAX_SINCE_DAYS}d "
+                             f"({MAX_SINCE_DAYS * per_day}{since[-1]}); use a smaller duration")
+        return timedelta(**{name: int(since[:-1])})
     raise ValueError(f"--since: {since!r} is not a duration like 7d, 12h or 30m")
 
 

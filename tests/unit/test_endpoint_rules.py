@@ -97,3 +97,41 @@ def test_rendered_iec_keeps_the_url_out_and_carries_seed_and_serde() -> None:
     live = copy.deepcopy(iec["spec"])
     live["intelligentRoutingSpec"]["enabled"] = False
     assert immutable_changes(live, iec["spec"]) == ["spec.intelligentRoutingSpec.enabled: live False, inventory wants True"]
+
+
+def _chat_iec() -> dict:
+    ep = Endpoint(name="chat", namespace="retail", lob="retail", cluster="c", model="qwen2-7b",
+                  instance_type="ml.g5.4xlarge", routing="kvaware")
+    return render_iec(ep, S)
+
+
+@pytest.mark.parametrize("absent", ["missing", "null"])
+def test_adding_intelligent_routing_to_an_existing_endpoint_is_refused(absent: str) -> None:
+    """The CRD: "Adding this configuration to an existing deployment will be rejected." A live CR without
+    intelligentRoutingSpec must not be given one (refusing only a changed value let this through)."""
+    iec = _chat_iec()
+    live = copy.deepcopy(iec["spec"])
+    if absent == "missing":
+        del live["intelligentRoutingSpec"]
+    else:
+        live["intelligentRoutingSpec"] = None
+    refused = immutable_changes(live, iec["spec"])
+    assert len(refused) == 1  # one reason, not also an "enabled changed" for the same section
+    assert refused[0].startswith("spec.intelligentRoutingSpec: absent on the live endpoint, inventory adds ")
+    assert "'routingStrategy': 'kvaware'" in refused[0] and "will be rejected" in refused[0]
+
+
+def test_a_present_routing_section_without_enabled_counts_as_the_crd_default_false() -> None:
+    iec = _chat_iec()
+    live = copy.deepcopy(iec["spec"])
+    live["intelligentRoutingSpec"] = {"routingStrategy": "kvaware"}
+    assert immutable_changes(live, iec["spec"]) == [
+        "spec.intelligentRoutingSpec.enabled: live False, inventory wants True"]
+
+
+def test_an_unchanged_routing_section_and_a_strategy_change_are_not_refused() -> None:
+    iec = _chat_iec()
+    assert immutable_changes(copy.deepcopy(iec["spec"]), iec["spec"]) == []
+    live = copy.deepcopy(iec["spec"])
+    live["intelligentRoutingSpec"]["routingStrategy"] = "prefixaware"  # only `enabled` is immutable in the CRD
+    assert immutable_changes(live, iec["spec"]) == []

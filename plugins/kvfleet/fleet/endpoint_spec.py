@@ -19,9 +19,14 @@ from typing import Any
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.inventory import Endpoint, Settings
 
-# Fields of the CR that the operator refuses to change on an existing endpoint (CRD descriptions:
-# "Once set, the enabled field cannot be modified"; intelligent routing "not supported for existing deployments").
+# Fields of the CR that the operator refuses to change on an existing endpoint (CRD descriptions, cited in
+# tests/conformance/facts/inference_endpoint_config.yaml: "Once set, the enabled field cannot be modified";
+# intelligentRoutingSpec "Adding this configuration to an existing deployment will be rejected").
 IMMUTABLE_FIELDS = ("intelligentRoutingSpec.enabled",)
+# Sections of the spec that cannot be added to an existing endpoint.
+NOT_ADDABLE_SECTIONS = ("intelligentRoutingSpec",)
+# The CRD's defaults for those fields: what the API server stores when the section is present without the field.
+IMMUTABLE_DEFAULTS: dict[str, Any] = {"intelligentRoutingSpec.enabled": False}
 
 
 @dataclass(frozen=True)
@@ -115,9 +120,24 @@ def cr_differences(live_spec: Mapping[str, Any], desired_spec: Mapping[str, Any]
 
 
 def immutable_changes(live_spec: Mapping[str, Any], desired_spec: Mapping[str, Any]) -> list[str]:
+    """What the operator would reject on the existing endpoint whose spec is ``live_spec``: a section added that
+    the CRD says cannot be added to an existing deployment (intelligentRoutingSpec), or an immutable field changed.
+    Each entry names the field, the live and the wanted value; the caller says how to proceed (delete and
+    recreate the endpoint deliberately, or revert the inventory)."""
     out = []
+    added = set()
+    for section in NOT_ADDABLE_SECTIONS:
+        if _get(live_spec, section) is None and _get(desired_spec, section) is not None:
+            added.add(section)
+            out.append(f"spec.{section}: absent on the live endpoint, inventory adds {_get(desired_spec, section)!r} "
+                       "(the CRD: adding this configuration to an existing deployment will be rejected)")
     for field in IMMUTABLE_FIELDS:
+        if field.split(".", 1)[0] in added:
+            continue
         have, want = _get(live_spec, field), _get(desired_spec, field)
+        section = field.rsplit(".", 1)[0]
+        if have is None and isinstance(_get(live_spec, section), Mapping):
+            have = IMMUTABLE_DEFAULTS.get(field)
         if have is not None and have != want:
             out.append(f"spec.{field}: live {have!r}, inventory wants {want!r}")
     return out

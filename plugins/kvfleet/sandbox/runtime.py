@@ -15,6 +15,15 @@ It turns an inventory into the fleet a platform team would already have *before*
   processes;
 - ``state_dir/kubeconfig``, ``state_dir/env`` and ``state_dir/ports.json``.
 
+Identities, as on EKS: each API server speaks TLS with a per-sandbox CA (published as the EKS cluster's
+``certificateAuthority.data``) and refuses anonymous requests. kvfleet's AWS access key (``exports()``) maps to
+the Kubernetes groups of ``k8s/rbac/eks-access-entry.json``, and what that group may do is what
+``k8s/rbac/*.yaml`` grants: the bootstrap applies those files as the platform team would before the first
+rollout (``_bootstrap_rbac``; the per-namespace RoleBindings of ``endpoint-namespaces.yaml`` are generated for
+*this* inventory). The sandbox's own admin (``system:masters``) holds a static token: ``state_dir/kubeconfig``,
+the controllers (which write to the store directly) and ``eks_token`` for tests. Without ``k8s/rbac`` (an
+installed package), kvfleet's identity is mapped to ``system:masters`` and a warning says RBAC is not enforced.
+
 Product code never imports this module: it reaches the sandbox through the exported environment only.
 """
 
@@ -45,6 +54,8 @@ from kvfleet.sandbox.admin import AdminServer
 from kvfleet.sandbox.aws import AwsEmulator
 from kvfleet.sandbox.controllers import CONTROLLER_MODULES
 from kvfleet.sandbox.kube import KubeApiServer, KubeStore
+from kvfleet.sandbox.kube.auth import Authenticator, UserInfo, presigned_token
+from kvfleet.sandbox.kube.tls import TlsMaterial, make_tls
 from kvfleet.sandbox.twin import Clock, ClusterTwin, SandboxSettings, gpus_per_instance
 
 log = logging.getLogger(__name__)
@@ -53,8 +64,13 @@ GPU_GROUP = "gpu-workers"
 EBS_PROVISIONER = "ebs.csi.aws.com"
 KUBELET_VERSION = "v1.31.7-eks-473151a"
 # The EKS token format (aws-iam-authenticator): "k8s-aws-v1." + base64url(presigned STS GetCallerIdentity URL).
-# The emulator only checks that a decodable URL is a GetCallerIdentity one; nothing here is a real signature.
+# The emulator checks its shape (kube.auth) and maps the access key; nothing here is a real signature.
 TOKEN_PREFIX = "k8s-aws-v1."
+KVFLEET_ACCESS_KEY = "sandbox"  # what exports() gives kvfleet as AWS_ACCESS_KEY_ID
+ADMIN_ACCESS_KEY = "sandbox-admin"  # EKS-shaped tokens of the sandbox's admin (eks_token)
+ADMIN = UserInfo("kubernetes-admin", ("system:masters",))
+RBAC_DIR = Path(__file__).resolve().parents[3] / "k8s" / "rbac"
+RBAC_GROUP = "rbac.authorization.k8s.io"
 
 # vCPUs by size suffix (AWS instance type docs) and GiB of memory per vCPU by family.
 _VCPUS = {"xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "12xlarge": 48, "16xlarge": 64,
@@ -67,10 +83,9 @@ def eks_name_of(cluster: str) -> str:
 
 
 def eks_token(region: str) -> str:
-    """An EKS-style bearer token whose payload names STS GetCallerIdentity, as aws-iam-authenticator's does."""
-    url = (f"https://sts.{region}.amazonaws.com/?Action=GetCallerIdentity&Version=2011-06-15"
-           "&X-Amz-Expires=60&X-Amz-Signature=sandbox")
-    return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
+    """An EKS bearer token of the sandbox's admin (``system:masters``), valid 15 minutes like a real one: for
+    tests and tools that talk to the emulator with the Python client."""
+    return presigned_token(ADMIN_ACCESS_KEY, region)
 
 
 @dataclass
@@ -88,6 +103,9 @@ class Sandbox:
     kubeconfig: Path
     env_file: Path
     ports_file: Path
+    tls: TlsMaterial | None = None
+    admin_token: str = ""
+    rbac_enforced: bool = False
 
     def twin(self, cluster: str) -> ClusterTwin:
         try:
@@ -136,7 +154,7 @@ class Sandbox:
             clusters[name] = {
                 "region": twin.region,
                 "eks_name": twin.eks_name,
-                "kube_url": self.servers[name].url,
+                "kube_url": self.servers[name].https_url,
                 "hyperpod_arn": hp.get("ClusterArn"),
                 "instance_type": twin.gpu_instance_type,
                 "gpu_nodes": len(twin.gpu_nodes),
@@ -144,7 +162,7 @@ class Sandbox:
                 "services": sorted(twin.services),
             }
         return {"aws_url": self.aws.url, "admin_url": self.admin.url, "ports": self.ports(),
-                "time_scale": self.settings.time_scale, "clusters": clusters}
+                "time_scale": self.settings.time_scale, "clusters": clusters, "rbac_enforced": self.rbac_enforced}
 
     def write_state_files(self) -> None:
         self.ports_file.write_text(json.dumps(self.describe(), indent=2, sort_keys=True) + "\n")
@@ -182,7 +200,8 @@ def start_sandbox(
     # waits on, so its model time is used (60 model s = 1.2 s real at the default scale).
     aws = AwsEmulator(delay_s=settings.cluster_update_delay_s, clock=clock, seed=settings.seed)
     sandbox = Sandbox(inventory, settings, root, clock, aws, {}, {}, AdminServer(), root / "kubeconfig",
-                      root / "env", root / "ports.json")
+                      root / "env", root / "ports.json", tls=make_tls(),
+                      admin_token="sandbox-admin." + uuid.uuid4().hex)
     sandbox.admin.sandbox = sandbox
     try:
         aws.start()
@@ -215,14 +234,67 @@ def _controller_module(name: str) -> Any:
         return None
 
 
+def _authenticator(sandbox: Sandbox) -> Authenticator:
+    """Who may call the emulated clusters: kvfleet's access key with its access entry's groups (or, without
+    k8s/rbac, as an admin), the sandbox's admin; the AWS emulator is the sandbox's STS endpoint."""
+    kvfleet = UserInfo(f"arn:aws:sts::{sandbox.aws.account_id}:assumed-role/kvfleet/kvfleet", ("kvfleet",))
+    entry = RBAC_DIR / "eks-access-entry.json"
+    if entry.is_file():
+        doc = json.loads(entry.read_text())
+        role = str(doc.get("principalArn", "")).rsplit("/", 1)[-1] or "kvfleet"
+        kvfleet = UserInfo(f"arn:aws:sts::{sandbox.aws.account_id}:assumed-role/{role}/kvfleet",
+                           tuple(doc.get("kubernetesGroups") or ()))
+    sandbox.rbac_enforced = RBAC_DIR.is_dir() and any(RBAC_DIR.glob("*.yaml"))
+    if not sandbox.rbac_enforced:
+        log.warning("sandbox: %s not found: kvfleet's identity is mapped to system:masters (RBAC not enforced)",
+                    RBAC_DIR)
+        kvfleet = UserInfo(kvfleet.name, ("system:masters",))
+    return Authenticator(identities={KVFLEET_ACCESS_KEY: kvfleet, ADMIN_ACCESS_KEY: ADMIN},
+                         static_tokens={sandbox.admin_token: ADMIN},
+                         sts_origins={sandbox.aws.url.rstrip("/")})
+
+
+def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) -> None:
+    """What the platform team applies before kvfleet's first rollout (k8s/rbac/README.md): cluster.yaml,
+    endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster, and endpoint-namespaces.yaml as
+    tools/render-k8s-manifests.py renders it for this inventory (each namespace with its RoleBinding)."""
+    docs: list[dict[str, Any]] = []
+    for path in sorted(RBAC_DIR.glob("*.yaml")):
+        if path.name == "endpoint-namespaces.yaml":
+            continue
+        if path.name == "kyverno-mode.yaml" and cluster.l2_injection != "kyverno":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    managed = {"app.kubernetes.io/managed-by": "kvfleet"}
+    grants = [(ns, "kvfleet:endpoint-namespace", "kvfleet-endpoint")
+              for ns in sorted({e.namespace for e in inventory.endpoints})]
+    grants += [(cluster.curvine.namespace, "kvfleet:curvine-namespace", "kvfleet-curvine")]
+    for ns, role, binding in grants:
+        docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": managed}})
+        docs.append({"apiVersion": f"{RBAC_GROUP}/v1", "kind": "RoleBinding",
+                     "metadata": {"name": binding, "namespace": ns, "labels": managed},
+                     "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role},
+                     "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "kvfleet"}]})
+    plural = {"Namespace": ("", "namespaces"), "Role": (RBAC_GROUP, "roles"),
+              "ClusterRole": (RBAC_GROUP, "clusterroles"), "RoleBinding": (RBAC_GROUP, "rolebindings"),
+              "ClusterRoleBinding": (RBAC_GROUP, "clusterrolebindings")}
+    for doc in docs:
+        group, resource = plural[doc["kind"]]
+        meta = doc["metadata"]
+        if store.get(group, resource, meta["name"], meta.get("namespace")) is None:
+            store.create(group, resource, doc)
+
+
 def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
     store = KubeStore(cluster.name)
-    server = KubeApiServer(store, "127.0.0.1", 0)
+    server = KubeApiServer(store, "127.0.0.1", 0, tls=sandbox.tls, authenticator=_authenticator(sandbox))
+    if sandbox.rbac_enforced:
+        _bootstrap_rbac(store, sandbox.inventory, cluster)
     server.start()
     sandbox.servers[cluster.name] = server
     aws = sandbox.aws
     eks = eks_name_of(cluster.name)
-    aws.add_eks_cluster(eks, cluster.region, server.url)
+    aws.add_eks_cluster(eks, cluster.region, server.https_url, ca_pem=sandbox.tls.ca_pem if sandbox.tls else None)
     aws.add_hyperpod_cluster(
         cluster.name,
         cluster.region,
@@ -360,9 +432,14 @@ def _workload(
 def _write_kubeconfig(sandbox: Sandbox) -> None:
     """One context per cluster, named like the inventory cluster (kubectl --context ml-prod-use1 ...)."""
     clusters, users, contexts = [], [], []
-    for name, twin in sandbox.twins.items():
-        clusters.append({"name": name, "cluster": {"server": sandbox.servers[name].url}})
-        users.append({"name": name, "user": {"token": eks_token(twin.region)}})
+    ca = base64.b64encode(sandbox.tls.ca_pem.encode()).decode() if sandbox.tls else None
+    for name in sandbox.twins:
+        server = sandbox.servers[name]
+        entry: dict[str, Any] = {"server": server.https_url if ca else server.url}
+        if ca:
+            entry["certificate-authority-data"] = ca
+        clusters.append({"name": name, "cluster": entry})
+        users.append({"name": name, "user": {"token": sandbox.admin_token}})
         contexts.append({"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}})
     config = {"apiVersion": "v1", "kind": "Config", "clusters": clusters, "users": users, "contexts": contexts,
               "current-context": contexts[0]["name"] if contexts else "", "preferences": {}}
@@ -374,8 +451,9 @@ def _wait_answering(sandbox: Sandbox, timeout_s: float = 10.0) -> None:
     """Every server answers HTTP before the sandbox is declared up; the probes are not counted."""
     urls = [f"{s.url}/version" for s in sandbox.servers.values()] + [sandbox.aws.url, f"{sandbox.admin.url}/health"]
     for url in urls:
+        headers = {"Authorization": f"Bearer {sandbox.admin_token}"} if url.endswith("/version") else {}
         try:
-            urllib.request.urlopen(url, timeout=timeout_s).close()
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s).close()
         except urllib.error.HTTPError:
             pass  # an HTTP error status is an answer (the AWS emulator refuses an unsigned GET)
     for twin in sandbox.twins.values():

@@ -10,8 +10,9 @@ aggregated discovery but accepts the legacy form); ``kubectl apply`` refuses to 
 minimal document declares ``fieldValidation`` support per kind and kubectl leaves validation to the server
 (``/openapi/v2`` is 404 and nobody asks for it); helm 4 installs and upgrades with server-side apply by default
 (``--server-side=false`` works too); helm's release Secrets and kubectl's ``create`` generators send protobuf
-bodies, decoded for Secret, ConfigMap and Namespace (``protobuf``); client-go sends no token to a plain-HTTP
-server, so anonymous requests are served unless ``KubeApiServer.allow_anonymous`` is False (see ``server``).
+bodies, decoded for Secret, ConfigMap and Namespace (``protobuf``); client-go sends a kubeconfig's token only
+over TLS, so the server speaks TLS too (``tls``) and refuses anonymous requests (401), as EKS does; RBAC
+(``rbac``) is enforced for every user outside ``system:masters``.
 
 Limitations worth knowing: deletion is immediate (no finalizers, no graceful deletion, no garbage collection of
 owned objects); server-side apply removes what the same field manager stopped applying but does not model

@@ -1,31 +1,156 @@
-"""Bearer-token check for the Kubernetes emulator, in the EKS token format.
+"""Authentication for the Kubernetes emulator: who a request is, as EKS decides it.
 
-Called from ``routing.handle`` before anything else. EKS tokens are ``k8s-aws-v1.`` followed by the base64url
-form of a presigned STS GetCallerIdentity URL (what ``aws eks get-token`` and kvfleet's client build), so the
-production path HyperPod DescribeCluster → EKS DescribeCluster → token → Kubernetes client runs unchanged.
+Called from ``routing.handle`` before anything else; the user it returns is what ``rbac`` authorizes.
+Anonymous requests are refused (401), as on EKS, where ``--anonymous-auth`` gives an anonymous caller no rights.
+
+EKS tokens are ``k8s-aws-v1.`` + base64url(presigned STS GetCallerIdentity URL). The checks follow
+aws-iam-authenticator's ``tokenVerifier.Verify`` (kubernetes-sigs/aws-iam-authenticator ``pkg/token/token.go``,
+see tests/conformance/facts/kube_rbac.yaml): scheme https, a host among STS's hostnames, path ``/``, only the
+presigned-URL query parameters, ``Action=GetCallerIdentity``, ``x-k8s-aws-id`` among the signed headers,
+``X-Amz-Expires`` in 0..900, and ``X-Amz-Date`` at most 15 minutes old. The real verifier then calls the URL and
+maps the returned ARN through the cluster's access entries; the emulator, which checks no signature, maps the
+access key id of ``X-Amz-Credential`` instead (``Authenticator.identities``, set by the sandbox: kvfleet's
+key -> its access entry's groups). In the sandbox the STS endpoint is the AWS emulator itself
+(``AWS_ENDPOINT_URL``), so its origin is accepted next to the real STS hostnames (``sts_origins``).
+
+``static_tokens`` serve the sandbox's own admin identity (kubectl users of ``sandbox up``, tests, bootstrap):
+plain bearer tokens like kube-apiserver's ``--token-auth-file``, never EKS-shaped, so they cannot be confused
+with kvfleet's.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import re
+import urllib.parse
+from dataclasses import dataclass, field
 
 TOKEN_PREFIX = "k8s-aws-v1."
+CLUSTER_ID_HEADER = "x-k8s-aws-id"
+MAX_TOKEN_BYTES = 1024 * 4
+TOKEN_LIFETIME = dt.timedelta(minutes=15)
+# aws-iam-authenticator's parameterWhitelist (lower case).
+ALLOWED_PARAMS = frozenset({"action", "version", "x-amz-algorithm", "x-amz-credential", "x-amz-date",
+                            "x-amz-expires", "x-amz-security-token", "x-amz-signature", "x-amz-signedheaders"})
+# The STS hostnames of the aws, aws-cn and aws-us-gov partitions: global, regional and FIPS endpoints.
+_STS_HOST = re.compile(r"^sts(-fips)?(\.[a-z]{2}(-gov)?-[a-z]+-[0-9])?\.amazonaws\.com(\.cn)?$")
+SYSTEM_MASTERS = "system:masters"
+AUTHENTICATED = "system:authenticated"
 
 
-def token_ok(header: str | None, *, allow_anonymous: bool = False) -> bool:
-    """A payload that decodes to a URL must be a GetCallerIdentity one; opaque payloads (test kubeconfigs
-    with ``k8s-aws-v1.xxx``) are accepted. No header at all is accepted only when ``allow_anonymous``."""
-    if not header:
-        return allow_anonymous
-    if not header.startswith("Bearer " + TOKEN_PREFIX):
-        return False
-    payload = header[len("Bearer " + TOKEN_PREFIX):].strip()
-    if not payload:
-        return False
+@dataclass(frozen=True)
+class UserInfo:
+    """A Kubernetes user: name and groups (``system:authenticated`` is added by ``Authenticator``)."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+
+    @property
+    def is_master(self) -> bool:
+        return SYSTEM_MASTERS in self.groups
+
+
+class TokenError(ValueError):
+    """Why a bearer token was refused (kept for the emulator's log; the client only sees 401)."""
+
+
+def sts_url_of(token: str) -> urllib.parse.SplitResult:
+    if len(token) > MAX_TOKEN_BYTES:
+        raise TokenError("token is too large")
+    if not token.startswith(TOKEN_PREFIX):
+        raise TokenError(f"token is missing the {TOKEN_PREFIX!r} prefix")
+    payload = token[len(TOKEN_PREFIX):]
     try:
-        decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
-    except (ValueError, UnicodeDecodeError):
-        return True
-    if decoded.startswith("http"):
-        return "GetCallerIdentity" in decoded
-    return True
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TokenError(f"token payload is not base64url: {exc}") from None
+    return urllib.parse.urlsplit(raw)
+
+
+@dataclass
+class Authenticator:
+    """Maps a request's ``Authorization`` header to a ``UserInfo``, or None (401)."""
+
+    identities: dict[str, UserInfo] = field(default_factory=dict)  # AWS access key id -> user
+    static_tokens: dict[str, UserInfo] = field(default_factory=dict)  # bearer token -> user
+    sts_origins: set[str] = field(default_factory=set)  # extra accepted "scheme://host[:port]" of STS
+
+    def authenticate(self, header: str | None, now: dt.datetime | None = None) -> UserInfo | None:
+        if not header or not header.startswith("Bearer "):
+            return None
+        token = header[len("Bearer "):].strip()
+        user = self.static_tokens.get(token)
+        if user is None:
+            try:
+                user = self.identities.get(self.verify_eks_token(token, now))
+            except TokenError:
+                return None
+        if user is None:
+            return None
+        return UserInfo(user.name, tuple(dict.fromkeys((*user.groups, AUTHENTICATED))))
+
+    def verify_eks_token(self, token: str, now: dt.datetime | None = None) -> str:
+        """The access key id of a well-formed EKS token; ``TokenError`` saying why otherwise."""
+        url = sts_url_of(token)
+        origin = f"{url.scheme}://{url.netloc}"
+        if origin not in self.sts_origins:
+            if url.scheme != "https":
+                raise TokenError(f"unexpected scheme {url.scheme!r} in pre-signed URL")
+            if not _STS_HOST.match(url.netloc):
+                raise TokenError(f"unexpected hostname {url.netloc!r} in pre-signed URL")
+        if url.path != "/":
+            raise TokenError("unexpected path in pre-signed URL")
+        params = _query_params(url.query)
+        if params.get("action") != "GetCallerIdentity":
+            raise TokenError("unexpected action parameter in pre-signed URL")
+        if CLUSTER_ID_HEADER not in [h.lower() for h in params.get("x-amz-signedheaders", "").split(";")]:
+            raise TokenError(f"client did not sign the {CLUSTER_ID_HEADER} header in the pre-signed URL")
+        _check_time(params, now or dt.datetime.now(dt.UTC))
+        access_key = params.get("x-amz-credential", "").split("/")[0]
+        if not access_key:
+            raise TokenError("X-Amz-Credential parameter must be present in pre-signed URL")
+        return access_key
+
+
+def _query_params(query: str) -> dict[str, str]:
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise TokenError("malformed query parameter") from None
+    params: dict[str, str] = {}
+    for key, value in pairs:
+        if key.lower() not in ALLOWED_PARAMS:
+            raise TokenError(f"non-whitelisted query parameter {key!r}")
+        if key.lower() in params:
+            raise TokenError("query parameter with multiple values not supported")
+        params[key.lower()] = value
+    return params
+
+
+def _check_time(params: dict[str, str], now: dt.datetime) -> None:
+    try:
+        expires = int(params.get("x-amz-expires", ""))
+    except ValueError:
+        expires = -1
+    if not 0 <= expires <= 900:
+        raise TokenError("invalid X-Amz-Expires parameter in pre-signed URL")
+    try:
+        signed_at = dt.datetime.strptime(params.get("x-amz-date", ""), "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise TokenError("X-Amz-Date parameter must be present in pre-signed URL") from None
+    if now > signed_at + TOKEN_LIFETIME:
+        raise TokenError("X-Amz-Date parameter is expired (15 minute expiration)")
+
+
+def presigned_token(access_key: str, region: str, now: dt.datetime | None = None, origin: str | None = None) -> str:
+    """An EKS-shaped token for ``access_key`` (unsigned: the emulator checks no signature). Used by the sandbox
+    for its admin clients and by tests; kvfleet builds its own with boto3."""
+    when = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
+    query = urllib.parse.urlencode({
+        "Action": "GetCallerIdentity", "Version": "2011-06-15", "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+        "X-Amz-Credential": f"{access_key}/{when[:8]}/{region}/sts/aws4_request", "X-Amz-Date": when,
+        "X-Amz-Expires": "60", "X-Amz-SignedHeaders": f"host;{CLUSTER_ID_HEADER}",
+        "X-Amz-Signature": "0" * 64})
+    url = f"{origin or f'https://sts.{region}.amazonaws.com'}/?{query}"
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")

@@ -65,6 +65,7 @@ def builtin_types() -> list[ResourceType]:
         _t("apps", "v1", "statefulsets", "StatefulSet", short=("sts",), sub=("status", "scale")),
         _t("apps", "v1", "daemonsets", "DaemonSet", short=("ds",), sub=("status",)),
         _t("apps", "v1", "replicasets", "ReplicaSet", short=("rs",), sub=("status", "scale")),
+        _t("batch", "v1", "jobs", "Job", sub=("status",)),
         _t("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, short=("sc",)),
         _t("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False),
         _t("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from kvfleet.sandbox.kube import discovery, patching, protobuf
-from kvfleet.sandbox.kube.auth import token_ok
 from kvfleet.sandbox.kube.errors import ApiError, not_found
+from kvfleet.sandbox.kube.rbac import Attributes, acting_as, forbidden
 from kvfleet.sandbox.kube.resources import ResourceType
 from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher
 from kvfleet.sandbox.kube.store import RequestRecord, WatchEvent
@@ -113,21 +113,29 @@ def handle(api: KubeApiServer, req: _Handler) -> None:
         time.sleep(api.latency_s)
     path, query, params = req.query()
     user_agent = req.headers.get("User-Agent", "")
-    if not token_ok(req.headers.get("Authorization"), allow_anonymous=api.allow_anonymous):
+    user = api.authenticator.authenticate(req.headers.get("Authorization"))
+    if user is None:
         req.read_body()
         api.store.record_request(RequestRecord("unauthorized", "", "", None, None, None, False, user_agent))
         raise ApiError(401, "Unauthorized", "Unauthorized")
+    # Discovery and /version are open to every authenticated user (the system:discovery and
+    # system:public-info-viewer bindings of every cluster).
     doc = _discovery(api, path)
     if doc is not None:
-        api.store.record_request(RequestRecord("discovery", "", "", None, None, None, False, user_agent))
+        api.store.record_request(RequestRecord("discovery", "", "", None, None, None, False, user_agent,
+                                               user.name))
         req.send_json(200, doc)
         return
     route = parse_route(path)
     verb = _verb(req.command, route, params)
     body = req.read_body()
     dry_run = params.get("dryRun") == "All" or _body_dry_run(body, verb)
+    attrs = request_attributes(user, verb, route, params)
+    allowed = api.authorizer.allowed(attrs)
     api.store.record_request(RequestRecord(verb, route.group, route.resource, route.subresource, route.namespace,
-                                           route.name, dry_run, user_agent))
+                                           route.name, dry_run, user_agent, user.name, allowed))
+    if not allowed:
+        raise forbidden(attrs.resource, attrs.name, attrs.group, attrs.describe())
     fault = api.inject_fault()
     if fault is not None:
         raise fault
@@ -136,7 +144,27 @@ def handle(api: KubeApiServer, req: _Handler) -> None:
         _no_resource()
     if rtype.namespaced is False and route.namespace is not None:
         _no_resource()
-    Request(api, req, route, rtype, params, query, body, dry_run).dispatch(verb)
+    with acting_as(user, api.authorizer, route.name if verb != "create" else None):
+        Request(api, req, route, rtype, params, query, body, dry_run).dispatch(verb)
+
+
+def request_attributes(user: Any, verb: str, route: Route, params: dict[str, str]) -> Attributes:
+    """Kubernetes' ``RequestInfo`` as RBAC sees it: ``resource/subresource``; a namespace object is in its own
+    namespace; a list or watch narrowed by ``fieldSelector=metadata.name=<n>`` carries that name."""
+    resource = f"{route.resource}/{route.subresource}" if route.subresource else route.resource
+    namespace, name = route.namespace, route.name
+    if route.group == "" and route.resource == "namespaces" and name:
+        namespace = name
+    if verb in ("list", "watch") and name is None:
+        for term in (params.get("fieldSelector") or "").split(","):
+            key, sep, value = term.partition("=")
+            if key.strip() == "metadata.name" and sep and not value.startswith("="):
+                name = value.strip()
+            elif key.strip() == "metadata.name" and value.startswith("="):
+                name = value[1:].strip()
+    if verb == "create" and route.subresource is None:
+        name = None
+    return Attributes(user, verb, route.group, resource, namespace, name)
 
 
 def _body_dry_run(body: bytes, verb: str) -> bool:

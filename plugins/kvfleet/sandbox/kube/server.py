@@ -10,11 +10,16 @@ subresources (scale, status, log, proxy), which are exactly what kvfleet exercis
 
 Fault injection: ``error_rate`` (0..1, a seeded random fraction of resource requests answered 500 or 503 with a
 ``Status`` body; discovery is spared so clients keep their REST mapping) and ``latency_s`` (added to every request).
-Authentication: ``Authorization: Bearer k8s-aws-v1.<base64url>`` (the EKS token format); any other
-``Authorization`` header is refused with 401. A request with no ``Authorization`` header at all is served as
-anonymous while ``allow_anonymous`` is true (the default), because client-go (kubectl, helm) reads the kubeconfig's
-credentials only for TLS transports and never sends a token to a plain-HTTP server; the Python client does send
-it, so the token path is exercised there. Set ``allow_anonymous = False`` to refuse anonymous requests too.
+
+Authentication (``auth``): a bearer token, EKS-shaped (``k8s-aws-v1.<base64url presigned STS URL>``) or one of
+the sandbox's static admin tokens; anything else, including no ``Authorization`` header, is 401, as on EKS.
+Authorization (``rbac``): every resource request of a user outside ``system:masters`` is checked against the
+RBAC objects in the store (403 when no rule allows it), and writes of RBAC objects pass the escalation check.
+
+TLS: with ``tls`` set, the same port speaks HTTPS (``https_url``, what the EKS endpoint publishes) and plain
+HTTP (``url``); the first byte of a connection decides (0x16 opens a TLS handshake). client-go sends a
+kubeconfig's token only over TLS, so kubectl and helm must use ``https_url``; the Python client sends it either
+way.
 """
 
 from __future__ import annotations
@@ -22,14 +27,20 @@ from __future__ import annotations
 import json
 import random
 import socket
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvfleet.sandbox.kube import routing
+from kvfleet.sandbox.kube.auth import Authenticator
 from kvfleet.sandbox.kube.errors import ApiError
+from kvfleet.sandbox.kube.rbac import Authorizer
 from kvfleet.sandbox.kube.store import KubeStore
+from kvfleet.sandbox.kube.tls import TlsMaterial
+
+TLS_HANDSHAKE = 0x16
 
 
 class _Server(ThreadingHTTPServer):
@@ -41,7 +52,21 @@ class _Server(ThreadingHTTPServer):
         self.api = api
         self.open_sockets: set[socket.socket] = set()
         self.sockets_lock = threading.Lock()
+        self.tls_context = api.tls.server_context() if api.tls is not None else None
         super().__init__(addr, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """In the connection's own thread: a TLS handshake if the client opens one, plain HTTP otherwise."""
+        if self.tls_context is not None:
+            try:
+                request.settimeout(30)
+                first = request.recv(1, socket.MSG_PEEK)
+                if first and first[0] == TLS_HANDSHAKE:
+                    request = self.tls_context.wrap_socket(request, server_side=True)
+                request.settimeout(None)
+            except (OSError, ssl.SSLError):
+                return
+        self.RequestHandlerClass(request, client_address, self)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         with self.sockets_lock:
@@ -129,7 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
 class KubeApiServer:
     """Serves one ``KubeStore`` over HTTP on ``host`` (127.0.0.1 by default; port 0 = ephemeral)."""
 
-    def __init__(self, store: KubeStore, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, store: KubeStore, host: str = "127.0.0.1", port: int = 0, *,
+                 tls: TlsMaterial | None = None, authenticator: Authenticator | None = None) -> None:
         if host in ("0.0.0.0", "", "::"):
             raise ValueError("the Kubernetes emulator binds to a loopback address only")
         self.store = store
@@ -137,7 +163,10 @@ class KubeApiServer:
         self.port = port
         self.error_rate = 0.0
         self.latency_s = 0.0
-        self.allow_anonymous = True
+        self.tls = tls
+        self.authenticator = authenticator or Authenticator()
+        self.authorizer = Authorizer(store)
+        store.add_admission(self.authorizer.admit)
         self.random = random.Random(1234)
         self.stopping = threading.Event()
         self._httpd: _Server | None = None
@@ -146,6 +175,13 @@ class KubeApiServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def https_url(self) -> str:
+        """The TLS address (what kubectl and helm need to send a token); requires ``tls``."""
+        if self.tls is None:
+            raise RuntimeError("this Kubernetes emulator was started without TLS material")
+        return f"https://{self.host}:{self.port}"
 
     def start(self) -> None:
         self.stopping.clear()

@@ -51,6 +51,8 @@ class RequestRecord:
     name: str | None
     dry_run: bool
     user_agent: str
+    user: str = ""
+    allowed: bool = True  # False: refused by RBAC (403)
 
 
 @dataclass

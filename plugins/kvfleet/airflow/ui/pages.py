@@ -177,7 +177,8 @@ def _raw(value: Any) -> str:
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id: str = "",
-          colours: LobColours | None = None, link: Callable[[Mapping[str, Any]], str | None] | None = None) -> str:
+          colours: LobColours | None = None, link: Callable[[Mapping[str, Any]], str | None] | None = None,
+          data: Mapping[str, str] | None = None) -> str:
     if not rows:
         return '<p class="empty">(none recorded)</p>'
     head = "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in columns)
@@ -193,7 +194,8 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id
             cls = f' class="v-{escape(str(r[c]))}"' if c in ("verdict", "last_verdict", "l2_state", "status") else ""
             tds.append(f'<td data-col="{escape(c)}" data-value="{escape(_raw(r.get(c)))}"{cls}>{text}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
-    return (f'<table id="{escape(table_id)}" class="data"><thead><tr>{head}</tr></thead>'
+    attrs = "".join(f' data-{escape(k)}="{escape(v)}"' for k, v in (data or {}).items())
+    return (f'<table id="{escape(table_id)}" class="data"{attrs}><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")
 
 
@@ -231,8 +233,8 @@ def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: st
             out.append(f'<h3><span class="swatch" style="background:{colours(group["lob"])}"></span>'
                        f'{escape(group["lob"])} <small>({len(group["endpoints"])} endpoints)</small></h3>')
             out.append(table(group["endpoints"], cols, table_id=f'fleet-{c["cluster"]}-{group["lob"]}',
-                             colours=colours, link=lambda r: _href(base, "trends", cluster=r["cluster"],
-                                                                    endpoint=r["endpoint"])))
+                             colours=colours, data={"cluster": c["cluster"], "lob": group["lob"]},
+                             link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"])))
     return "".join(out)
 
 

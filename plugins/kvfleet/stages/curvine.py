@@ -204,6 +204,7 @@ def first_install(ctx: StageContext) -> dict[str, Any]:
         wait_curvine_running(ctx)
     except BaseException as exc:  # the flip below must still be attempted
         window_error = exc
+        ctx.say(f"warning: stage 3 install window failed ({str(exc)[:500]}); flipping the flags anyway")
     finally:
         ctx.say("stage 3: flipping the format flags to false (--reuse-values)")
         ctx.helm.run(*flip, what="helm upgrade curvine (format flags false)")

@@ -66,15 +66,23 @@ def _since(raw: str) -> str:
     return raw
 
 
+_STDOUT: list[Any] = []  # the real stdout while a command runs with sys.stdout pointed at stderr
+
+
+def _out(*values: Any, **kwargs: Any) -> None:
+    """Print a command's result: on the real stdout, where only results go."""
+    print(*values, file=_STDOUT[-1] if _STDOUT else sys.stdout, **kwargs)
+
+
 def _print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     if not rows:
-        print("(none)")
+        _out("(none)")
         return
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    _out("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+        _out("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def _cell(value: Any) -> str:
@@ -101,7 +109,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _json_dump(rows: Any) -> None:
-    print(json.dumps(rows, default=_json_default, indent=2, sort_keys=True))
+    _out(json.dumps(rows, default=_json_default, indent=2, sort_keys=True))
 
 
 # ---- validate / plan ---------------------------------------------------------------------------------------
@@ -113,7 +121,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         inv = load_inventory(args.fleet)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
-    print(f"{args.fleet}: valid — {len(inv.lobs)} LOBs, {len(inv.clusters)} clusters, "
+    _out(f"{args.fleet}: valid — {len(inv.lobs)} LOBs, {len(inv.clusters)} clusters, "
           f"{len(inv.endpoints)} endpoints")
     return 0
 
@@ -128,7 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _json_dump(plan.as_dict())
     else:
-        print(render_plan_text(plan))
+        _out(render_plan_text(plan))
     return 0
 
 
@@ -222,10 +230,10 @@ def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
     if args.json:
         _json_dump({"releases": rows, "capacity": caps})
         return 0
-    print(f"Curvine releases on {args.cluster} (format flags at every revision)")
+    _out(f"Curvine releases on {args.cluster} (format flags at every revision)")
     _print_table(rows, ["release", "revision", "chart_version", "status", "format_master", "format_worker",
                         "format_journal", "recorded_at", "run_key"])
-    print(f"\nCapacity snapshots on {args.cluster}")
+    _out(f"\nCapacity snapshots on {args.cluster}")
     for c in caps:  # bytes as GiB for reading; --json keeps the bytes
         c["capacity_gib"] = None if c.get("capacity_bytes") is None else f"{c['capacity_bytes'] / 2**30:.0f}"
         c["fs_used_gib"] = None if c.get("fs_used_bytes") is None else f"{c['fs_used_bytes'] / 2**30:.2f}"
@@ -243,14 +251,14 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
             if args.json:
                 _json_dump({"run_key": None, "lobs": []})
             else:
-                print("no kvfleet_rollout run recorded yet")
+                _out("no kvfleet_rollout run recorded yet")
             return 0
         run_key = last[0]["run_key"]
     rows = h.query("rollout_by_lob", run_key=run_key)
     if args.json:
         _json_dump({"run_key": run_key, "lobs": rows})
         return 0
-    print(f"rollout {run_key}")
+    _out(f"rollout {run_key}")
     _print_table(rows, ["lob", "moved", "unchanged", "skipped", "failed", "verified_pass", "verified_other",
                         "avg_hit_ratio", "avg_speedup", "avg_expected"])
     return 0
@@ -263,7 +271,7 @@ def _audit_verify(h: Any, args: argparse.Namespace) -> int:
         _json_dump(result)
     elif result["ok"]:
         head = result["head"]
-        print(f"audit chain intact: {result['rows']} row(s); head seq {head['seq']} hash {head['hash']}")
+        _out(f"audit chain intact: {result['rows']} row(s); head seq {head['seq']} hash {head['hash']}")
     if not result["ok"]:
         b = result["broken"]
         print(f"kvfleet audit verify: audit_log row id={b['id']} (seq {b['seq']}, event {b['event_key']}) is "
@@ -302,7 +310,7 @@ def cmd_db(args: argparse.Namespace) -> int:
             migrate.upgrade(engine, args.revision or "head")
         elif args.action == "downgrade":
             migrate.downgrade(engine, args.revision or "base")
-        print(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
+        _out(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
               f"(head {migrate.head_revision()})")
     except CommandError as exc:
         raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
@@ -333,18 +341,18 @@ def cmd_gate(args: argparse.Namespace) -> int:
                          f"{str(exc).splitlines()[0][:300]}") from None
     if args.action == "list":
         if not gates:
-            print("no gate is waiting for a human")
+            _out("no gate is waiting for a human")
         for i, g in enumerate(gates):
-            print(f"[{i}] {g.run_id} {g.task_id}[{g.map_index}]: {g.subject}\n    options: {', '.join(g.options)}")
+            _out(f"[{i}] {g.run_id} {g.task_id}[{g.map_index}]: {g.subject}\n    options: {', '.join(g.options)}")
             for line in (g.body or "").splitlines():
-                print(f"    {line}")
+                _out(f"    {line}")
         return 0
     if args.index is None or not 0 <= args.index < len(gates):
         print(f"kvfleet gate respond: --index must be one of 0..{len(gates) - 1} (see `kvfleet gate list`)",
               file=sys.stderr)
         return 2
     hitl.respond(gates[args.index], args.option, args.user)
-    print(f"answered {args.option!r} on {gates[args.index].task_id}[{gates[args.index].map_index}]")
+    _out(f"answered {args.option!r} on {gates[args.index].task_id}[{gates[args.index].map_index}]")
     return 0
 
 
@@ -424,6 +432,21 @@ def _logs_to_stderr() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _logs_to_stderr()
     args = build_parser().parse_args(argv)
+    # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
+    # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.
+    # The sandbox and demo commands print their own progress and keep stdout.
+    quiet = args.command in ("validate", "audit", "db", "gate") or bool(getattr(args, "json", False))
+    if quiet:
+        _STDOUT.append(sys.stdout)
+        sys.stdout = sys.stderr
+    try:
+        return _dispatch(args)
+    finally:
+        if quiet:
+            sys.stdout = _STDOUT.pop()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except InventoryError as exc:

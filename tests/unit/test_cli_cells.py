@@ -20,3 +20,11 @@ from kvfleet.cli import _cell
 ])
 def test_cells(value, shown) -> None:  # type: ignore[no-untyped-def]
     assert _cell(value) == shown
+
+
+def test_plan_wave_size_range_is_the_dag_params() -> None:
+    from kvfleet.airflow.params import rollout_params
+    from kvfleet.cli import WAVE_SIZE_RANGE
+
+    schema = rollout_params()["wave_size"].schema
+    assert (schema["minimum"], schema["maximum"]) == WAVE_SIZE_RANGE

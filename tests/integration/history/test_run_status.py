@@ -1,0 +1,73 @@
+"""The DAG callbacks of kvfleet.airflow.run_status against real PostgreSQL, with contexts shaped as Airflow 3.3
+gives them (a task failure callback's context carries the exception; a DAG callback's may lack ``dag_run``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from kvfleet.airflow import run_status
+from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.errors import GateRefused, InventoryError
+from kvfleet.history.repo import History
+
+pytestmark = pytest.mark.integration
+
+
+def _raised(exc: Exception) -> BaseException:
+    @permanent_fails_fast
+    def task() -> None:
+        raise exc
+
+    try:
+        task()
+    except BaseException as caught:  # AirflowFailException from the kvfleet error, as in a real task
+        return caught
+    raise AssertionError("no exception")
+
+
+def _context(task_id: str, exc: BaseException | None = None, run_id: str = "manual__1") -> dict[str, object]:
+    dag_run = SimpleNamespace(dag_id="kvfleet_rollout", run_id=run_id, run_type="manual",
+                              triggering_user_name="erin", conf={"lobs": ["nope"]})
+    return {"dag_run": dag_run, "ti": SimpleNamespace(task_id=task_id, map_index=-1), "exception": exc,
+            "params": {"lobs": ["nope"]}, "reason": "task_failure"}
+
+
+def test_a_plan_refusal_is_recorded_with_its_message_and_closed_refused(history: History) -> None:
+    ctx = _context("plan", _raised(InventoryError(["lobs: unknown LOB 'nope' (known: retail, search)"])))
+    run_status.on_task_failure(ctx)
+    assert run_status.on_dag_failure(ctx) == "refused"
+    run = history.run("kvfleet_rollout/manual__1")
+    assert run is not None and run["status"] == "refused" and run["triggered_by"] == "erin"
+    assert "unknown LOB 'nope'" in run["reason"] and run["params"] == {"lobs": ["nope"]}
+
+
+def test_a_missing_fleet_file_in_plan_is_a_refusal(history: History) -> None:
+    ctx = _context("plan", FileNotFoundError(2, "No such file or directory", "/fleet.yaml"), run_id="m2")
+    run_status.on_task_failure(ctx)
+    assert run_status.on_dag_failure(ctx) == "refused"
+
+
+def test_a_failing_stage_closes_failed_and_a_minimal_context_still_works(history: History) -> None:
+    history.start_run("kvfleet_rollout/m3", dag_id="kvfleet_rollout", run_id="m3", trigger="manual",
+                      triggered_by=None, params={})
+    ctx = _context("cluster.stages", RuntimeError("UpdateCluster failed"), run_id="m3")
+    run_status.on_task_failure(ctx)
+    minimal = {"dag": SimpleNamespace(dag_id="kvfleet_rollout"), "run_id": "m3", "reason": "task_failure"}
+    assert run_status.on_dag_failure(minimal) == "failed"
+    assert history.run("kvfleet_rollout/m3")["reason"] == "RuntimeError: UpdateCluster failed"  # type: ignore[index]
+
+
+def test_success_callback_and_classification() -> None:
+    assert run_status.classify_failure("kvfleet_curvine_upgrade", "upgrade", _raised(GateRefused("x"))) == (
+        "curvine-upgrade", "refused")
+    assert run_status.classify_failure("kvfleet_rollout", "cluster.wave_1", _raised(GateRefused("x"))) == (
+        "run", "failed")
+
+
+def test_dag_success_callback_writes_success(history: History) -> None:
+    history.start_run("kvfleet_rollout/m4", dag_id="kvfleet_rollout", run_id="m4", trigger="manual",
+                      triggered_by=None, params={})
+    assert run_status.on_dag_success({"dag": SimpleNamespace(dag_id="kvfleet_rollout"), "run_id": "m4",
+                                      "reason": "success"}) == "success"

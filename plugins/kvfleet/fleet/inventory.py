@@ -321,13 +321,17 @@ class _Reader:
             )
 
     def text(self, raw: dict[str, Any], key: str, path: str, default: str | None = None,
-             max_len: int = 253) -> str:
+             max_len: int = 253, allow_empty: bool = False) -> str:
+        """A string field (a whole number is taken as its digits; a float or boolean is refused)."""
         value = raw.get(key, default)
         if value is None:
             self.problem(f"{path}.{key}", "is required; add it")
             return ""
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
+        if isinstance(value, bool | float) or not isinstance(value, str | int):
             self.problem(f"{path}.{key}", f"{show(value)} is {_type_name(value)}, not a string; write a string")
+            return ""
+        if value == "" and not allow_empty:
+            self.problem(f"{path}.{key}", "is empty; give it a value or leave the field out for the default")
             return ""
         if isinstance(value, int) and value.bit_length() > 64:
             self.problem(f"{path}.{key}", f"{show(value)} is not a string; write a string")
@@ -599,7 +603,7 @@ def _addons(r: _Reader, raw: Any, path: str) -> tuple[AddonSpec, ...]:
             conf = None
         elif conf is not None and not _json_value(r, conf, f"{p}.configuration"):
             conf = None
-        version = r.text(body, "version", p, "") or None
+        version = r.text(body, "version", p, "", allow_empty=True) or None
         if version and not (version.startswith("v") and SEMVER.match(version[1:])):
             r.problem(f"{p}.version", f"{show(version)} is not an EKS add-on version (v + SemVer, such as "
                       "v1.0.0-eksbuild.1); use the version `aws eks describe-addon-versions` lists")
@@ -823,7 +827,8 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
     for name, body in lob_items:
         r.unknown_keys(body, {"name", "description", "remediate_drift"}, f"lobs.{name}")
         r.name(name, f"lobs.{name}", DNS_LABEL, "line-of-business name")
-        lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000),
+        lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000,
+                                                 allow_empty=True),
                                   r.boolean(body, "remediate_drift", f"lobs.{name}", False)))
     cluster_items = _named_items(r, raw.get("clusters"), "clusters")
     _unique(r, cluster_items, "clusters", "cluster")

@@ -133,3 +133,77 @@ def test_garbled_yaml_is_one_clear_problem() -> None:
 def test_missing_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InventoryError, match="cannot read the inventory"):
         load_inventory(tmp_path / "nope.yaml")
+
+
+def test_gpu_overcommit_names_the_cluster_and_the_gpus() -> None:
+    # the case: 3 endpoints × 2 replicas on 4 single-GPU nodes
+    def three(d):  # type: ignore[no-untyped-def]
+        d["clusters"][0]["gpu_nodes"]["count"] = 4
+        d["endpoints"] += [{**d["endpoints"][0], "name": f"chat{i}"} for i in (2, 3)]
+
+    (msg,) = _problems(_with(three))
+    assert "clusters.c1.gpu_nodes: GPU overcommit" in msg and "need 6 GPUs" in msg and "have 4 GPUs" in msg
+
+
+@pytest.mark.parametrize("seed", ["random", "-1", "4294967296", "1.5"])
+def test_hash_seed_must_be_an_integer_string(seed: str) -> None:
+    (msg,) = _problems(_with(lambda d: d.update(settings={"hash_seed": seed})))
+    assert "settings.hash_seed" in msg and "0–4294967295" in msg
+
+
+def test_same_endpoint_name_in_two_namespaces_on_one_cluster() -> None:
+    def two(d):  # type: ignore[no-untyped-def]
+        d["clusters"][0]["gpu_nodes"]["count"] = 4
+        d["endpoints"].append({**d["endpoints"][0], "namespace": "other"})
+
+    (msg,) = _problems(_with(two))
+    assert "endpointName" in msg and "SageMaker endpoint" in msg
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["endpoints"][0].update(env={"A-B": "1"}), "not an environment variable name"),
+    (lambda d: d["endpoints"][0].update(env={"PYTHONHASHSEED": "random"}), "settings.hash_seed"),
+    (lambda d: d["clusters"][0].update(curvine={"worker": {"host_path": "/opt/../etc"}}), "'..'"),
+    (lambda d: d["clusters"][0].update(curvine={"worker": {"host_path": "/a,b"}}), "--set"),
+    (lambda d: d["clusters"][0].update(ebs_storage_class="EBS_sc"), "DNS-1123"),
+    (lambda d: d["clusters"][0].update(curvine={"repo_url": "http://charts.example.com"}), "plain http"),
+    (lambda d: d["clusters"][0].update(curvine={"version": "latest"}), "SemVer"),
+    (lambda d: d["endpoints"][0].update(image="Bad Image"), "image reference"),
+])
+def test_syntax_checks(mutate, words: str) -> None:  # type: ignore[no-untyped-def]
+    problems = _problems(_with(mutate))
+    assert any(words in p for p in problems), problems
+
+
+def test_http_repo_allowed_explicitly() -> None:
+    inv = parse_inventory(_with(lambda d: d["clusters"][0].update(
+        curvine={"repo_url": "http://charts.internal", "allow_insecure_repo": True})))
+    assert inv.clusters[0].curvine.repo_url == "http://charts.internal"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("lobs: [{name: a}]\nlobs: [{name: b}]\n", "duplicate key 'lobs'"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n", "alias bomb"),
+    ("x: &r [*r]\n", "alias to itself"),
+    ("x: " + "[" * 100 + "]" * 100 + "\n", "nested more than"),
+])
+def test_yaml_bounds(text: str, words: str) -> None:
+    (msg,) = _problems(text)
+    assert "not valid YAML" in msg and words in msg
+
+
+def test_duplicate_lob_in_a_list() -> None:
+    problems = _problems(_with(lambda d: d["lobs"].append({"name": "retail"})))
+    assert any("duplicate line of business 'retail'" in p for p in problems)
+
+
+def test_non_regular_files_and_size_are_refused_before_reading(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for path, words in (("/dev/zero", "a device"), (str(tmp_path), "a directory")):
+        with pytest.raises(InventoryError, match=words):
+            load_inventory(path)
+    big = tmp_path / "big.yaml"
+    big.write_text("#" * (4 * 1024 * 1024 + 1))
+    with pytest.raises(InventoryError, match="4 MiB"):
+        load_inventory(big)

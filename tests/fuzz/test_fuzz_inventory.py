@@ -32,6 +32,8 @@ def _argv_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     big = tmp / "big.yaml"
     with big.open("w") as fh:
         fh.write("# filler\n" * (5 * 1024 * 1024 // 9))
+    widest = tmp / "widest.yaml"  # just under the size cap, all values: the worst case for the loader's memory
+    widest.write_text("x: [" + "1," * (2 * 1024 * 1024 - 8) + "1]\n")
     latin1 = tmp / "latin1.yaml"
     latin1.write_bytes("lobs: [{name: caf\xe9}]\n".encode("latin-1"))
     return [
@@ -43,6 +45,7 @@ def _argv_cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("argv:empty-path", ["validate", "--fleet", ""], "regular file"),  # Path("") is "."
         ("argv:long-path", ["validate", "--fleet", "x" * 5000], "cannot read"),
         ("argv:5MiB", ["validate", "--fleet", str(big)], "4 MiB"),
+        ("argv:4MiB-of-values", ["validate", "--fleet", str(widest)], "more than 100000 values"),
         ("argv:latin1", ["validate", "--fleet", str(latin1)], "UTF-8"),
         ("argv:no-value", ["validate", "--fleet"], "--fleet"),
         ("argv:unknown-flag", ["validate", "--flet", "x"], "unrecognized"),

@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+from typing import Any
 
 MEM_MIB = 1024
 CPU_S = 20
@@ -50,7 +51,7 @@ def _child(argv: list[str], out: str, err: str, mem_mib: int) -> None:
         os._exit(70)
 
 
-def run(cases: list[dict], mem_mib: int = MEM_MIB) -> list[dict]:
+def run(cases: list[dict[str, Any]], mem_mib: int = MEM_MIB) -> list[dict[str, Any]]:
     import kvfleet.cli  # noqa: F401  (imported once, before the forks)
 
     results = []

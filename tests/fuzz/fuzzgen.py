@@ -74,7 +74,7 @@ BAD_VALUES: list[tuple[tuple[Any, ...], list[Any]]] = [
     (("endpoints", 0, "routing"), ["prefix-aware", "fast", None, 7]),
     (("endpoints", 0, "name"), ["Chat", "chat_1", "-chat", "x" * 64, "", "retaіl"]),
     (("endpoints", 0, "namespace"), ["Retail", "support"]),  # "support": chat in two namespaces on... c1? no: see below
-    (("endpoints", 0, "image"), ["UPPER/img:1", "img:", "a b", "-img", "img@sha256:zz", "img:" + "t" * 129]),
+    (("endpoints", 0, "image"), ["img/UPPER:1", "img:", "a b", "-img", "img@sha256:zz", "img:" + "t" * 129]),
     (("endpoints", 0, "model_id"), ["a/b/c", "-x/y", "x--y/z", "x/y..z", "a" * 97]),
     (("endpoints", 0, "model"), ["qwen2.7b", "-q", "q" * 64]),
     (("endpoints", 0, "instance_type"), ["ml.g6e.12xlarge", "g5"]),  # not the cluster's GPU node type
@@ -111,7 +111,7 @@ def _set(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
 
 
 def _dump(doc: Any) -> str:
-    return yaml.safe_dump(doc, allow_unicode=True, sort_keys=False, width=10_000)
+    return str(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False, width=10_000))
 
 
 def _field_word(path: tuple[Any, ...]) -> str:
@@ -154,7 +154,8 @@ def inventory_case(seed: int) -> tuple[str, str, str, str | None]:  # noqa: C901
         text = text.replace("  wave_size: 3\n", "  wave_size: 3\n  wave_size: 9\n", 1)
         return f"dup:{seed}:nested-key", text, "refuse", "duplicate key"
     if kind == "unknown":
-        path = rng.choice([p for p in _leaves(doc) if isinstance(p[-1], str) and p[0] != "settings"] or [("x",)])
+        path = rng.choice([p for p in _leaves(doc) if isinstance(p[-1], str) and p[0] != "settings"
+                           and "env" not in p])  # env is a free mapping: any valid name is a valid key
         _set(doc, (*path[:-1], rng.choice(["replica", "Name", "gpu", "__class__", "ñ"])), 1)
         return f"unknown:{seed}:{'.'.join(map(str, path[:-1]))}", _dump(doc), "refuse", "unknown field"
     if kind == "structure":
@@ -254,6 +255,7 @@ LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 def independent_problems(doc: Any) -> list[str]:  # noqa: C901 (one rule per line)
     """What is wrong with an accepted document, by rules restated here; [] when it is valid."""
     bad: list[str] = []
+    doc = _digits(doc)
 
     def need(ok: bool, what: str) -> None:
         if not ok:
@@ -343,9 +345,9 @@ def independent_problems(doc: Any) -> list[str]:  # noqa: C901 (one rule per lin
         need(type(reps) is int and 0 <= reps <= 1000, "replicas")
         if type(reps) is int and isinstance(cl, str):
             used[cl] = used.get(cl, 0) + reps
-        key = (str(cl), str(name))
-        need(key not in names, "endpointName twice on one cluster")
-        names[key] = str(ns)
+        ep_key = (str(cl), str(name))
+        need(ep_key not in names, "endpointName twice on one cluster")
+        names[ep_key] = str(ns)
         need(e.get("routing", "prefixaware") in ("prefixaware", "kvaware", "session", "roundrobin"), "routing")
         need(type(e.get("l1", True)) is bool and type(e.get("l2", True)) is bool, "l1/l2")
         img = e.get("image", "x/y:z")
@@ -361,6 +363,21 @@ def independent_problems(doc: Any) -> list[str]:  # noqa: C901 (one rule per lin
     for cl, (_, available) in gpus.items():
         need(used.get(cl, 0) <= available, f"GPU capacity of {cl}")
     return bad
+
+
+STRING_FIELDS = {"name", "namespace", "lob", "cluster", "model", "instance_type", "image", "model_id", "region",
+                 "storage_class", "ebs_storage_class", "description", "hash_seed", "version"}
+
+
+def _digits(node: Any, key: str = "") -> Any:
+    """A whole number in a string field is that number's digits (kvfleet's documented reading of `name: 0`)."""
+    if isinstance(node, dict):
+        return {k: _digits(v, k if isinstance(k, str) else "") for k, v in node.items()}
+    if isinstance(node, list):
+        return [_digits(v, key) for v in node]
+    if type(node) is int and key in STRING_FIELDS:
+        return str(node)
+    return node
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -394,5 +411,7 @@ def admin_case(seed: int, cluster: str) -> tuple[str, Any]:
     if roll < 0.1:
         body = rng.choice([[body], "text", 1, None, True, [[[]]]])
     elif roll < 0.2 and isinstance(body, dict):
-        body[rng.choice(["ms", "rate", "node", "kind"])] = rng.choice([*SWAPS[:14], float("nan")])
+        # values of the wrong type or range for every one of these fields (0 or 3.5 would be a valid ms)
+        body[rng.choice(["ms", "rate", "node", "kind"])] = rng.choice(
+            [True, False, None, "", [], {}, [1, [2]], 2**70, -1, float("nan"), float("inf")])
     return f"admin:{seed}", body

@@ -95,7 +95,8 @@ def _check(case_id: str, result: dict[str, Any], expect: str, field: str | None,
 def _inventory_run(count: int, tmp: Path) -> None:
     base = SEEDS["inventory"]["base_seed"]
     seeds = list(range(base, base + count)) + list(SEEDS.get("regressions", []))
-    cases, meta = [], {}
+    cases: list[dict[str, Any]] = []
+    meta: dict[str, tuple[str, str | None, str | None]] = {}
     for seed in seeds:
         case_id, text, expect, field = fuzzgen.inventory_case(seed)
         path = tmp / f"case-{seed}.yaml"
@@ -107,8 +108,8 @@ def _inventory_run(count: int, tmp: Path) -> None:
         meta[case_id] = ("refuse", word or None, None)
     results = _run(cases, tmp)
     failures = []
-    for case_id, (expect, field, text) in meta.items():
-        failures += _check(case_id, results[case_id], expect, field, text)
+    for case_id, (expect, must_name, doc_text) in meta.items():
+        failures += _check(case_id, results[case_id], expect, must_name, doc_text)
     refused = sum(1 for r in results.values() if r["rc"] == 2)
     assert len(results) >= min(count, 300), len(results)
     assert not failures, "\n".join(failures[:30])

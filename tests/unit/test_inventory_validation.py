@@ -207,3 +207,9 @@ def test_non_regular_files_and_size_are_refused_before_reading(tmp_path) -> None
     big.write_text("#" * (4 * 1024 * 1024 + 1))
     with pytest.raises(InventoryError, match="4 MiB"):
         load_inventory(big)
+
+
+def test_a_name_with_a_trailing_newline_is_refused() -> None:
+    # found by the long fuzz run: `$` alone matches before a final "\n", so "chat\n" passed as a cluster name
+    problems = _problems(_with(lambda d: d["clusters"][0].update(name="c1\n")))
+    assert any("clusters.c1\n.name" in p and "HyperPod cluster name" in p for p in problems), problems

@@ -37,6 +37,7 @@ MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example i
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
 MAX_PROBLEMS: Final = 200  # problems listed; the rest are counted
 
+# Every pattern is used with fullmatch: `$` alone would accept a trailing newline ("chat\n").
 # Kubernetes DNS-1123 label (namespaces, Deployment names that must also be Service names) and the
 # CRD's modelName pattern (maxLength 63, ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}).
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -241,7 +242,7 @@ class Inventory:
 
 
 def size_to_bytes(size: str) -> int:
-    m = SIZE.match(size)
+    m = SIZE.fullmatch(size)
     if not m:
         raise ValueError(f"not a Kubernetes binary size: {size!r}")
     power = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4}[m.group(2)]
@@ -378,20 +379,20 @@ class _Reader:
         return value
 
     def name(self, value: str, path: str, pattern: re.Pattern[str], what: str) -> None:
-        if value and not pattern.match(value):
+        if value and not pattern.fullmatch(value):
             self.problem(path, f"{show(value)} is not a valid {what}; use lowercase letters, digits and '-', "
                          "starting and ending with a letter or digit, at most 63 characters")
 
     def size(self, raw: dict[str, Any], key: str, path: str, default: str) -> str:
         value = self.text(raw, key, path, default)
-        if value and not SIZE.match(value):
+        if value and not SIZE.fullmatch(value):
             self.problem(f"{path}.{key}", f"{show(value)} is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti")
             return default
         return value
 
     def storage_class(self, raw: dict[str, Any], key: str, path: str, default: str) -> str:
         value = self.text(raw, key, path, default)
-        if value and not (len(value) <= 253 and DNS_SUBDOMAIN.match(value)):
+        if value and not (len(value) <= 253 and DNS_SUBDOMAIN.fullmatch(value)):
             self.problem(f"{path}.{key}", f"{show(value)} is not a valid StorageClass name (DNS-1123 subdomain: "
                          "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at "
                          "most 253 characters); use e.g. ebs-sc")
@@ -493,7 +494,7 @@ def _hash_seed(r: _Reader, raw: dict[str, Any], path: str) -> str:
 
 
 def _chart_version(r: _Reader, value: str, path: str, what: str) -> None:
-    if value and not SEMVER.match(value):
+    if value and not SEMVER.fullmatch(value):
         r.problem(path, f"{show(value)} is not a SemVer 2 version, which {what} requires; use e.g. "
                   f"{C.CURVINE_CHART_VERSION}")
 
@@ -501,7 +502,7 @@ def _chart_version(r: _Reader, value: str, path: str, what: str) -> None:
 def _repo_url(r: _Reader, value: str, allow_http: bool, path: str) -> None:
     if not value:
         return
-    m = REPO_URL.match(value)
+    m = REPO_URL.fullmatch(value)
     if not m:
         r.problem(path, f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user "
                   "name, query or spaces); use e.g. https://curvineio.github.io/helm-charts")
@@ -541,7 +542,7 @@ def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
                   "odd (1, 3, 5, 7)")
     r.name(spec.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
     for key, value in (("chart", spec.chart), ("csi_chart", spec.csi_chart)):
-        if value and not CHART_NAME.match(value):
+        if value and not CHART_NAME.fullmatch(value):
             r.problem(f"{path}.{key}", f"{show(value)} is not a helm chart name (lowercase letters, digits and "
                       "'-', starting and ending with a letter or digit); use e.g. curvine")
     _chart_version(r, spec.version, f"{path}.version", "helm")
@@ -549,11 +550,11 @@ def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
     hp = spec.worker_host_path
     hp_path = f"{path}.worker.host_path"
     if hp and r.helm_value(hp, hp_path) and _no_dotdot(r, hp, hp_path, "a host path") \
-            and (not HOST_PATH.match(hp) or len(hp) < 2):
+            and (not HOST_PATH.fullmatch(hp) or len(hp) < 2):
         r.problem(f"{path}.worker.host_path", f"{show(hp)} must be an absolute path on the node's NVMe of "
                   "letters, digits, '.', '_', '-' and '/'; use e.g. /opt/dlami/nvme/curvine-data")
     fs = spec.fs_path
-    if fs and _no_dotdot(r, fs, f"{path}.fs_path", "the Curvine path") and not HOST_PATH.match(fs):
+    if fs and _no_dotdot(r, fs, f"{path}.fs_path", "the Curvine path") and not HOST_PATH.fullmatch(fs):
         r.problem(f"{path}.fs_path", f"{show(fs)} must be an absolute Curvine path of letters, digits, "
                   "'.', '_', '-' and '/', such as /l2cache")
     return spec
@@ -604,7 +605,7 @@ def _addons(r: _Reader, raw: Any, path: str) -> tuple[AddonSpec, ...]:
         elif conf is not None and not _json_value(r, conf, f"{p}.configuration"):
             conf = None
         version = r.text(body, "version", p, "", allow_empty=True) or None
-        if version and not (version.startswith("v") and SEMVER.match(version[1:])):
+        if version and not (version.startswith("v") and SEMVER.fullmatch(version[1:])):
             r.problem(f"{p}.version", f"{show(version)} is not an EKS add-on version (v + SemVer, such as "
                       "v1.0.0-eksbuild.1); use the version `aws eks describe-addon-versions` lists")
             version = None
@@ -618,7 +619,7 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
                          "production", "ebs_storage_class", "curvine", "addons"}, path)
     r.name(name, f"{path}.name", HYPERPOD_NAME, "HyperPod cluster name")
     region = r.text(raw, "region", path)
-    if region and not REGION.match(region):
+    if region and not REGION.fullmatch(region):
         r.problem(f"{path}.region", f"{show(region)} is not an AWS region such as us-east-1")
     ts = r.mapping(raw.get("tiered_storage"), f"{path}.tiered_storage")
     r.unknown_keys(ts, {"mode", "memory_percent"}, f"{path}.tiered_storage")
@@ -655,7 +656,7 @@ def _instance_type(r: _Reader, value: str, path: str) -> bool:
         r.problem(path, f"{show(value)} does not start with 'ml.' (SageMaker instance types do, "
                   f"and the CRD's instanceType pattern is ^ml\\..*); use e.g. ml.{_key(value)}")
         return False
-    if value and not re.match(r"^ml\.[a-z0-9-]+\.[a-z0-9]+$", value):
+    if value and not re.fullmatch(r"^ml\.[a-z0-9-]+\.[a-z0-9]+$", value):
         r.problem(path, f"{show(value)} is not a SageMaker instance type such as ml.g5.4xlarge")
         return False
     return bool(value)
@@ -666,7 +667,7 @@ def _env(r: _Reader, raw: Any, path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, value in list(env.items())[:200]:
         p = f"{path}.{_key(name)}"
-        if not ENV_NAME.match(name) or len(name) > 255:
+        if not ENV_NAME.fullmatch(name) or len(name) > 255:
             r.problem(p, f"{show(name)} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most "
                       "255 characters); rename it, e.g. with '_' instead of '-' or '.'")
             continue
@@ -710,18 +711,18 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
     )
     r.name(ep.name, f"{path}.name", DNS_LABEL, "Kubernetes object name")
     r.name(ep.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
-    if ep.model and not MODEL_NAME.match(ep.model):
+    if ep.model and not MODEL_NAME.fullmatch(ep.model):
         r.problem(f"{path}.model", f"{show(ep.model)} does not match the CRD's modelName pattern "
                   "^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; use letters, digits and '-' only")
     _instance_type(r, ep.instance_type, f"{path}.instance_type")
-    if ep.image and (len(ep.image) > 255 or not IMAGE_REF.match(ep.image)):
+    if ep.image and (len(ep.image) > 255 or not IMAGE_REF.fullmatch(ep.image)):
         r.problem(f"{path}.image", f"{show(ep.image)} is not an image reference "
                   "([registry[:port]/]repository[:tag][@sha256:digest], lowercase repository); use e.g. "
                   f"{Endpoint.image}")
     if ep.model_id:
         parts = ep.model_id.split("/")
         if len(parts) > 2 or len(ep.model_id) > 96 or "--" in ep.model_id or ".." in ep.model_id \
-                or not all(HF_PART.match(p) for p in parts):
+                or not all(HF_PART.fullmatch(p) for p in parts):
             r.problem(f"{path}.model_id", f"{show(ep.model_id)} is not a Hugging Face model id ([owner/]name of "
                       "letters, digits, '-', '_' and '.', no '--' or '..', at most 96 characters); use e.g. "
                       f"{Endpoint.model_id}")

@@ -118,10 +118,11 @@ def curvine_data(history: Any, f: Filters) -> dict[str, Any]:
 
 
 def gates_data(history: Any, f: Filters) -> dict[str, Any]:
+    steps = catalog.run(history, "ui_gate_steps", f)
     if catalog.exists(GATE_DECISIONS_QUERY):
         return {"source": GATE_DECISIONS_QUERY, "note": "", "since": f.since,
-                "rows": catalog.run(history, GATE_DECISIONS_QUERY, f)}
-    return {"source": "ui_gate_steps", "since": f.since, "rows": catalog.run(history, "ui_gate_steps", f),
+                "rows": catalog.run(history, GATE_DECISIONS_QUERY, f), "steps": steps}
+    return {"source": "ui_gate_steps", "since": f.since, "rows": steps, "steps": [],
             "note": "No gate-decisions query is installed yet: these are the gate steps recorded in the history's "
                     "step events (automatic gates after each wave, and every human answer with its responder)."}
 
@@ -301,7 +302,7 @@ def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: st
         if start is None:
             continue
         outcome = (r.get("remediation") or {}).get("outcome")
-        bars.append(Bar(row=f'{r["cluster"]} · {r["endpoint"] or r["object_ref"]}', start=start,
+        bars.append(Bar(row=f'{r["cluster"]} · {r["endpoint"] or r["object_ref"]} · {r["kind"]}', start=start,
                         end=_ts(r["resolved_at"]), colour=colours(r["lob"]),
                         label=f'{r["kind"]} ({r["severity"]}) {r["field"] or ""}'.strip(),
                         hatched=outcome in ("refused", "failed"),
@@ -351,9 +352,14 @@ def render_gates(data: dict[str, Any], f: Filters, colours: LobColours, base: st
     rows = data["rows"]
     cols = list(rows[0]) if rows else []
     note = f'<p class="note">{escape(data["note"])}</p>' if data["note"] else ""
-    return (_filter_form([("since", "since", None)], f) + note
-            + f'<p class="source">Named query: <code>{escape(data["source"])}</code></p>'
-            + table(rows, cols, table_id="gates"))
+    out = [_filter_form([("since", "since", None)], f), note,
+           f'<h2>Human decisions</h2><p class="source">Named query: <code>{escape(data["source"])}</code></p>',
+           table(rows, cols, table_id="gates")]
+    if data["steps"]:
+        out.append("<h2>Every gate step</h2><p class=\"source\">Automatic gates after each wave (kvfleet decides) "
+                   "and human answers; named query <code>ui_gate_steps</code>.</p>")
+        out.append(table(data["steps"], list(data["steps"][0]), table_id="gate-steps"))
+    return "".join(out)
 
 
 def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:

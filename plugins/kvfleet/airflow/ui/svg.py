@@ -93,7 +93,8 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 
 def time_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     span = max(hi - lo, 1.0)
-    steps = (60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 30 * 86400)
+    steps = (10, 15, 30, 60, 120, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400,
+             7 * 86400, 30 * 86400)
     step = next((s for s in steps if span / s <= count), steps[-1])
     first = math.ceil(lo / step) * step
     return [first + i * step for i in range(int((hi - first) // step) + 1)]
@@ -101,6 +102,8 @@ def time_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 
 def time_label(value: float, span: float) -> str:
     moment = datetime.fromtimestamp(value, UTC)
+    if span <= 600:
+        return moment.strftime("%H:%M:%S")
     return moment.strftime("%H:%M" if span <= 86400 else "%m-%d %H:%M" if span <= 7 * 86400 else "%Y-%m-%d")
 
 
@@ -124,7 +127,7 @@ def _bounds(values: list[float], lo: float | None, hi: float | None) -> tuple[fl
 def xy_chart(series: Sequence[Series], *, title: str, x: Axis, y: Axis, width: int = 760, height: int = 300,
              chart_id: str = "") -> str:
     """A line/marker chart with axes, ticks, a legend and one ``<title>`` per point."""
-    left, right, top, bottom = 56, 16, 30, 44
+    left, right, top, bottom = 56, 16, 30, 62
     xs = [p[0] for s in series for p in s.points]
     ys = [p[1] for s in series for p in s.points]
     x0, x1 = _bounds(xs, x.lo, x.hi)
@@ -152,7 +155,7 @@ def xy_chart(series: Sequence[Series], *, title: str, x: Axis, y: Axis, width: i
             label = time_label(t, x1 - x0) if x.time else x.fmt.format(t)
             out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="#999"/>'
                        f'<text x="{px(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{escape(label)}</text>')
-    out.append(f'<text x="{left + pw / 2:.0f}" y="{height - 6}" text-anchor="middle">{escape(x.label)}</text>')
+    out.append(f'<text x="{left + pw / 2:.0f}" y="{top + ph + 32}" text-anchor="middle">{escape(x.label)}</text>')
     out.append(f'<text transform="translate(14 {top + ph / 2:.0f}) rotate(-90)" text-anchor="middle">'
                f"{escape(y.label)}</text>")
     for s in series:
@@ -174,19 +177,25 @@ def xy_chart(series: Sequence[Series], *, title: str, x: Axis, y: Axis, width: i
                              f'stroke="#fff"><title>{escape(tip)}</title></rect>')
         group.append("</g>")
         out.extend(group)
-    out.append(_legend([(s.name, s.colour, s.dashed) for s in series], left + pw, top))
+    out.append(_legend(series, left, height - 10))
     out.append("</svg>")
     return "".join(out)
 
 
-def _legend(items: Sequence[tuple[str, str, bool]], right_edge: float, top: float) -> str:
-    out = []
-    for i, (name, colour, dashed) in enumerate(items):
-        y = top + 12 + i * 15
-        dash = ' stroke-dasharray="4 3"' if dashed else ""
-        out.append(f'<line x1="{right_edge - 160:.0f}" x2="{right_edge - 140:.0f}" y1="{y - 4}" y2="{y - 4}" '
-                   f'stroke="{colour}" stroke-width="3"{dash}/>'
-                   f'<text x="{right_edge - 135:.0f}" y="{y}">{escape(name[:26])}</text>')
+def _legend(series: Sequence[Series], left: float, y: float) -> str:
+    """One row under the plot: a line (dashed if the series is) or the series' marker, then its name."""
+    out, x = [], left
+    for s in series:
+        if s.line:
+            dash = ' stroke-dasharray="4 3"' if s.dashed else ""
+            out.append(f'<line x1="{x:.0f}" x2="{x + 20:.0f}" y1="{y - 4}" y2="{y - 4}" stroke="{s.colour}" '
+                       f'stroke-width="3"{dash}/>')
+        if s.marker == "square":
+            out.append(f'<rect x="{x + 6:.0f}" y="{y - 8}" width="8" height="8" fill="{s.colour}"/>')
+        elif s.marker == "circle":
+            out.append(f'<circle cx="{x + 10:.0f}" cy="{y - 4}" r="3.5" fill="{s.colour}" opacity="{s.opacity}"/>')
+        out.append(f'<text x="{x + 25:.0f}" y="{y}">{escape(s.name)}</text>')
+        x += 35 + 6.2 * len(s.name)
     return f'<g class="legend">{"".join(out)}</g>'
 
 

@@ -57,7 +57,7 @@ def _run(cases: list[dict[str, Any]], tmp: Path) -> dict[str, dict[str, Any]]:
     (tmp / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
     proc = subprocess.run([sys.executable, str(DRIVER), str(tmp / "cases.json"), str(tmp / "results.json")],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["id"]: r for r in json.loads((tmp / "results.json").read_text())}
 
@@ -121,6 +121,7 @@ def test_hostile_inventories_and_argv_are_refused_cleanly(tmp_path: Path) -> Non
 
 
 @pytest.mark.fuzz_long
+@pytest.mark.timeout(1800)
 def test_hostile_inventories_long(tmp_path: Path) -> None:
     _inventory_run(SEEDS["inventory"]["long_count"], tmp_path)
 

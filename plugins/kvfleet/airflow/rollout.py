@@ -184,7 +184,7 @@ def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
 
 
 def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:
-    waves = next(c["waves"] for c in plan["clusters"] if c["cluster"] == cluster)
+    waves: list[dict[str, Any]] = next(c["waves"] for c in plan["clusters"] if c["cluster"] == cluster)
     return waves[slot:] if slot == SLOTS - 1 else waves[slot:slot + 1]
 
 
@@ -210,7 +210,7 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
     ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
     outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder,
                                         fail_after_scale_down=bool(params.get("_drill_fail_after_scale_down")))
-    broken = {o.endpoint: "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
+    broken = {str(o.endpoint): "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
               for o in outcomes if o.outcome in ("failed", "refused")}
     if ctx.dry_run:
         return "none", {}
@@ -219,7 +219,7 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
     bake = float(params.get("bake_minutes") or 0) * 60
     if bake:
         ctx.say(f"baking {bake:.0f}s before the gate")
-        time.sleep(bake)
+        sleep_or_stop(bake, f"[{ctx.cluster.name}] bake")
     results = {ep.key: _verify_and_record(ctx, ep, params, f"verify:{wave['wave']}:{ep.key}") for ep in eps
                if ep.key not in broken}
     verdict = gates.wave_verdict([*results.values(), *({"verdict": "fail"} for _ in broken)])

@@ -7,7 +7,9 @@ The endpoint rules are stage 4's own (``fleet.endpoint_spec``: ``l2_violations``
 ``cr_differences`` for the CR), so "correct" is written once. The rest comes from the issue that asked for the
 check (issue 8) and from the sources: a format flag left true wipes Curvine on the next pod start (FACTS.md §3.3);
 pods that do not agree on ``PYTHONHASHSEED`` compute different LMCache keys, so cross-pod sharing fails silently
-(DOMAIN.md stage 4); an operator left paused stops rendering every endpoint of the cluster.
+(DOMAIN.md stage 4); an operator left paused stops rendering every endpoint of the cluster, and one whose pauser
+is dead will never be restored by it; fewer Curvine files or less capacity than at the last snapshot is L2 data
+lost (``curvine_data_loss``, issue 14).
 
 A finding's fingerprint is ``cluster|kind|object|field``: stable across checks (the actual value is not part of
 it), so the history store can open it once, touch it on every check that still sees it, and resolve it.
@@ -30,6 +32,8 @@ from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory
 # fleet's ability to change it) is broken now; medium = wrong but working; low = bookkeeping.
 SEVERITY: dict[str, str] = {
     "format_flag_set": "critical",
+    "curvine_data_loss": "critical",  # L2 files or capacity dropped: the loss has happened
+
     "patch_lost_to_reconcile": "high",
     "duplicate_l2_url": "high",
     "operator_l2_url": "high",
@@ -99,7 +103,11 @@ class ClusterObservation:
     ``diffs`` are stage 2's own differences (``stages.addons.addon_diff``). ``curvine_values`` is None when the
     release is absent; ``curvine_live_workers`` None when the master API could not be read (``curvine_error``).
     ``operator_zero_since`` is when the drift check first saw the controller at 0 replicas without kvfleet's
-    pause annotation (a hand scale-down), kept across checks by the history store.
+    pause annotation (a hand scale-down), kept across checks by the history store. ``operator_pauser`` is
+    ``{"holder", "alive", "reason"}`` for a kvfleet pause: whether the run that paused still holds a live lease.
+    ``curvine_overview`` is the master's numbers now (``capacity``, ``files_total``, ...) and
+    ``curvine_previous`` the last snapshot the history recorded for the cluster (``capacity``, ``files_total``,
+    ``run_key``, ``step``, ``phase``, ``at``).
     """
 
     now: datetime
@@ -108,11 +116,14 @@ class ClusterObservation:
     addons: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     operator: dict[str, Any] | None = None
     operator_zero_since: datetime | None = None
+    operator_pauser: dict[str, Any] | None = None
     policy: dict[str, Any] | None = None
     policy_checked: bool = False
     curvine_values: dict[str, Any] | None = None
     curvine_live_workers: int | None = None
     curvine_error: str | None = None
+    curvine_overview: dict[str, Any] | None = None
+    curvine_previous: dict[str, Any] | None = None
     iecs: list[dict[str, Any]] = field(default_factory=list)
     deployments: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
@@ -260,25 +271,49 @@ def addon_findings(cl: Cluster, addons: Mapping[str, Mapping[str, Any] | None]) 
 
 
 def operator_findings(cl: Cluster, inv: Inventory, operator: Mapping[str, Any] | None, now: datetime,
-                      zero_since: datetime | None) -> list[Finding]:
-    ref = f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}"
+                      zero_since: datetime | None, pauser: Mapping[str, Any] | None = None) -> list[Finding]:
+    """An operator left paused. A kvfleet pause is reported once it lasts longer than the threshold, or at once
+    when its pauser is dead (``pauser["alive"]`` False: no live lease, its run ended)."""
+    name = ((operator or {}).get("metadata") or {}).get("name") or C.OPERATOR_DEPLOYMENT
+    ref = f"Deployment/{C.OPERATOR_NAMESPACE}/{name}"
     if operator is None:
-        return [Finding("addon_not_active", cl.name, ref, "metadata", "the operator's controller Deployment",
-                        "absent")]
+        return [Finding("addon_not_active", cl.name, f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}",
+                        "metadata", "the operator's controller Deployment (add-on or Helm name)", "absent")]
     ann = (operator.get("metadata") or {}).get("annotations") or {}
     replicas = int((operator.get("spec") or {}).get("replicas") or 0)
     by = ann.get(C.PAUSED_BY_ANNOTATION)
     since = parse_time(ann.get(C.PAUSED_AT_ANNOTATION)) if by else zero_since
     if not by and replicas > 0:
         return []
+    dead = bool(by) and pauser is not None and pauser.get("holder") == by and pauser.get("alive") is False
     threshold = timedelta(minutes=inv.settings.operator_pause_threshold_minutes)
-    if since is not None and now - since < threshold:
+    if not dead and since is not None and now - since < threshold:
         return []
     who = f"kvfleet run {by}" if by else "someone outside kvfleet (no pause annotation)"
     when = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else "an unknown time"
+    state = f"; its pauser is dead: {pauser.get('reason')}" if dead and pauser else ""
     return [Finding("operator_paused", cl.name, ref, "spec.replicas",
-                    f">= 1 (paused at most {inv.settings.operator_pause_threshold_minutes} min)",
-                    f"{replicas}, paused by {who} since {when}")]
+                    f">= 1 (paused at most {inv.settings.operator_pause_threshold_minutes} min, and only by a "
+                    "live run)", f"{replicas}, paused by {who} since {when}{state}")]
+
+
+def curvine_loss_findings(cl: Cluster, overview: Mapping[str, Any] | None,
+                          previous: Mapping[str, Any] | None) -> list[Finding]:
+    """L2 files or capacity lower than at the last recorded snapshot (a kvfleet action or an earlier check)."""
+    if not overview or not previous:
+        return []
+    ref = f"HelmRelease/{cl.curvine.namespace}/{C.CURVINE_RELEASE}"
+    where = (f"{previous.get('phase')} snapshot of {previous.get('step')}"
+             + (f" ({previous.get('run_key')})" if previous.get("run_key") else "")
+             + (f" at {previous['at']:%Y-%m-%dT%H:%M:%SZ}" if isinstance(previous.get("at"), datetime) else ""))
+    out = []
+    for fld, now_key, prev_key in (("files_total", "files_total", "files_total"), ("capacity", "capacity", "capacity")):
+        before, after = previous.get(prev_key), overview.get(now_key)
+        if before is None or after is None or int(after) >= int(before):
+            continue
+        out.append(Finding("curvine_data_loss", cl.name, ref, fld, f">= {int(before)} (the {where})",
+                           f"{int(after)}: {int(before) - int(after)} lost"))
+    return out
 
 
 def curvine_findings(cl: Cluster, values: Mapping[str, Any] | None, live_workers: int | None,
@@ -314,8 +349,9 @@ def classify(inv: Inventory, cluster: str, obs: ClusterObservation) -> list[Find
     cl = inv.cluster(cluster)
     out = tiered_storage_findings(cl, obs.tiered_mode, obs.tiered_percent)
     out += addon_findings(cl, obs.addons)
-    out += operator_findings(cl, inv, obs.operator, obs.now, obs.operator_zero_since)
+    out += operator_findings(cl, inv, obs.operator, obs.now, obs.operator_zero_since, obs.operator_pauser)
     out += curvine_findings(cl, obs.curvine_values, obs.curvine_live_workers, obs.curvine_error)
+    out += curvine_loss_findings(cl, obs.curvine_overview, obs.curvine_previous)
     if cl.l2_injection == "kyverno" and obs.policy_checked and any(e.l2 for e in inv.endpoints_of(cluster)):
         out += policy_findings(cl, inv, obs.policy)
     out += pvc_findings(cluster, inv, obs.pvcs)

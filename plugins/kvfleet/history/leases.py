@@ -103,7 +103,7 @@ class Leases:
                                        {"c": cluster}).mappings().first()
                 return dict(new) if new else {}
             ours = row["holder"] == holder
-            verdict = Liveness(True, "ours") if ours else judge(row, now, holder_alive)
+            verdict = Liveness(True, "ours") if ours else judge(dict(row), now, holder_alive)
             if not ours and verdict.alive:
                 return dict(row)
             new = conn.execute(text(

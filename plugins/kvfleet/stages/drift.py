@@ -7,7 +7,8 @@ benchmark (``bench/drift_check.py``) and by the tests.
 Observation cost is constant per cluster, whatever the number of endpoints (issue 8): four cluster-wide LISTs
 with the ``app.kubernetes.io/managed-by=kvfleet`` label selector (InferenceEndpointConfigs, Deployments, Pods,
 PVCs — the operator copies the CR's labels onto the Deployment and its pod template, and stage 3 labels the
-PVCs), one GET of the operator's controller, one GET of the ClusterPolicy in kyverno mode, ``helm get values``
+PVCs), one LIST of the operator's namespace (its controller, under the add-on's or the Helm chart's name), one GET
+of the ClusterPolicy in kyverno mode, ``helm get values``
 of the Curvine release, one read of the Curvine master API through the pod proxy; on the AWS side
 DescribeCluster (HyperPod and EKS, for the kube client), ListAddons and DescribeAddon per installed managed
 add-on. Never one GET per endpoint. Lists are read as raw JSON (``_preload_content=False``): turning thousands of
@@ -17,10 +18,18 @@ Remediation (off by default; the run's ``remediate`` Param, or per LOB ``remedia
 - ``patch_lost_to_reconcile`` / ``operator_l2_url`` / ``duplicate_l2_url``: stage 4's ``reconcile_wave`` on
   the affected endpoints, one batched safe patch (one operator pause) for all of them;
 - ``operator_paused``: ``operator_pause.restore`` of a pause kvfleet made; a controller scaled to 0 outside
-  kvfleet is reported, never undone (the same rule as ``operator_pause.pause``);
+  kvfleet is reported, never undone (the same rule as ``operator_pause.pause``). A pause whose pauser is
+  **dead** (the run named in the pause annotation holds no live lease on the cluster: its task stopped
+  heartbeating, or Airflow says its run is no longer running — ``kvfleet.history.leases``) is reported at once,
+  without the pause threshold, and restored under a lease taken over from the dead holder; the remediation
+  records whom it restored the operator from and why that holder was judged dead;
 - ``format_flag_set``: stage 3's ``reconcile``, which flips the flags false with ``--reuse-values``;
 - ``policy_missing``: stage 4's ``ensure_kyverno_policy``.
 Every remediation is written on its findings' history rows and as a step event (audit log).
+
+Curvine data-loss watch: every check reads the master's file count and capacity and compares them with the
+previous snapshot recorded in the history (``capacity_snapshots``, by a kvfleet action or by an earlier check).
+A drop is a ``curvine_data_loss`` finding (critical), logged at ERROR, and the new snapshot is recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -43,6 +52,7 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
 from kvfleet.fleet.endpoint_spec import kyverno_policy
 from kvfleet.fleet.inventory import Endpoint
+from kvfleet.history.leases import SUFFIX, Leases
 from kvfleet.stages import curvine, endpoints, operator_pause
 from kvfleet.stages.addons import addon_diff
 from kvfleet.stages.base import StageContext
@@ -128,8 +138,7 @@ def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
     obs.deployments = _items(kube.apps.list_deployment_for_all_namespaces, what="list Deployments")
     obs.pods = _items(kube.core.list_pod_for_all_namespaces, what="list Pods")
     obs.pvcs = _items(kube.core.list_persistent_volume_claim_for_all_namespaces, what="list PVCs")
-    obs.operator = _raw_or_none(kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE,
-                                what="read the operator controller")
+    obs.operator = _observe_operator(kube)
     if cl.l2_injection == "kyverno":
         name = kyverno_policy(ctx.inventory.settings)["metadata"]["name"]
         obs.policy = _raw_or_none(kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name,
@@ -143,11 +152,54 @@ def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
         obs.curvine_error = "release not found"
     if obs.curvine_values is not None:
         try:
-            obs.curvine_live_workers = CurvineMaster(kube, cl.curvine.namespace).overview().live_workers
+            overview = CurvineMaster(kube, cl.curvine.namespace).overview()
+            obs.curvine_live_workers = overview.live_workers
+            obs.curvine_overview = _overview_dict(overview)
         except (KvfleetError, ApiException, OSError, ValueError) as exc:
             obs.curvine_error = f"master API: {str(exc)[:200]}"
     obs.operator_zero_since = _operator_zero_since(ctx, obs.operator)
+    obs.operator_pauser = _pauser_liveness(ctx, obs.operator, now)
+    if obs.curvine_overview is not None:
+        obs.curvine_previous = _previous_snapshot(ctx)
     return obs
+
+
+def _observe_operator(kube: Any) -> dict[str, Any] | None:
+    """The operator's controller as JSON, under either name (add-on or Helm) or the chart's labels: one LIST."""
+    found = operator_pause.find_controller(kube)
+    return dict(kube.api_client.sanitize_for_serialization(found[1])) if found else None
+
+
+def _pauser_liveness(ctx: StageContext, operator: dict[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+    """Is the run named in the pause annotation alive (a live lease on this cluster)? None when not paused by
+    kvfleet or when there is no history store to ask."""
+    ann = ((operator or {}).get("metadata") or {}).get("annotations") or {}
+    by = ann.get(C.PAUSED_BY_ANNOTATION)
+    if not by or ctx.history is None:
+        return None
+    verdict = Leases(ctx.history.engine).holder_liveness(ctx.cluster.name, by, now=now,
+                                                         holder_alive=ctx.holder_alive)
+    return {"holder": by, "alive": verdict.alive, "reason": verdict.reason}
+
+
+def _overview_dict(overview: Any) -> dict[str, Any]:
+    raw = overview.as_dict() if hasattr(overview, "as_dict") else dict(getattr(overview, "__dict__", {}))
+    return {k: raw.get(k) for k in ("capacity", "fs_used", "live_workers", "lost_workers", "files_total",
+                                    "dir_total")}
+
+
+def _previous_snapshot(ctx: StageContext) -> dict[str, Any] | None:
+    """The latest Curvine snapshot recorded for this cluster (by a kvfleet action or an earlier check)."""
+    if ctx.history is None:
+        return None
+    from sqlalchemy import text
+
+    with ctx.history.engine.connect() as conn:
+        row = conn.execute(text(
+            "SELECT run_key, step, phase, at, capacity_bytes AS capacity, files_total FROM capacity_snapshots "
+            "WHERE cluster = :c AND files_total IS NOT NULL ORDER BY at DESC, id DESC LIMIT 1"),
+            {"c": ctx.cluster.name}).mappings().first()
+    return dict(row) if row else None
 
 
 def _operator_zero_since(ctx: StageContext, operator: dict[str, Any] | None) -> datetime | None:
@@ -186,6 +238,11 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
     result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started, run_key=run_key)
     ctx.say(f"drift: {len(findings)} finding(s) in {result.observe_s:.2f}s"
             + "".join(f"\n  {f.text()}" for f in findings))
+    for f in findings:
+        if f.kind == "curvine_data_loss":
+            log.error("[%s] CURVINE DATA LOSS: %s", cl.name, f.text())
+            ctx.say(f"CURVINE DATA LOSS: {f.text()}")
+    _record_snapshot(ctx, obs, now)
     if ctx.history is not None:
         result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in findings], run_key)
     moved = bool(result.sync.get("opened") or result.sync.get("resolved"))
@@ -193,9 +250,20 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
                kinds=sorted({f.kind for f in findings}), sync=result.sync)
     chosen = selected_for_remediation(ctx, findings, remediate)
     if chosen:
-        result.remediations = remediate_findings(ctx, chosen, findings, holder=run_key)
+        result.remediations = remediate_findings(ctx, chosen, findings, holder=run_key, now=now)
     _advise(ctx, result, now)
     return result
+
+
+def _record_snapshot(ctx: StageContext, obs: rules.ClusterObservation, now: datetime) -> None:
+    """This check's Curvine numbers, the baseline of the next check's data-loss watch."""
+    if ctx.history is None or obs.curvine_overview is None:
+        return
+    run_key = ctx.step_key.run_key if ctx.step_key else None
+    if run_key is not None and ctx.history.run(run_key) is None:
+        run_key = None  # an ad-hoc check (no run row to refer to)
+    ctx.history.record_capacity(run_key=run_key, step=f"drift_check:{now.isoformat()}", cluster=ctx.cluster.name,
+                                phase="drift", overview=obs.curvine_overview)
 
 
 def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding],
@@ -227,14 +295,18 @@ def _advise(ctx: StageContext, result: DriftResult, now: datetime) -> None:
 
 
 def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findings: list[rules.Finding], *,
-                       holder: str, lock_wait_s: float = 60) -> list[dict[str, Any]]:
-    """Fix what the rollout's reconcilers can fix, under the cluster lease; record each action on its findings."""
+                       holder: str, lock_wait_s: float = 60, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Fix what the rollout's reconcilers can fix, under the cluster lease; record each action on its findings.
+    ``now`` is the check's clock: a lease whose holder died is judged (and taken over) at that time."""
     plan = rules.remediation_plan(chosen)
     policy = [f for f in chosen if f.kind == "policy_missing"]
     if not any(plan.values()) and not policy:
         return []
-    lease = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
-                        poll_s=1, progress=ctx.progress) if ctx.history is not None else nullcontext()
+    base_now, base_mono = now or datetime.now(UTC), time.monotonic()
+    lease: Any = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
+                             poll_s=1, progress=ctx.progress, holder_alive=ctx.holder_alive,
+                             clock=lambda: base_now + timedelta(seconds=time.monotonic() - base_mono)) \
+        if ctx.history is not None else nullcontext()
     done: list[dict[str, Any]] = []
     try:
         lease.__enter__()
@@ -243,7 +315,9 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
         return [_record(ctx, "all", fixable, "deferred", {"reason": str(exc)[:500]})]
     try:
         if plan["restore_operator"]:
-            done.append(_act(ctx, "restore_operator", plan["restore_operator"], lambda: _restore_operator(ctx)))
+            taken_from = getattr(lease, "taken_over_from", None)
+            done.append(_act(ctx, "restore_operator", plan["restore_operator"],
+                             lambda: _restore_operator(ctx, taken_from, base_now)))
         if plan["flip_format_flags"]:
             done.append(_act(ctx, "flip_format_flags", plan["flip_format_flags"],
                              lambda: {"curvine": curvine.reconcile(ctx).detail.get("hazard_fixed")}))
@@ -257,14 +331,24 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     return done
 
 
-def _restore_operator(ctx: StageContext) -> dict[str, Any]:
+def _restore_operator(ctx: StageContext, lease_taken_from: str | None, now: datetime) -> dict[str, Any]:
+    """Restore a kvfleet pause (this check holds the cluster's lease, so the pauser is not running a wave now:
+    it finished without restoring, or it died). Records whom it restored it from and why."""
     state = operator_pause.pause_state(ctx)
     if not state["paused_by"]:
         raise PermanentError(
             f"the inference operator on {ctx.cluster.name} was scaled to {state['replicas']} outside kvfleet (no "
             f"{C.PAUSED_BY_ANNOTATION} annotation); kvfleet never undoes another holder's pause. Ask who paused "
-            f"it, then: kubectl scale deployment {C.OPERATOR_DEPLOYMENT} -n {C.OPERATOR_NAMESPACE} --replicas=1")
-    return operator_pause.restore(ctx)
+            f"it, then: {operator_pause.scale_hint(ctx)}")
+    pauser = _pauser_liveness(ctx, {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"]}}},
+                              now)
+    result = operator_pause.restore(ctx)
+    out = {**result, "restored_from": state["paused_by"], "paused_at": state["paused_at"],
+           "lease_taken_over_from": lease_taken_from,
+           "pauser": (pauser or {}).get("reason") or "the pause outlasted its threshold"}
+    log.warning("[%s] operator restored by the drift check from %s (paused at %s): %s", ctx.cluster.name,
+                state["paused_by"], state["paused_at"], out["pauser"])
+    return out
 
 
 def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings: list[rules.Finding],
@@ -283,7 +367,7 @@ def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings
     if eps:
         wave = [f for ep in eps for f in by_ep[ep.key]]
         out.append(_act(ctx, "patch_endpoints", wave, lambda: {
-            "endpoints": [o.as_dict() for o in endpoints.reconcile_wave(ctx, eps, holder=f"{holder}:drift")]}))
+            "endpoints": [o.as_dict() for o in endpoints.reconcile_wave(ctx, eps, holder=f"{holder}{SUFFIX}drift")]}))
     return out
 
 

@@ -225,7 +225,7 @@ def _scale_back(ctx: StageContext, eps: list[Endpoint], replicas: dict[str, int]
 
 
 def _plan_patch_wave(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[dict[str, Any]]],
-                     replicas: dict[str, int], refused: dict[str, str]) -> dict:
+                     replicas: dict[str, int], refused: dict[str, str]) -> dict[str, Any]:
     if not eps:
         return {"planned": [], "refused": refused}
     op = operator_pause.controller_name(ctx)
@@ -241,7 +241,8 @@ def _plan_patch_wave(ctx: StageContext, eps: list[Endpoint], patches: dict[str, 
     return {"planned": [ep.key for ep in eps], "refused": refused}
 
 
-def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str, fail_after_scale_down: bool = False) -> dict:
+def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str,
+               fail_after_scale_down: bool = False) -> dict[str, Any]:
     """The safe sequence, batched: one operator pause for the whole wave, restore guaranteed.
 
     Every patch is computed and checked before the pause; an endpoint without a valid patch is refused and never
@@ -315,7 +316,7 @@ def ensure_kyverno_policy(ctx: StageContext) -> str:
     return "changed"
 
 
-def kyverno_wave(ctx: StageContext, eps: list[Endpoint]) -> dict:
+def kyverno_wave(ctx: StageContext, eps: list[Endpoint]) -> dict[str, Any]:
     """Make the operator re-render each Deployment that lacks the injection, then verify it after the re-render."""
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for ep in eps:

@@ -12,8 +12,9 @@ controller Deployment itself (annotations: who, when, the replica count to resto
 
 The controller is found wherever it is installed (issue 13 §3): the EKS add-on names it
 ``hyperpod-inference-controller-manager``, the Helm chart ``hyperpod-inference-operator-controller-manager``
-(both in ``hyperpod-inference-system``). Lookup: either name, then the chart's labels
-(``control-plane`` = either name, or ``app.kubernetes.io/name=hyperpod-inference-operator``).
+(both in ``hyperpod-inference-system``). Lookup: one LIST of that namespace, then either name, else the chart's
+labels (``control-plane`` = either name, or ``app.kubernetes.io/name=hyperpod-inference-operator``); the name
+found is remembered for the context.
 """
 
 from __future__ import annotations
@@ -32,19 +33,21 @@ _MEMO = "operator_deployment"
 
 
 def find_controller(kube: Any) -> tuple[str, Any] | None:
-    """(name, Deployment) of the operator's controller on this cluster, or None. Tries each known name, then the
-    chart's labels, so an add-on install, a Helm install or a renamed install are all found."""
+    """(name, Deployment) of the operator's controller on this cluster, or None. One LIST of the operator's
+    namespace (kvfleet's RBAC lists Deployments cluster-wide; a GET of a name it is not granted would be a 403),
+    then: a known name (add-on first, then Helm), else the chart's labels, so an add-on install, a Helm install
+    or a renamed install are all found."""
+    items = call(kube.apps.list_namespaced_deployment, C.OPERATOR_NAMESPACE,
+                 what="find the inference operator's controller").items
+    by_name = {str(d.metadata.name): d for d in items}
     for name in C.OPERATOR_DEPLOYMENTS:
-        dep = get_or_none(kube.apps.read_namespaced_deployment, name, C.OPERATOR_NAMESPACE)
-        if dep is not None:
-            return name, dep
-    selectors = (f"{C.OPERATOR_CONTROL_PLANE_LABEL} in ({','.join(C.OPERATOR_DEPLOYMENTS)})",
-                 f"{C.OPERATOR_NAME_LABEL}={C.OPERATOR_NAME_VALUE}")
-    for selector in selectors:
-        items = call(kube.apps.list_namespaced_deployment, C.OPERATOR_NAMESPACE, label_selector=selector,
-                     what="find the inference operator's controller").items
-        if items:
-            return str(items[0].metadata.name), items[0]
+        if name in by_name:
+            return name, by_name[name]
+    for dep in items:
+        labels = dep.metadata.labels or {}
+        if labels.get(C.OPERATOR_CONTROL_PLANE_LABEL) in C.OPERATOR_DEPLOYMENTS or \
+                labels.get(C.OPERATOR_NAME_LABEL) == C.OPERATOR_NAME_VALUE:
+            return str(dep.metadata.name), dep
     return None
 
 

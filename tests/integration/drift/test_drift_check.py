@@ -163,24 +163,40 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
         converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
     ctx = drift_ctx(PROD)
     spec = ctx.cluster.curvine
+    twin = converged.twin(PROD)
+    for i in range(5):  # L2 blocks written by the endpoints (what the pods' fs connector writes)
+        twin.l2.write(f"/l2cache/drift-test/chunk-{i}.bin", 4096)
+    files = twin.l2.file_count()
+    baseline = _check(drift_ctx, drift_history)  # records the Curvine snapshot the next check compares with
+    assert baseline.findings == []
     # What a person would type: helm upgrade ... --reuse-values --set cluster.formatMaster=true
     ctx.helm.run(*ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx),
                                         version=spec.version, values={"cluster.formatMaster": True}),
                  what="hand-made helm upgrade")
     curvine.wait_rolled_out(ctx)
     curvine.verify_capacity(ctx)
+    _wait(lambda: twin.l2.file_count() < files, "the master's format on restart")
 
     found = _check(drift_ctx, drift_history)
-    (flag,) = found.findings
+    by_kind = {f.kind: f for f in found.findings}
+    assert set(by_kind) == {"format_flag_set", "curvine_data_loss"}
+    flag = by_kind["format_flag_set"]
     assert (flag.kind, flag.severity, flag.object_ref, flag.field, flag.expected, flag.actual) == (
         "format_flag_set", "critical", f"HelmRelease/{spec.namespace}/{C.CURVINE_RELEASE}", "cluster.formatMaster",
         "false", "true")
+    loss = by_kind["curvine_data_loss"]
+    assert (loss.severity, loss.object_ref, loss.field) == (
+        "critical", f"HelmRelease/{spec.namespace}/{C.CURVINE_RELEASE}", "files_total")
+    assert loss.expected.startswith(f">= {files} (the drift snapshot of drift_check:")
+    assert loss.actual == f"{twin.l2.file_count()}: {files - twin.l2.file_count()} lost"
+    assert any(r["kind"] == "curvine_data_loss" for r in _open(drift_history))  # in the history, for the audit
     revisions_before = len(ctx.helm.history(C.CURVINE_RELEASE, spec.namespace))
 
     fixed = _check(drift_ctx, drift_history, remediate=True)
     (action,) = fixed.remediations
     assert (action["action"], action["outcome"], action["kinds"]) == ("flip_format_flags", "changed",
                                                                      ["format_flag_set"])
+    assert "curvine_data_loss" not in {f.kind for f in fixed.findings}  # compared with the snapshot just before
     history = ctx.helm.history(C.CURVINE_RELEASE, spec.namespace)
     assert len(history) == revisions_before + 1
     assert "rollback" not in str(history[-1].get("description", "")).lower()
@@ -189,7 +205,7 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
     assert values["worker"]["replicas"] == spec.worker_replicas  # --reuse-values kept the rest
 
     after = _check(drift_ctx, drift_history)
-    assert after.findings == [] and after.sync["resolved"] == 1
+    assert after.findings == [] and after.sync["resolved"] == 1  # the flag; the loss was resolved by `fixed`
 
 
 def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(

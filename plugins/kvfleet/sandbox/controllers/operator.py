@@ -5,6 +5,12 @@ conversion webhook that fails while the controller is scaled to 0.
 Attached by ``kvfleet.sandbox.runtime`` to every cluster twin, after ``workloads`` (whose pods it waits on). It
 exists so that stage 2 and stage 4 of a rollout meet the same traps as on AWS (DOMAIN.md, FACTS.md §2):
 
+**Controller name.** The EKS add-on names the controller ``hyperpod-inference-controller-manager``; the
+Helm chart of aws/sagemaker-hyperpod-cli ``hyperpod-inference-operator-controller-manager`` (same namespace,
+labels ``control-plane=<name>``, ``app.kubernetes.io/name=hyperpod-inference-operator``; facts and sources in
+``tests/conformance/facts/inference_operator.yaml``). The twin installs either (``KVFLEET_SANDBOX_OPERATOR_INSTALL=
+helm``, or ``reinstall_as(name)``), so kvfleet's discovery is exercised against both.
+
 **Installation.** When the EKS add-on ``amazon-sagemaker-hyperpod-inference`` is about to become ACTIVE on this
 twin's EKS cluster, the operator installs namespace ``hyperpod-inference-system``, Deployment
 ``hyperpod-inference-controller-manager`` (1 replica, container ``manager``, label ``control-plane``), Service
@@ -65,6 +71,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import zlib
 from pathlib import Path
@@ -80,6 +87,7 @@ from kvfleet.fleet.constants import (
     IEC_VERSION,
     OPERATOR_ADDON,
     OPERATOR_DEPLOYMENT,
+    OPERATOR_HELM_DEPLOYMENT,
     OPERATOR_L2_URL,
     OPERATOR_NAMESPACE,
 )
@@ -124,7 +132,8 @@ def load_crd() -> dict[str, Any]:
     text = CRD_FILE.read_text()
     text = text.replace("{{ .Values.namePrefix }}", "hyperpod-inference").replace(
         "{{ .Values.shortPrefix }}", "hyperpod-inference")
-    return yaml.safe_load(text)
+    crd: dict[str, Any] = yaml.safe_load(text)
+    return crd
 
 
 def l2_index(version: str, length: int) -> int:
@@ -154,11 +163,19 @@ class InferenceOperator:
         self._was_ready = False
         self._last_resync = 0.0
         self._loop = ReconcileLoop(f"operator:{twin.name}", twin.clock, twin.settings.operator_resync_s, self._pass)
+        # The controller's name: the EKS add-on's, or the Helm chart's (tests/conformance/facts/
+        # inference_operator.yaml); KVFLEET_SANDBOX_OPERATOR_INSTALL=helm, an existing Helm-named Deployment, or
+        # reinstall_as() chooses the chart's.
+        self.deployment_name = OPERATOR_HELM_DEPLOYMENT if os.environ.get("KVFLEET_SANDBOX_OPERATOR_INSTALL") == \
+            "helm" else OPERATOR_DEPLOYMENT
         twin.aws.on_addon_transition(self._on_addon)
         self.store.add_admission(self._admit)
         self.store.subscribe(self._on_event)
-        if twin.aws.addon_status(twin.eks_name, OPERATOR_ADDON) == "ACTIVE" or \
-                self.store.get("apps", "deployments", OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE) is not None:
+        existing = [n for n in (OPERATOR_DEPLOYMENT, OPERATOR_HELM_DEPLOYMENT)
+                    if self.store.get("apps", "deployments", n, OPERATOR_NAMESPACE) is not None]
+        if existing:
+            self.deployment_name = existing[0]
+        if twin.aws.addon_status(twin.eks_name, OPERATOR_ADDON) == "ACTIVE" or existing:
             self._install()
         twin.services["operator"] = self
         self._loop.start()
@@ -177,8 +194,22 @@ class InferenceOperator:
 
     def controller_ready(self) -> bool:
         pods = self.store.list("", "pods", OPERATOR_NAMESPACE,
-                               label_selector=f"{CONTROL_PLANE_LABEL}={OPERATOR_DEPLOYMENT}")
+                               label_selector=f"{CONTROL_PLANE_LABEL}={self.deployment_name}")
         return any(is_ready(p) for p in pods)
+
+    def reinstall_as(self, name: str) -> str:
+        """Move the controller to another name, as a Helm install (``hyperpod-inference-operator-controller-
+        manager``) or the EKS add-on (``hyperpod-inference-controller-manager``) would name it. Returns the name."""
+        if name not in (OPERATOR_DEPLOYMENT, OPERATOR_HELM_DEPLOYMENT):
+            raise ValueError(f"operator controller name must be {OPERATOR_DEPLOYMENT} or {OPERATOR_HELM_DEPLOYMENT}, "
+                             f"not {name!r}")
+        if name != self.deployment_name:
+            delete_quietly(self.store, "apps", "deployments", self.deployment_name, OPERATOR_NAMESPACE)
+            delete_quietly(self.store, "", "services", WEBHOOK_SERVICE, OPERATOR_NAMESPACE)
+            self.deployment_name = name
+        self._install()
+        self._loop.wake()
+        return name
 
     def stop(self) -> None:
         self._loop.stop()
@@ -208,22 +239,22 @@ class InferenceOperator:
 
     def _install(self) -> None:
         store = self.store
-        ensure_namespace(store, OPERATOR_NAMESPACE, {CONTROL_PLANE_LABEL: OPERATOR_DEPLOYMENT})
+        ensure_namespace(store, OPERATOR_NAMESPACE, {CONTROL_PLANE_LABEL: self.deployment_name})
         create_quietly(store, "", "serviceaccounts", {
             "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": OPERATOR_DEPLOYMENT, "namespace": OPERATOR_NAMESPACE}})
+            "metadata": {"name": self.deployment_name, "namespace": OPERATOR_NAMESPACE}})
         crd = load_crd()
         if store.get("apiextensions.k8s.io", "customresourcedefinitions", crd["metadata"]["name"]) is None:
             store.create("apiextensions.k8s.io", "customresourcedefinitions", crd)
-        labels = {CONTROL_PLANE_LABEL: OPERATOR_DEPLOYMENT, "app.kubernetes.io/name": "hyperpod-inference-operator"}
+        labels = {CONTROL_PLANE_LABEL: self.deployment_name, "app.kubernetes.io/name": "hyperpod-inference-operator"}
         image = OPERATOR_IMAGE.format(account=self.twin.aws.account_id, region=self.twin.region,
                                       version=self.version)
         deployment = {
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": OPERATOR_DEPLOYMENT, "namespace": OPERATOR_NAMESPACE, "labels": dict(labels)},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {CONTROL_PLANE_LABEL: OPERATOR_DEPLOYMENT}},
+            "metadata": {"name": self.deployment_name, "namespace": OPERATOR_NAMESPACE, "labels": dict(labels)},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {CONTROL_PLANE_LABEL: self.deployment_name}},
                      "template": {"metadata": {"labels": dict(labels)}, "spec": {
-                         "serviceAccountName": OPERATOR_DEPLOYMENT,
+                         "serviceAccountName": self.deployment_name,
                          "containers": [{"name": "manager", "image": image, "args": ["--leader-elect"],
                                          "ports": [{"name": "webhook-server", "containerPort": 9443}],
                                          "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}}]}}},
@@ -235,11 +266,11 @@ class InferenceOperator:
                     return None
                 containers[0]["image"] = image
                 return obj
-            store.mutate("apps", "deployments", OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, upgrade)
+            store.mutate("apps", "deployments", self.deployment_name, OPERATOR_NAMESPACE, upgrade)
         create_quietly(store, "", "services", {
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": WEBHOOK_SERVICE, "namespace": OPERATOR_NAMESPACE, "labels": dict(labels)},
-            "spec": {"selector": {CONTROL_PLANE_LABEL: OPERATOR_DEPLOYMENT},
+            "spec": {"selector": {CONTROL_PLANE_LABEL: self.deployment_name},
                      "ports": [{"port": 443, "targetPort": 9443, "protocol": "TCP"}]}})
         self.installed = True
 
@@ -495,7 +526,8 @@ class InferenceOperator:
         meta = iec["metadata"]
         name = meta["name"]
         dstatus = (dep or {}).get("status") or {}
-        progressing = next((c for c in dstatus.get("conditions") or [] if c.get("type") == "Progressing"), {})
+        progressing: dict[str, Any] = next((c for c in dstatus.get("conditions") or []
+                                            if c.get("type") == "Progressing"), {})
         if error:
             state, reason, message = "DeploymentFailed", "RenderFailed", error
         elif progressing.get("reason") == "ProgressDeadlineExceeded":

@@ -9,6 +9,15 @@ One endpoint serves every service. The service and region are read from the SigV
 (``Credential=AKID/<date>/<region>/<service>/aws4_request``), so one URL works for SageMaker (JSON 1.1), EKS
 (rest-json) and STS (query). botocore's service models are the contract (:mod:`kvfleet.sandbox.aws_wire`).
 
+IAM, S3 and SNS are moto's (:class:`MotoServices`): a request whose scope names ``iam``, ``s3`` or ``sns`` is
+handed, rewritten to the service's AWS URL, to moto's own in-process dispatcher (``BotocoreStubber``, the path
+``mock_aws`` uses), so nothing of those services is written here. moto keeps state per account in process-wide
+dictionaries: the emulator speaks as its ``account_id`` (header ``x-moto-account-id``) and clears that account's
+IAM, S3 and SNS state when the first emulator of the account in the process starts and when the last one stops.
+Two emulators alive at once with the same account therefore share IAM/S3/SNS, as two clients of one AWS account
+do. moto's AWS managed policies (e.g. ``AmazonEBSCSIDriverPolicy``) are loaded, so attaching one works.
+What moto covers for the calls kvfleet makes: ``tests/conformance/facts/moto_coverage.yaml``.
+
 Why not moto: moto 5.2.5 was weighed (FACTS.md §1.6) and falls short of what stages 1 and 2 need. It has no
 SageMaker ``UpdateCluster`` and no EKS add-on calls; its ``CreateCluster`` silently drops ``Orchestrator``,
 ``NodeRecovery`` and ``TieredStorageConfig``, always reports ``InService``, and refuses ``ml.g6e.4xlarge``.
@@ -25,13 +34,14 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import socket
 import threading
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet.sandbox.aws_clock import Clock, Timers
@@ -47,11 +57,14 @@ from kvfleet.sandbox.aws_wire import (
     codec_for,
     credential_scope,
     load_model,
+    route_pattern,
 )
 
 log = logging.getLogger(__name__)
 
-SERVICES = ("sagemaker", "eks", "sts")
+OWN_SERVICES = ("sagemaker", "eks", "sts")
+MOTO_SERVICES = ("iam", "s3", "sns")
+SERVICES = OWN_SERVICES + MOTO_SERVICES
 _TARGET_PREFIXES = {"SageMaker": "sagemaker"}  # unsigned JSON requests still name their service
 
 
@@ -92,7 +105,8 @@ class AwsEmulator:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
-        self._codecs: dict[str, Codec] = {name: codec_for(name) for name in SERVICES}
+        self._codecs: dict[str, Codec] = {name: codec_for(name) for name in OWN_SERVICES}
+        self._moto = MotoServices(account_id)
         self._eks = EksService(
             account_id=account_id,
             lock=self._lock,
@@ -120,6 +134,7 @@ class AwsEmulator:
         if self._server is not None:
             return
         self._timers.restart()
+        self._moto.acquire()
         server = _Server((self.host, self.port), _Handler)
         server.emulator = self
         self._server = server
@@ -139,6 +154,7 @@ class AwsEmulator:
         server, self._server = self._server, None
         if server is None:
             return
+        self._moto.release()
         server.shutdown()
         server.server_close()
         with self._lock:
@@ -236,6 +252,35 @@ class AwsEmulator:
         with self._lock:
             self._eks.addon_faults[(eks_cluster, addon)] = message
 
+    def add_addon(
+        self,
+        eks_cluster: str,
+        addon: str,
+        *,
+        version: str | None = None,
+        service_account_role_arn: str | None = None,
+        configuration_values: str | None = None,
+        replace: bool = False,
+    ) -> str:
+        """Register an ACTIVE add-on (one a platform team installed before kvfleet, such as ``vpc-cni``);
+        returns its ARN. ``replace`` swaps an existing one (a test's "installed at an old version"). No hook
+        fires."""
+        with self._lock:
+            return self._eks.seed_addon(
+                eks_cluster, addon, version, service_account_role_arn, configuration_values, replace=replace
+            )
+
+    def published(self, topic_arn: str | None = None) -> list[dict[str, Any]]:
+        """The SNS ``Publish`` requests received, oldest first (their query parameters: ``TopicArn``,
+        ``Message``, ``Subject``, ``MessageAttributes.entry.N.*``), optionally for one topic."""
+        return [
+            dict(entry.params)
+            for entry in list(self.request_log)
+            if entry.service == "sns"
+            and entry.operation == "Publish"
+            and topic_arn in (None, entry.params.get("TopicArn"))
+        ]
+
     def operations(self, service: str | None = None) -> list[str]:
         return [entry.operation for entry in list(self.request_log) if service in (None, entry.service)]
 
@@ -261,6 +306,8 @@ class AwsEmulator:
     def handle(self, request: WireRequest) -> WireResponse:
         """Answer one decoded HTTP request (also callable without the server, e.g. from a benchmark)."""
         service, region = self._service_of(request)
+        if service in MOTO_SERVICES:
+            return self._answer_moto(service, region, request)
         codec = self._codecs.get(service or "")
         if codec is None:
             fallback = JsonCodec(load_model("sagemaker"))
@@ -297,6 +344,15 @@ class AwsEmulator:
             log.exception("AWS emulator failed on %s:%s", codec.service, operation)
             return codec.encode_error(AwsError("InternalFailure", f"emulator bug: {bug!r}", status=500))
 
+    def _answer_moto(self, service: str, region: str, request: WireRequest) -> WireResponse:
+        operation, params = self._moto.describe(service, request)
+        self.request_log.append(AwsRequest(service, operation, params))
+        try:
+            self._inject_faults()
+        except AwsError as error:
+            return self._moto.encode_error(service, error)
+        return self._moto.handle(service, region, request)
+
     def _inject_faults(self) -> None:
         self._timers.sleep(self.latency_s)
         if self.error_rate > 0 and self._fault_rng.random() < self.error_rate:
@@ -310,6 +366,144 @@ class AwsEmulator:
                 self._connections.add(conn)
             else:
                 self._connections.discard(conn)
+
+
+# --- IAM, S3 and SNS through moto ---------------------------------------------------------------------------
+
+# The AWS URL each service is reached at (moto's URL patterns match these hosts).
+_MOTO_HOSTS = {"iam": "iam.amazonaws.com", "s3": "s3.{region}.amazonaws.com", "sns": "sns.{region}.amazonaws.com"}
+# Hop-by-hop or per-connection headers the HTTP server writes itself.
+_OWN_HEADERS = frozenset({"content-length", "date", "server", "connection", "transfer-encoding", "status"})
+_moto_lock = threading.RLock()  # moto's backends are process-wide and not thread-safe
+_moto_users: dict[str, int] = {}  # account id -> live emulators speaking as it
+
+
+def _moto_backends() -> list[Any]:
+    from moto.iam.models import iam_backends
+    from moto.s3.models import s3_backends
+    from moto.sns.models import sns_backends
+
+    return [iam_backends, s3_backends, sns_backends]
+
+
+def _purge_moto_account(account_id: str) -> None:
+    """Forget everything moto holds for ``account_id`` in IAM, S3 and SNS (bucket names are global in S3)."""
+    from moto.s3.models import s3_backends
+
+    for backends in _moto_backends():
+        if account_id in list(backends.keys()):
+            backends[account_id].reset()
+            del backends[account_id]
+    for bucket, (_, owner) in list(s3_backends.bucket_accounts.items()):
+        if owner == account_id:
+            s3_backends.bucket_accounts.pop(bucket, None)
+
+
+def _s3_routes() -> list[tuple[int, int, str, re.Pattern[str], list[tuple[str, str | None]], str]]:
+    model = load_model("s3")
+    routes = []
+    for name in model.operation_names:
+        http = model.operation_model(name).http
+        uri = http.get("requestUri", "/")
+        path, _, query = uri.partition("?")
+        needs = [(k, v or None) for k, _, v in (part.partition("=") for part in query.split("&") if part)]
+        specificity = len(re.sub(r"\{[^}]*\}", "", path))
+        routes.append((len(needs), specificity, http.get("method", "GET"), route_pattern(path), needs, name))
+    routes.sort(key=lambda r: (-r[0], -r[1]))
+    return routes
+
+
+class MotoServices:
+    """IAM, S3 and SNS answered by moto's in-process dispatcher, for one account; see the module docstring."""
+
+    def __init__(self, account_id: str) -> None:
+        self.account_id = account_id
+        self._acquired = False
+        self._s3_routes: list[Any] | None = None
+        self._error_codecs: dict[str, Codec] = {}
+
+    def acquire(self) -> None:
+        from moto.core import config
+        from moto.core.botocore_stubber import BotocoreStubber
+
+        with _moto_lock:
+            if self._acquired:
+                return
+            # AWS managed policies (AmazonEBSCSIDriverPolicy, ...) exist in every account, as they do in AWS.
+            config.default_user_config.setdefault("iam", {})["load_aws_managed_policies"] = True
+            if not _moto_users.get(self.account_id):
+                _purge_moto_account(self.account_id)
+            _moto_users[self.account_id] = _moto_users.get(self.account_id, 0) + 1
+            self._stubber = BotocoreStubber()
+            self._stubber.enabled = True
+            self._acquired = True
+
+    def release(self) -> None:
+        with _moto_lock:
+            if not self._acquired:
+                return
+            self._acquired = False
+            left = _moto_users.get(self.account_id, 1) - 1
+            if left <= 0:
+                _moto_users.pop(self.account_id, None)
+                _purge_moto_account(self.account_id)
+            else:
+                _moto_users[self.account_id] = left
+
+    def describe(self, service: str, request: WireRequest) -> tuple[str, dict[str, Any]]:
+        """(operation, params) for the request log: the query form's ``Action`` and members for IAM and SNS,
+        the operation botocore's S3 model routes the method, path and query to (with Bucket and Key)."""
+        if service == "s3":
+            return self._s3_operation(request)
+        form = parse_qs(request.body.decode("utf-8", "replace") or request.query, keep_blank_values=True)
+        flat = {key: values[-1] for key, values in form.items()}
+        operation = flat.pop("Action", "") or "Unknown"
+        flat.pop("Version", None)
+        return operation, flat
+
+    def _s3_operation(self, request: WireRequest) -> tuple[str, dict[str, Any]]:
+        if self._s3_routes is None:
+            self._s3_routes = _s3_routes()
+        query = parse_qs(request.query, keep_blank_values=True)
+        for _, _, method, pattern, needs, name in self._s3_routes:
+            found = pattern.match(request.path)
+            if method != request.method or found is None:
+                continue
+            if all(k in query and (v is None or query[k][-1] == v) for k, v in needs):
+                labels = list(found.groupdict().values())
+                params = dict(zip(("Bucket", "Key"), labels, strict=False))
+                return name, {k: v for k, v in params.items() if v}
+        return "Unknown", {}
+
+    def encode_error(self, service: str, error: AwsError) -> WireResponse:
+        if service == "s3":
+            body = (
+                f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{error.code}</Code>"
+                f"<Message>{error.message}</Message></Error>"
+            ).encode()
+            return WireResponse(error.status or 400, body, {"content-type": "application/xml"})
+        codec = self._error_codecs.get(service)
+        if codec is None:
+            codec = self._error_codecs[service] = codec_for(service)
+        return codec.encode_error(error)
+
+    def handle(self, service: str, region: str, request: WireRequest) -> WireResponse:
+        from botocore.awsrequest import AWSPreparedRequest
+
+        host = _MOTO_HOSTS[service].format(region=region)
+        url = f"https://{host}{request.path}" + (f"?{request.query}" if request.query else "")
+        headers = {k: v for k, v in request.headers.items() if k != "host"}
+        headers["host"] = host
+        headers["x-moto-account-id"] = self.account_id
+        prepared = AWSPreparedRequest(request.method, url, headers, request.body, stream_output=False)
+        with _moto_lock:
+            answer = self._stubber.process_request(prepared)
+        if answer is None:
+            return self.encode_error(service, AwsError("NotImplemented", f"moto has no route for {url}", status=501))
+        status, out_headers, body = answer
+        raw = body.encode() if isinstance(body, str) else bytes(body or b"")
+        clean = {str(k): str(v) for k, v in (out_headers or {}).items() if str(k).lower() not in _OWN_HEADERS}
+        return WireResponse(int(status), raw, clean)
 
 
 class _Server(ThreadingHTTPServer):

@@ -183,6 +183,37 @@ class EksService:
         self.clusters[name] = cluster
         return cluster.arn
 
+    def seed_addon(
+        self,
+        cluster_name: str,
+        name: str,
+        version: str | None,
+        service_account_role_arn: str | None,
+        configuration_values: str | None,
+        *,
+        replace: bool = False,
+    ) -> str:
+        """An add-on that is already ACTIVE (installed before kvfleet arrived); no hook fires."""
+        cluster = self.find(cluster_name)
+        if name not in DEFAULT_ADDON_VERSIONS:
+            raise ValueError(f"the sandbox's EKS has no add-on {name!r}")
+        if name in cluster.addons and not replace:
+            raise ValueError(f"add-on {name!r} already exists on {cluster_name!r}")
+        now = self._timers.now()
+        addon = Addon(
+            name=name,
+            cluster=cluster.name,
+            arn=f"arn:aws:eks:{cluster.region}:{self._account}:addon/{cluster.name}/{name}/{self._uuid()}",
+            version=version or DEFAULT_ADDON_VERSIONS[name],
+            created_at=now,
+            status="ACTIVE",
+            modified_at=now,
+            configuration_values=configuration_values,
+            service_account_role_arn=service_account_role_arn,
+        )
+        cluster.addons[name] = addon
+        return addon.arn
+
     def find(self, name: str, region: str | None = None) -> EksCluster:
         cluster = self.clusters.get(name)
         if cluster is None or (region is not None and cluster.region != region):
@@ -282,7 +313,7 @@ class EksService:
             "createdAt": self._timers.now(),
             "errors": [],
         }
-        cluster.updates[update["id"]] = update
+        cluster.updates[str(update["id"])] = update
         return update
 
     def list_addons(self, region: str, params: dict[str, Any]) -> dict[str, Any]:

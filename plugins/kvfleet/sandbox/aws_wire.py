@@ -84,7 +84,7 @@ def load_model(service: str) -> ServiceModel:
 
 def page_of(
     items: list[Any], max_results: int | None, token: str | None, *, code: str
-) -> tuple[list, str | None]:
+) -> tuple[list[Any], str | None]:
     """One page of ``items`` and the token of the next page (an offset; clients treat tokens as opaque)."""
     try:
         start = int(token) if token else 0
@@ -107,7 +107,7 @@ def _epoch(value: Any) -> float:
 def _iso(value: Any) -> str:
     if not isinstance(value, dt.datetime):
         value = dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return str(value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f"))[:-3] + "Z"
 
 
 def _scalar(shape: Shape, value: Any, where: str) -> Any:
@@ -117,14 +117,15 @@ def _scalar(shape: Shape, value: Any, where: str) -> Any:
     if kind == "blob":
         raw = value.encode() if isinstance(value, str) else value
         return base64.b64encode(raw).decode()
-    expected = {
+    types: dict[str, type | tuple[type, ...]] = {
         "string": str,
         "boolean": bool,
         "integer": int,
         "long": int,
         "float": (int, float),
         "double": (int, float),
-    }.get(kind, object)
+    }
+    expected = types.get(kind, object)
     if not isinstance(value, expected) or (kind in ("integer", "long") and isinstance(value, bool)):
         raise EmulatorBug(f"{where}: {value!r} is not a {kind}")
     return value
@@ -274,7 +275,7 @@ class JsonCodec(Codec):
         )
 
 
-def _route_pattern(request_uri: str) -> re.Pattern[str]:
+def route_pattern(request_uri: str) -> re.Pattern[str]:
     path = request_uri.split("?", 1)[0]
     regex, labels = "", []
     for literal, label in re.findall(r"([^{]*)(?:\{([^}]+)\})?", path):
@@ -309,7 +310,7 @@ class RestJsonCodec(Codec):
             http = model.operation_model(name).http
             uri = http.get("requestUri", "/")
             specificity = len(re.sub(r"\{[^}]*\}", "", uri))
-            routes.append((specificity, http.get("method", "POST"), _route_pattern(uri), name, uri))
+            routes.append((specificity, http.get("method", "POST"), route_pattern(uri), name, uri))
         routes.sort(key=lambda r: -r[0])
         self._routes = routes
 
@@ -372,7 +373,7 @@ class QueryCodec(Codec):
         return operation, flat
 
     def _namespace(self) -> str:
-        return self.model.metadata.get("xmlNamespace", "")
+        return str(self.model.metadata.get("xmlNamespace", ""))
 
     def encode_result(self, operation: str, result: dict[str, Any]) -> WireResponse:
         shape = self._operation(operation).output_shape

@@ -1,15 +1,28 @@
 """Stage 1: HyperPod tiered storage (the L1 host-DRAM tier's daemon), as an idempotent reconciler.
 
-Observe ``DescribeCluster``; if ``TieredStorageConfig`` already matches the inventory, record "unchanged" and
-make no call. Otherwise ``UpdateCluster`` with the config **and the cluster's current NodeRecovery sent back**
-(the service refuses tiered storage alone — DOMAIN.md stage 1), wait for InService (failing at once with the
-FailureMessage on a terminal state), then verify DaemonSet ``aws-hyperpod/ai-toolkit`` has a ready pod per node.
+Observe ``DescribeCluster``; if ``TieredStorageConfig`` already matches the inventory (and NodeRecovery too,
+when the inventory declares it), record "unchanged" and make no call. Otherwise ``UpdateCluster`` with the config
+**and a NodeRecovery** (the service refuses tiered storage alone — DOMAIN.md stage 1), wait for InService
+(failing at once with the FailureMessage on a terminal state), then verify DaemonSet ``aws-hyperpod/ai-toolkit``
+has a ready pod per node.
+
+NodeRecovery (issue 22 §3):
+- **declared** in the inventory (``node_recovery:`` present; the inventory sets ``node_recovery_declared``):
+  kvfleet reconciles the cluster to it. A difference alone is an ``UpdateCluster`` with NodeRecovery only (no
+  TieredStorageConfig, so the ai-toolkit daemon is left alone); the change is recorded with the value before.
+- **not declared**: the live value is sent back unchanged, as before — a platform team's choice made outside
+  kvfleet stays.
 """
 
 from __future__ import annotations
 
-from kvfleet.clients.hyperpod import TieredStorage, validate_tiered_storage
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from kvfleet.clients.hyperpod import TieredStorage, classify, validate_tiered_storage
 from kvfleet.clients.kube import get_or_none, wait_for
+from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
@@ -40,31 +53,73 @@ def _verify_daemonset(ctx: StageContext, mode: str, nodes: int) -> str:
                     progress=ctx.progress)
 
 
+def node_recovery_target(ctx: StageContext, live: str | None) -> tuple[str, str]:
+    """(the NodeRecovery to send, where it comes from): the inventory's value when it declares one
+    ("declared": kvfleet reconciles the cluster to it), else the live value sent back unchanged ("live")."""
+    cl = ctx.cluster
+    if getattr(cl, "node_recovery_declared", False):
+        if cl.node_recovery not in C.NODE_RECOVERY_VALUES:
+            raise PermanentError(f"clusters.{cl.name}.node_recovery: {cl.node_recovery!r} is not one of "
+                                 "Automatic, None")
+        return cl.node_recovery, "declared"
+    return live or cl.node_recovery, "live"
+
+
+def _update_node_recovery(ctx: StageContext, value: str) -> None:
+    """UpdateCluster with NodeRecovery alone (the API allows it: only ClusterName is required)."""
+    try:
+        ctx.hyperpod.sagemaker.update_cluster(ClusterName=ctx.cluster.name, NodeRecovery=value)
+    except ClientError as exc:
+        raise classify(exc, f"UpdateCluster {ctx.cluster.name}") from exc
+
+
 def reconcile(ctx: StageContext) -> Outcome:
     cl = ctx.cluster
     mode, percent = cl.tiered_storage_mode, cl.memory_percent
     validate_tiered_storage(mode, percent)  # before any call: botocore checks neither range nor enum
     hp = ctx.hyperpod.require_cluster(cl.name)
     live = hp.tiered_storage
+    node_recovery, source = node_recovery_target(ctx, hp.node_recovery)
     desired = f"Mode={mode}" + (f",InstanceMemoryAllocationPercentage={percent}" if mode == "Enable" else "")
-    if _matches(live, mode, percent):
-        ctx.say(f"stage 1: tiered storage already {desired}; nothing to do")
-        return ctx.record("tiered_storage", STAGE, "unchanged", mode=mode, memory_percent=percent)
-    node_recovery = hp.node_recovery or cl.node_recovery
-    action = (f"aws sagemaker update-cluster --cluster-name {cl.name} --tiered-storage-config {desired} "
-              f"--node-recovery {node_recovery}")
+    tiered_ok = _matches(live, mode, percent)
+    recovery_ok = source == "live" or hp.node_recovery == node_recovery
+    if tiered_ok and recovery_ok:
+        ctx.say(f"stage 1: tiered storage already {desired}, NodeRecovery {node_recovery} ({source}); "
+                "nothing to do")
+        return ctx.record("tiered_storage", STAGE, "unchanged", mode=mode, memory_percent=percent,
+                          node_recovery=node_recovery, node_recovery_source=source)
     before = f"Mode={live.mode},InstanceMemoryAllocationPercentage={live.memory_percent}"
+    action = f"aws sagemaker update-cluster --cluster-name {cl.name}"
+    diff = []
+    if not tiered_ok:
+        action += f" --tiered-storage-config {desired}"
+        diff += [f"- TieredStorageConfig {before}", f"+ TieredStorageConfig {desired}"]
+    action += f" --node-recovery {node_recovery}"
+    if not recovery_ok:
+        diff += [f"- NodeRecovery {hp.node_recovery}", f"+ NodeRecovery {node_recovery} (declared in the inventory)"]
     if ctx.dry_run:
-        ctx.plan(STAGE, action, diff=f"- TieredStorageConfig {before}\n+ TieredStorageConfig {desired}")
-        return ctx.record("tiered_storage", STAGE, "planned", action=action, before=before)
+        ctx.plan(STAGE, action, diff="\n".join(diff))
+        return ctx.record("tiered_storage", STAGE, "planned", action=action, before=before,
+                          node_recovery_before=hp.node_recovery, node_recovery=node_recovery,
+                          node_recovery_source=source)
     if hp.status != "InService":
         hp = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                        progress=ctx.say)
     ctx.say(f"stage 1: {action}")
-    ctx.hyperpod.update_tiered_storage(cl.name, mode, percent, node_recovery)
-    ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
-                              progress=ctx.say)
+    if tiered_ok:
+        _update_node_recovery(ctx, node_recovery)
+    else:
+        ctx.hyperpod.update_tiered_storage(cl.name, mode, percent, node_recovery)
+    after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
+                                      progress=ctx.say)
+    if after.node_recovery is not None and after.node_recovery != node_recovery:
+        raise PermanentError(f"HyperPod cluster {cl.name}: NodeRecovery is {after.node_recovery} after "
+                             f"UpdateCluster asked for {node_recovery}")
+    detail: dict[str, Any] = {"node_recovery": node_recovery, "node_recovery_source": source}
+    if not recovery_ok:
+        detail["node_recovery_before"] = hp.node_recovery
+    if tiered_ok:
+        return ctx.record("tiered_storage", STAGE, "changed", before=desired, after=desired, **detail)
     nodes = len(ctx.hyperpod.list_cluster_nodes(cl.name))
     state = _verify_daemonset(ctx, mode, nodes)
-    return ctx.record("tiered_storage", STAGE, "changed", before=before, after=desired, node_recovery=node_recovery,
-                      verified=state)
+    return ctx.record("tiered_storage", STAGE, "changed", before=before, after=desired, verified=state, **detail)

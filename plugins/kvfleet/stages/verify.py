@@ -7,8 +7,10 @@
    chunks, because LMCache stores nothing shorter than a chunk — sent streaming through the API-server pod proxy
    to pod A (cold), then to pod B; TTFT measured as vLLM's benchmark does.
 4. Read both pods' logs since the request (``sinceTime``), parse the LMCache lines of those request ids with the
-   one tolerant parser, and judge: ``pass`` (hit ratio >= 0.99 and speedup not below the published curve minus
-   a tolerance), ``degraded`` (full hits but slow, or partial hits), ``fail`` (with a diagnosis).
+   one tolerant parser (colour codes stripped; LMCache logs vLLM's *engine* id, ``<sse id>-<i>[-<8 chars>]``, which
+   ``lmcache_log.joins`` ties back to the SSE id and to nothing else), and judge: ``pass`` (hit ratio >= 0.99
+   and speedup not below the published curve minus a tolerance), ``degraded`` (full hits but slow, or partial
+   hits), ``fail`` (with a diagnosis).
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     cold, warm = _probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, nonce))
     scan_a = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.metadata.name, ep.name, since))
     scan_b = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
-    lookup_b = scan_b.lookup_for(warm.request_id)
+    lookup_a, lookup_b = scan_a.lookup_for(cold.request_id), scan_b.lookup_for(warm.request_id)
     total = (lookup_b.total if lookup_b else None) or warm.prompt_tokens or prompt_tokens
     hits = (lookup_b.hit or 0) if lookup_b else 0
     stored = scan_a.stored_tokens(cold.request_id)
@@ -198,7 +200,9 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
         ttft_cold_ms=round(median.cold.ttft_s * 1000, 1), ttft_warm_ms=round(median.warm.ttft_s * 1000, 1),
         speedup=round(speedup, 3), expected_speedup=expected,
         detail={**base.detail, "request_a": cold.request_id, "request_b": warm.request_id,
-                "lookup_b_found": lookup_b is not None, "speedup_samples": [p.as_dict() for p in pairs],
+                "engine_request_a": (lookup_a.req_id if lookup_a else None),
+                "engine_request_b": (lookup_b.req_id if lookup_b else None), "lookup_b_found": lookup_b is not None,
+                "speedup_samples": [p.as_dict() for p in pairs],
                 "garbled_lines": garbled[:5], "errors_a": scan_a.errors[-3:]},
     )
     if ratio < PASS_HIT_RATIO:
@@ -210,7 +214,9 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
         result.diagnosis = (f"full hits but speedup {speedup:.2f}x below the expected {expected:.2f}x"
                             + (f" (median of {len(pairs)} pairs)" if len(pairs) > 1 else ""))
     if lookup_b is None:
-        result.diagnosis = (result.diagnosis or "") + f" [no LMCache lookup line for request {warm.request_id} on B]"
+        result.diagnosis = (result.diagnosis or "") + (
+            f" [no LMCache lookup line for request {warm.request_id} on B (engine id {warm.request_id} or "
+            f"{warm.request_id}-<n>[-<8 chars>])]")
     return result
 
 

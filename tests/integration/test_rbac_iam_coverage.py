@@ -2,6 +2,11 @@
 drift check against the sandbox, then compare every Kubernetes request (kvfleet's client and the helm it runs) and
 every AWS call the emulators saw with the grants in the files.
 
+The sandbox enforces them: kvfleet's EKS token maps to the group ``kvfleet``, the emulator applies k8s/rbac as
+the platform team would and authorizes every request with Kubernetes RBAC, including the escalation rule for the
+charts' own Roles, ClusterRoles and bindings (``escalate``/``bind``). Both stand-in Curvine charts are installed
+and upgraded as kvfleet (the runtime chart's pre-upgrade hook Job runs to completion); any 403 fails the replay.
+
 - Every (verb, group, resource/subresource, namespace or cluster scope, name) request is allowed by some binding of
   the group ``kvfleet`` in k8s/rbac/*.yaml, evaluated with Kubernetes RBAC semantics (a RoleBinding grants only in
   its namespace; ``resourceNames`` never match a create).
@@ -48,6 +53,9 @@ PATCH_CLUSTER, KYVERNO_CLUSTER = "ml-prod-use1", "ml-stage-usw2"
 ENDPOINT = "retail-assistant"
 # Grants the replay cannot reach, each with the code path that needs it.
 UNREACHED = {
+    ("kvfleet:cluster", "", "namespaces", "create"):
+        "stages/endpoints.py apply_iec: creates an endpoint namespace that endpoint-namespaces.yaml did not "
+        "(the sandbox applies that file first, as the runbook says)",
     ("kvfleet:endpoint-namespace", "", "events", "list"):
         "stages/curvine.py _wait_bound: explains a PVC that stays Pending (sandbox PVCs bind at once)",
     ("kvfleet:curvine-namespace", "", "pods", "delete"):
@@ -191,12 +199,15 @@ class Replay:
     requests: list[Request]
     aws_actions: set[str]
     drift_ran: bool
+    denied: list[str]  # requests and escalate/bind checks of kvfleet's identity that RBAC refused
+    checks: set[tuple[str, str, str | None]]  # allowed escalate/bind checks: (verb, resource, name)
+    hook_jobs: list[str]  # "<verb> <name>" of kvfleet's requests on batch/jobs (the pre-upgrade hook)
 
 
 def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
     """kvfleet_curvine_upgrade and kvfleet_curvine_scale_out on the patch cluster, under their cluster leases."""
     from kvfleet.history.repo import StepKey
-    from kvfleet.stages import curvine_scale, curvine_upgrade
+    from kvfleet.stages import curvine, curvine_scale, curvine_upgrade
 
     history.start_run("rbac/curvine", dag_id="rbac", run_id="curvine", trigger="test", triggered_by=None,
                       params={})
@@ -210,6 +221,10 @@ def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
         out = curvine_scale.scale(ctx, curvine_scale.ScaleRequest(target=workers + 1, timeout_s=60),
                                   holder="rbac/curvine")
         assert out.outcome == "changed", out
+        # The CSI chart is upgraded too (its ClusterRoles and bindings are re-applied: escalate and bind again).
+        ns = ctx.cluster.curvine.namespace
+        ctx.helm.run("upgrade", C.CURVINE_CSI_RELEASE, ctx.cluster.curvine.csi_chart, "--repo",
+                     curvine.repo_url(ctx), "-n", ns, "--reuse-values", what="helm upgrade curvine-csi")
     finally:
         ctx.close()
 
@@ -248,12 +263,24 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
             if errors:
                 raise next(iter(errors.values()))
             _replay_curvine_operations(inv, history)
+            kvfleet_user = sandbox.servers[PATCH_CLUSTER].authenticator.identities["sandbox"].name
+            records = [r for twin in sandbox.twins.values() for r in list(twin.store.request_log)
+                       if r.verb not in ("discovery", "unauthorized") and r.user == kvfleet_user]
             requests = [Request(r.verb, r.group, f"{r.resource}/{r.subresource}" if r.subresource else r.resource,
-                                r.namespace, r.name)
-                        for twin in sandbox.twins.values() for r in list(twin.store.request_log)
-                        if r.verb not in ("discovery", "unauthorized")]
+                                r.namespace, r.name) for r in records]
+            decisions = [(a, ok) for server in sandbox.servers.values() for a, ok in list(server.authorizer.log)
+                         if a.user.name == kvfleet_user and a.verb in ("escalate", "bind")]
+            requests += [Request(a.verb, a.group, a.resource, a.namespace, a.name) for a, ok in decisions if ok]
+            denied = [_fmt(Request(r.verb, r.group, r.resource, r.namespace, r.name)) for r in records
+                      if not r.allowed]
+            denied += [f"{a.verb} {a.resource} {a.name} ({a.namespace or 'cluster scope'})"
+                       for a, ok in decisions if not ok and not any(
+                           o and b.verb == a.verb and b.name == a.name for b, o in decisions)]
+            checks = {(a.verb, a.resource, a.name) for a, ok in decisions if ok}
+            hooks = [f"{r.verb} {r.name or ''}".strip() for r in records if (r.group, r.resource) == ("batch", "jobs")]
             aws = {f"{e.service}:{e.operation}" for e in list(sandbox.aws.request_log)}
-        yield Replay(requests, aws, importlib.util.find_spec("kvfleet.stages.drift") is not None)
+        yield Replay(requests, aws, importlib.util.find_spec("kvfleet.stages.drift") is not None, denied, checks,
+                     hooks)
     finally:
         sandbox.stop()
 
@@ -271,6 +298,27 @@ def test_every_request_kvfleet_and_helm_made_is_allowed_by_k8s_rbac(replay: Repl
     assert replay.requests, "the replay made no Kubernetes request"
     denied = sorted({_fmt(r) for r in replay.requests if not any(g.allows(r) for g in grants)})
     assert denied == [], "k8s/rbac does not allow:\n  " + "\n  ".join(denied)
+
+
+def test_the_emulator_refused_nothing_kvfleet_asked(replay: Replay) -> None:
+    """The sandbox enforces k8s/rbac: a 403 anywhere in the replay (a request, or a Role/ClusterRole/binding write
+    that failed the escalation check) fails here, naming it."""
+    assert replay.denied == [], "refused by RBAC in the sandbox:\n  " + "\n  ".join(replay.denied)
+
+
+def test_the_charts_rbac_objects_went_through_escalate_and_bind(replay: Replay) -> None:
+    """Both charts' roles were written as kvfleet: each passed the escalation check by ``escalate`` on it and
+    each binding by ``bind`` on its role, on install and again on upgrade."""
+    assert {("escalate", "roles", "curvine"), ("bind", "roles", "curvine"),
+            ("escalate", "clusterroles", "curvine-csi-node"), ("bind", "clusterroles", "curvine-csi-node"),
+            ("escalate", "clusterroles", "curvine-csi-controller"),
+            ("bind", "clusterroles", "curvine-csi-controller")} <= replay.checks
+
+
+def test_the_pre_upgrade_hook_job_ran_as_kvfleet(replay: Replay) -> None:
+    """helm created the hook Job, waited for it and deleted it once it succeeded (hook-delete-policy)."""
+    assert any(h.startswith(("create", "patch")) for h in replay.hook_jobs), replay.hook_jobs
+    assert "delete curvine-pre-upgrade-check" in replay.hook_jobs, replay.hook_jobs
 
 
 def test_nothing_in_k8s_rbac_goes_unused(replay: Replay) -> None:

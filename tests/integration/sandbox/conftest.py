@@ -1,15 +1,17 @@
-"""Fixtures for the Kubernetes emulator tests: a fresh store + server per test, a kubeconfig with an EKS-style
-token, and runners for the real kubectl and helm binaries (fetched by tools/fetch-k8s-binaries.sh)."""
+"""Fixtures for the Kubernetes emulator tests: a fresh store + server per test (TLS, the admin's token), a
+kubeconfig for it (client-go sends a token only over TLS), and runners for the real kubectl and helm binaries
+(fetched by tools/fetch-k8s-binaries.sh)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kube_manifests import TOKEN, TOOLS
+from kube_manifests import TLS, TOKEN, TOOLS, admin_authenticator
 
 from kvfleet.sandbox.kube import KubeApiServer, KubeStore
 
@@ -17,7 +19,7 @@ from kvfleet.sandbox.kube import KubeApiServer, KubeStore
 @pytest.fixture
 def kube() -> Iterator[tuple[KubeStore, KubeApiServer]]:
     store = KubeStore("test-cluster")
-    server = KubeApiServer(store)
+    server = KubeApiServer(store, tls=TLS, authenticator=admin_authenticator())
     server.start()
     try:
         yield store, server
@@ -33,7 +35,7 @@ def kubeconfig(kube: tuple[KubeStore, KubeApiServer], tmp_path: Path) -> Path:
 kind: Config
 clusters:
 - name: sandbox
-  cluster: {{server: "{server.url}"}}
+  cluster: {{server: "{server.https_url}", certificate-authority-data: {base64.b64encode(TLS.ca_pem.encode()).decode()}}}
 users:
 - name: sandbox
   user: {{token: {TOKEN}}}

@@ -2,13 +2,17 @@
 
 from pathlib import Path
 
+from kvfleet.sandbox.kube.auth import Authenticator, UserInfo
+from kvfleet.sandbox.kube.tls import make_tls
+
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / ".tools" / "bin"
 CHARTS = Path(__file__).resolve().parent / "charts"
 IEC_CRD = REPO / "plugins" / "kvfleet" / "sandbox" / "data" / \
     "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
-# k8s-aws-v1. + base64url("https://sts.amazonaws.com/?Action=GetCallerIdentity"), the shape of an EKS token.
-TOKEN = "k8s-aws-v1.aHR0cHM6Ly9zdHMuYW1hem9uYXdzLmNvbS8_QWN0aW9uPUdldENhbGxlcklkZW50aXR5"
+# The emulator's admin (system:masters) in these tests: a static bearer token, like the sandbox's own admin.
+# EKS-shaped tokens and RBAC are tested in test_kube_rbac.py and tests/conformance/test_kube_rbac.py.
+TOKEN = "sandbox-admin.tests"
 
 DEPLOYMENT = """apiVersion: apps/v1
 kind: Deployment
@@ -58,3 +62,10 @@ spec:
     modelInvocationPort: {{containerPort: 8080}}
     modelVolumeMount: {{name: model, mountPath: /opt/ml/model}}
 """
+
+
+TLS = make_tls()
+
+
+def admin_authenticator() -> Authenticator:
+    return Authenticator(static_tokens={TOKEN: UserInfo("kubernetes-admin", ("system:masters",))})

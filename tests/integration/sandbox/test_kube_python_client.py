@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from kube_manifests import IEC_CRD, TOKEN, iec
+from kube_manifests import IEC_CRD, TOKEN, admin_authenticator, iec
 from kubernetes import client, watch
 
 from kvfleet.sandbox.kube import ApiError, ProxyResponse
@@ -223,10 +223,11 @@ def test_stop_ends_open_watches_and_closes_the_port(api):
 
     from kvfleet.sandbox.kube import KubeApiServer, KubeStore
     store = KubeStore("other")
-    server = KubeApiServer(store)
+    server = KubeApiServer(store, authenticator=admin_authenticator())
     server.start()
     cfg = client.Configuration()
     cfg.host = server.url
+    cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
     ended = threading.Event()
 
     def watch_forever():
@@ -255,7 +256,6 @@ def test_invalid_or_missing_token_is_a_401(kube):
         client.CoreV1Api(bad).list_namespace()
     assert exc.value.status == 401
     assert [r.verb for r in store.request_log] == ["unauthorized"] and not store.request_counts()
-    server.allow_anonymous = False
     cfg.api_key = {}
     with client.ApiClient(cfg) as anon, pytest.raises(client.ApiException) as exc:
         client.CoreV1Api(anon).list_namespace()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from kube_manifests import DEPLOYMENT, IEC_CRD, iec
+from kube_manifests import DEPLOYMENT, IEC_CRD, TOKEN, iec
 from kubernetes import client
 
 from kvfleet.sandbox.kube import ApiError, KubeStore
@@ -45,6 +45,7 @@ def test_status_subresource_is_separate_from_spec(kube):
     _deployment(store)
     cfg = client.Configuration()
     cfg.host = server.url
+    cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
     with client.ApiClient(cfg) as api:
         apps = client.AppsV1Api(api)
         dep = apps.patch_namespaced_deployment_status("web", "default", {"status": {"readyReplicas": 1},

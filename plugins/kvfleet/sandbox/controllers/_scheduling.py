@@ -4,6 +4,14 @@ none fits.
 Called from :mod:`kvfleet.sandbox.controllers.workloads` once per pass with a snapshot of the nodes. Kept apart
 because these rules are what make the DOMAIN.md traps real: a pod asking for ``nvidia.com/gpu`` fits only a
 node with a free GPU, so a surge pod with every GPU taken stays Pending for ever.
+
+Pod anti-affinity (kube-scheduler's InterPodAffinity plugin, reduced): a *required* term excludes every node
+whose topology domain (the value of ``topologyKey`` on the node; ``kubernetes.io/hostname`` is the node) already
+runs a pod the term's ``labelSelector`` matches, in the term's ``namespaces`` (default: the pod's own); a
+*preferred* term only ranks such nodes after the others, by weight. This is what makes a Curvine chart installed
+with upstream's default (``worker.antiAffinity.type: preferred``) put two workers on one node when nodes run
+short, and ``required`` leave the extra worker Pending. Not modelled: the symmetric check of existing pods'
+anti-affinity, pod (non-anti) affinity and ``namespaceSelector``.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ class NodeSlot:
     gpus_used: float = 0.0
     pods: int = 0
     pod_names: list[str] = field(default_factory=list)
+    pod_labels: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # (namespace, labels) per pod
 
     @property
     def gpus_free(self) -> float:
@@ -71,6 +80,8 @@ def account(slots: dict[str, NodeSlot], pods: list[dict[str, Any]]) -> None:
             slots[node].gpus_used += gpu_request(pod["spec"])
             slots[node].pods += 1
             slots[node].pod_names.append(pod["metadata"]["name"])
+            slots[node].pod_labels.append((pod["metadata"].get("namespace", ""),
+                                           dict(pod["metadata"].get("labels") or {})))
 
 
 def _expression_matches(expr: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -144,20 +155,63 @@ def why_not(slot: NodeSlot, pod_spec: dict[str, Any], gpus: float) -> str | None
     return None
 
 
-def choose(slots: dict[str, NodeSlot], pod_spec: dict[str, Any]) -> tuple[NodeSlot | None, str]:
-    """The node for a pod (least loaded, like the default scheduler's spreading), or None and the message the
-    real scheduler would write into ``PodScheduled`` (``0/16 nodes are available: 16 Insufficient ...``)."""
+def label_selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A ``LabelSelector`` (matchLabels and matchExpressions); an absent selector matches nothing."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != str(v) for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(_expression_matches(e, labels) for e in selector.get("matchExpressions") or [])
+
+
+def _anti_terms(pod_spec: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[int, dict[str, Any]]]]:
+    anti = (pod_spec.get("affinity") or {}).get("podAntiAffinity") or {}
+    required = list(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    preferred = [(int(p.get("weight", 1)), p.get("podAffinityTerm") or {})
+                 for p in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+    return required, preferred
+
+
+def _domain_of(slot: NodeSlot, key: str) -> str | None:
+    return slot.labels.get(key, slot.name if key == "kubernetes.io/hostname" else None)
+
+
+def _domain_matches(slots: dict[str, NodeSlot], slot: NodeSlot, term: dict[str, Any], namespace: str) -> int:
+    """How many pods in ``slot``'s topology domain the anti-affinity ``term`` selects."""
+    key = term.get("topologyKey") or "kubernetes.io/hostname"
+    domain = _domain_of(slot, key)
+    if domain is None:
+        return 0
+    namespaces = set(term.get("namespaces") or [namespace])
+    count = 0
+    for other in slots.values():
+        if _domain_of(other, key) != domain:
+            continue
+        count += sum(1 for ns, labels in other.pod_labels
+                     if ns in namespaces and label_selector_matches(term.get("labelSelector"), labels))
+    return count
+
+
+def choose(slots: dict[str, NodeSlot], pod_spec: dict[str, Any],
+           namespace: str = "default") -> tuple[NodeSlot | None, str]:
+    """The node for a pod (least loaded, like the default scheduler's spreading, after any preferred pod
+    anti-affinity), or None and the message the real scheduler would write into ``PodScheduled``
+    (``0/16 nodes are available: 16 Insufficient ...``)."""
     gpus = gpu_request(pod_spec)
+    required, preferred = _anti_terms(pod_spec)
     reasons: Counter[str] = Counter()
-    fits: list[NodeSlot] = []
+    fits: list[tuple[int, NodeSlot]] = []
     for slot in slots.values():
         reason = why_not(slot, pod_spec, gpus)
+        if reason is None and any(_domain_matches(slots, slot, t, namespace) for t in required):
+            reason = "node(s) didn't match pod anti-affinity rules"
         if reason is None:
-            fits.append(slot)
+            penalty = sum(w for w, t in preferred if _domain_matches(slots, slot, t, namespace))
+            fits.append((penalty, slot))
         else:
             reasons[reason] += 1
     if fits:
-        return min(fits, key=lambda s: (s.gpus_used, s.pods, s.name)), ""
+        return min(fits, key=lambda f: (f[0], f[1].gpus_used, f[1].pods, f[1].name))[1], ""
     return None, unschedulable_message(len(slots), reasons)
 
 

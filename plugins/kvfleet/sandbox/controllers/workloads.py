@@ -17,7 +17,14 @@ cope with it on a real cluster (DOMAIN.md):
   ``volumeBindingMode: WaitForFirstConsumer`` (what EKS's gp3 class and the sandbox's ``ebs-sc`` use), as soon as a
   pod uses the claim, like the real provisioner;
 - Mode=Enable of HyperPod tiered storage (stage 1) makes DaemonSet ``ai-toolkit`` in ``aws-hyperpod`` run on
-  every node; Mode=Disable removes it.
+  every node; Mode=Disable removes it;
+- pod anti-affinity (``_scheduling``): required terms keep two matching pods off one node, preferred terms only
+  rank nodes, so a Curvine chart with upstream's default anti-affinity may stack workers;
+- Jobs (``batch/v1``, e.g. the Curvine chart's pre-upgrade hook, which helm waits for): one pod at a time, up to
+  ``backoffLimit`` retries; a Job pod exits 0 once it has run (the sandbox runs no container), unless its pod
+  template carries the annotation ``sandbox.kvfleet.io/exit-code`` (a fault hook: that exit code, so a failing hook
+  can be shown); the Job then reports ``Complete`` or ``Failed`` (``BackoffLimitExceeded``) like the Job
+  controller (kubernetes ``pkg/controller/job``), and its pods go when the Job is deleted.
 
 Time: pods become Ready ``settings.pod_startup_s`` model seconds after they are bound; Deployments report
 ``ProgressDeadlineExceeded`` after ``progressDeadlineSeconds`` (600 by default) model seconds without progress.
@@ -77,6 +84,7 @@ STS_REVISION_LABEL = "controller-revision-hash"
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 EBS_PROVISIONERS = ("ebs.csi.aws.com", "kubernetes.io/aws-ebs")
 CURVINE_PROVISIONER = "curvine"
+JOB_EXIT_CODE_ANNOTATION = "sandbox.kvfleet.io/exit-code"  # fault hook on a Job's pod template (see module doc)
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet Kubernetes uses for generated name suffixes
 AI_TOOLKIT_IMAGE = "763104351884.dkr.ecr.{region}.amazonaws.com/hyperpod-ai-toolkit:1.0.0"
 AI_TOOLKIT_PORT = 9200
@@ -146,6 +154,7 @@ class _Snapshot:
         self.replicasets = store.list("apps", "replicasets")
         self.statefulsets = store.list("apps", "statefulsets")
         self.daemonsets = store.list("apps", "daemonsets")
+        self.jobs = store.list("batch", "jobs")
         self.pvcs = store.list("", "persistentvolumeclaims")
         self.pvs = store.list("", "persistentvolumes")
         self.classes = {c["metadata"]["name"]: c for c in store.list("storage.k8s.io", "storageclasses")}
@@ -349,6 +358,8 @@ class WorkloadController:
                 self._sync_statefulset(sts, snap)
             for ds in snap.daemonsets:
                 self._sync_daemonset(ds, snap)
+            for job in snap.jobs:
+                self._sync_job(job, snap)
             snap = self._fresh(snap)
             self._bind_claims(snap)
             snap = self._fresh(snap)
@@ -369,11 +380,11 @@ class WorkloadController:
     def _collect_garbage(self, snap: _Snapshot) -> None:
         """What the garbage collector does for cascading deletes: pods of a deleted ReplicaSet/StatefulSet/
         DaemonSet, ReplicaSets of a deleted Deployment, and PVs whose claim is gone (reclaimPolicy Delete)."""
-        live = {uid_of(o) for o in snap.replicasets + snap.statefulsets + snap.daemonsets}
+        live = {uid_of(o) for o in snap.replicasets + snap.statefulsets + snap.daemonsets + snap.jobs}
         for pod in snap.pods:
             owner = controller_uid(pod)
             kinds = {r.get("kind") for r in pod["metadata"].get("ownerReferences") or []}
-            if owner and kinds & {"ReplicaSet", "StatefulSet", "DaemonSet"} and owner not in live:
+            if owner and kinds & {"ReplicaSet", "StatefulSet", "DaemonSet", "Job"} and owner not in live:
                 delete_quietly(self.store, "", "pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
         deployments = {uid_of(d) for d in snap.deployments}
         for rs in snap.replicasets:
@@ -738,6 +749,74 @@ class WorkloadController:
             status["numberUnavailable"] = len(eligible) - ready
         self._set_status("apps", "daemonsets", ds, status)
 
+    # --- Jobs -----------------------------------------------------------------------------------------------
+
+    def _sync_job(self, job: dict[str, Any], snap: _Snapshot) -> None:
+        """One pod at a time (``parallelism``/``completions`` 1, what helm hooks use); a Running pod of a Job has
+        done its work by the next pass and exits; ``backoffLimit`` failed pods fail the Job."""
+        status = dict(job.get("status") or {})
+        if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+               for c in status.get("conditions") or []):
+            return
+        spec = job.get("spec") or {}
+        pods = snap.owned(uid_of(job))
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase") == "Running":
+                self._exit_job_pod(pod, job)
+        pods = [self.store.get("", "pods", p["metadata"]["name"], p["metadata"]["namespace"]) or p for p in pods]
+        phases = [(p.get("status") or {}).get("phase", "Pending") for p in pods]
+        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
+        active = len(phases) - succeeded - failed
+        now = stamp(self.clock)
+        new = {**status, "startTime": status.get("startTime") or now}
+        new.update(active=active, succeeded=succeeded, failed=failed, ready=0)
+        backoff = int(spec.get("backoffLimit", 6))
+        if succeeded >= int(spec.get("completions", 1) or 1):
+            new.update(completionTime=now, active=0, conditions=[
+                {"type": t, "status": "True", "reason": "CompletionsReached", "message": "Reached expected number "
+                 "of succeeded pods", "lastProbeTime": now, "lastTransitionTime": now}
+                for t in ("SuccessCriteriaMet", "Complete")])
+        elif failed > backoff:
+            new.update(active=0, conditions=[
+                {"type": t, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
+                 "specified backoff limit", "lastProbeTime": now, "lastTransitionTime": now}
+                for t in ("FailureTarget", "Failed")])
+        elif active == 0:
+            template = copy.deepcopy(spec.get("template") or {})
+            labels = template.setdefault("metadata", {}).setdefault("labels", {})
+            name = job["metadata"]["name"]
+            labels.update({"batch.kubernetes.io/job-name": name, "job-name": name,
+                           "batch.kubernetes.io/controller-uid": uid_of(job), "controller-uid": uid_of(job)})
+            suffix = hashlib.sha256(f"{uid_of(job)}/{len(pods)}".encode()).hexdigest()[:5]
+            self._create_pod(job, template, f"{name}-{suffix}")
+            new["active"] = 1
+        self._set_status("batch", "jobs", job, _omit_zero(new))
+
+    def _exit_job_pod(self, pod: dict[str, Any], job: dict[str, Any]) -> None:
+        annotations = ((((job.get("spec") or {}).get("template") or {}).get("metadata") or {})
+                       .get("annotations") or {})
+        try:
+            code = int(annotations.get(JOB_EXIT_CODE_ANNOTATION, "0"))
+        except ValueError:
+            code = 1
+        now = stamp(self.clock)
+
+        def finish(p: dict[str, Any]) -> dict[str, Any] | None:
+            status = p.setdefault("status", {})
+            if status.get("phase") != "Running":
+                return None
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+            for cond in status.get("conditions") or []:
+                if cond.get("type") in ("Ready", "ContainersReady"):
+                    cond.update(status="False", reason="PodCompleted", lastTransitionTime=now)
+            for cs in status.get("containerStatuses") or []:
+                cs.update(ready=False, started=False, state={"terminated": {
+                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": (cs.get("state") or {}).get("running", {}).get("startedAt", now),
+                    "finishedAt": now}})
+            return p
+        self.store.mutate("", "pods", pod["metadata"]["name"], pod["metadata"]["namespace"], finish)
+
     # --- pods -----------------------------------------------------------------------------------------------
 
     def _create_pod(self, owner: dict[str, Any], template: dict[str, Any], name: str) -> None:
@@ -810,7 +889,7 @@ class WorkloadController:
             if problem:
                 self._unschedulable(pod, unschedulable_message(len(slots), extra=problem))
                 continue
-            target, message = choose(slots, pod.get("spec") or {})
+            target, message = choose(slots, pod.get("spec") or {}, pod["metadata"].get("namespace", "default"))
             if target is None:
                 self._unschedulable(pod, message)
                 continue
@@ -848,6 +927,7 @@ class WorkloadController:
     def _bind(self, pod: dict[str, Any], slot: NodeSlot) -> None:
         slot.gpus_used += gpu_request(pod.get("spec") or {})
         slot.pods += 1
+        slot.pod_labels.append((pod["metadata"].get("namespace", ""), dict(pod["metadata"].get("labels") or {})))
         now = stamp(self.clock)
 
         def bind(p: dict[str, Any]) -> dict[str, Any] | None:

@@ -171,7 +171,8 @@ class Authorizer:
     def rules_for(self, user: UserInfo, namespace: str | None) -> list[dict[str, Any]]:
         """Every rule bound to ``user`` that applies in ``namespace`` (None: cluster scope)."""
         rules: list[dict[str, Any]] = []
-        bindings = [(b, None) for b in self.store.list(GROUP, "clusterrolebindings")]
+        bindings: list[tuple[dict[str, Any], str | None]] = [
+            (b, None) for b in self.store.list(GROUP, "clusterrolebindings")]
         if namespace:
             bindings += [(b, namespace) for b in self.store.list(GROUP, "rolebindings", namespace)]
         for binding, ns in bindings:

@@ -333,12 +333,22 @@ class Request:
         by_field = field_matcher(self.params.get("fieldSelector"))
         timeout = float(self.params.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
-        q, initial = self.store.open_watch(self.rtype.group, self.rtype.plural, self.params.get("resourceVersion"))
+        # WatchList (client-go's reflector in helm 4 and kubectl 1.3x): sendInitialEvents=true asks for the current
+        # objects as ADDED events, then a BOOKMARK annotated k8s.io/initial-events-end (KEP-3157).
+        streaming = self.params.get("sendInitialEvents", "").lower() == "true"
+        since = None if streaming else self.params.get("resourceVersion")
+        q, initial = self.store.open_watch(self.rtype.group, self.rtype.plural, since)
         table = self.wants_table()
         try:
             self.req.start_chunked(200, {"Content-Type": "application/json"})
             for ev in initial:
                 self._send_event(ev, by_label, by_field, table)
+            if streaming:
+                rv = str(max([ev.rv for ev in initial], default=self.store.resource_version))
+                bookmark = {"kind": self.rtype.kind, "apiVersion": self.rtype.api_version(self.route.version),
+                            "metadata": {"resourceVersion": rv,
+                                         "annotations": {"k8s.io/initial-events-end": "true"}}}
+                self.req.write_chunk(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
             while not self.api.stopping.is_set() and time.monotonic() < deadline:
                 try:
                     ev = q.get(timeout=min(0.25, max(0.01, deadline - time.monotonic())))

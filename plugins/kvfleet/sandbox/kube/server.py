@@ -57,16 +57,36 @@ class _Server(ThreadingHTTPServer):
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """In the connection's own thread: a TLS handshake if the client opens one, plain HTTP otherwise."""
-        if self.tls_context is not None:
-            try:
-                request.settimeout(30)
-                first = request.recv(1, socket.MSG_PEEK)
-                if first and first[0] == TLS_HANDSHAKE:
-                    request = self.tls_context.wrap_socket(request, server_side=True)
-                request.settimeout(None)
-            except (OSError, ssl.SSLError):
+        if self.tls_context is None:
+            _Handler(request, client_address, self)
+            return
+        try:
+            request.settimeout(30)
+            first = request.recv(1, socket.MSG_PEEK)
+            request.settimeout(None)
+            if not first or first[0] != TLS_HANDSHAKE:
+                _Handler(request, client_address, self)
                 return
-        self.RequestHandlerClass(request, client_address, self)
+            tls = self.tls_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except OSError:
+            return
+        # The raw socket is detached now: stop() must shut the TLS one, and it is closed here.
+        with self.sockets_lock:
+            self.open_sockets.add(tls)
+        try:
+            tls.settimeout(30)
+            tls.do_handshake()
+            tls.settimeout(None)
+            _Handler(tls, client_address, self)
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            with self.sockets_lock:
+                self.open_sockets.discard(tls)
+            try:
+                tls.close()
+            except OSError:
+                pass
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         with self.sockets_lock:

@@ -32,7 +32,7 @@ from kvfleet.sandbox.kube.validation import validate_builtin, validate_custom
 
 __all__ = ["ApiError", "KubeStore", "ProxyResponse", "RequestRecord", "WatchEvent"]
 
-AdmissionHook = Callable[[str, str, str, dict[str, Any], dict[str, Any] | None], dict[str, Any]]
+AdmissionHook = Callable[[str, str, str, dict[str, Any], dict[str, Any] | None], dict[str, Any] | None]
 Subscriber = Callable[[str, str, str, dict[str, Any]], None]
 HISTORY_LIMIT = 5000
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")

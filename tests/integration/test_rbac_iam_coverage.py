@@ -224,7 +224,8 @@ def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
         # The CSI chart is upgraded too (its ClusterRoles and bindings are re-applied: escalate and bind again).
         ns = ctx.cluster.curvine.namespace
         ctx.helm.run("upgrade", C.CURVINE_CSI_RELEASE, ctx.cluster.curvine.csi_chart, "--repo",
-                     curvine.repo_url(ctx), "-n", ns, "--reuse-values", what="helm upgrade curvine-csi")
+                     curvine.repo_url(ctx), "--version", ctx.cluster.curvine.version, "-n", ns, "--reuse-values",
+                     what="helm upgrade curvine-csi")
     finally:
         ctx.close()
 

@@ -271,14 +271,15 @@ class AwsEmulator:
             )
 
     def published(self, topic_arn: str | None = None) -> list[dict[str, Any]]:
-        """The SNS ``Publish`` requests received, oldest first (their query parameters: ``TopicArn``,
-        ``Message``, ``Subject``, ``MessageAttributes.entry.N.*``), optionally for one topic."""
+        """The SNS ``Publish`` requests received, oldest first, answered or refused (their query parameters:
+        ``TopicArn`` or ``TargetArn`` — Airflow's SnsHook sends the latter —, ``Message``, ``Subject``,
+        ``MessageAttributes.entry.N.*``), optionally only those for one topic or target ARN."""
         return [
             dict(entry.params)
             for entry in list(self.request_log)
             if entry.service == "sns"
             and entry.operation == "Publish"
-            and topic_arn in (None, entry.params.get("TopicArn"))
+            and (topic_arn is None or topic_arn in (entry.params.get("TopicArn"), entry.params.get("TargetArn")))
         ]
 
     def operations(self, service: str | None = None) -> list[str]:

@@ -547,3 +547,74 @@ def test_missing_required_member_is_refused_by_the_service(emulator: AwsEmulator
     code, status, message = error_of(lambda: unchecked.update_cluster(NodeRecovery="Automatic"))
     assert (code, status) == ("ValidationException", 400)
     assert "ClusterName" in message
+
+
+# --- IAM, S3 and SNS (moto behind the same endpoint) ----------------------------------------------------------
+
+
+def test_sns_publish_through_airflows_hook_is_in_the_request_log(
+    emulator: AwsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.providers.amazon.aws.hooks.sns import SnsHook
+
+    for key, value in {"AWS_ENDPOINT_URL": emulator.url, "AWS_ACCESS_KEY_ID": "AKIDSANDBOX",
+                       "AWS_SECRET_ACCESS_KEY": "sandbox-secret"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    sns = client(emulator, "sns")
+    topic = sns.create_topic(Name=unique("kvfleet-notify"))["TopicArn"]
+    emulator.reset_request_log()
+    hook = SnsHook(aws_conn_id=None, region_name=REGION)
+    hook.publish_to_target(topic, "gate waiting: ml-stage-usw2 wave 2", subject="kvfleet gate",
+                           message_attributes={"cluster": "ml-stage-usw2"})
+    assert emulator.operations() == ["Publish"]
+    (published,) = emulator.published(topic)
+    assert published["TargetArn"] == topic
+    # SnsHook.publish_to_target sends MessageStructure=json with the text under "default".
+    assert published["MessageStructure"] == "json" and published["Subject"] == "kvfleet gate"
+    assert json.loads(published["Message"]) == {"default": "gate waiting: ml-stage-usw2 wave 2"}
+    assert published["MessageAttributes.entry.1.Name"] == "cluster"
+    assert published["MessageAttributes.entry.1.Value.StringValue"] == "ml-stage-usw2"
+    assert emulator.published("arn:aws:sns:us-west-2:123456789012:other") == []
+
+
+def test_iam_and_s3_answer_like_aws(emulator: AwsEmulator) -> None:
+    iam, s3 = client(emulator, "iam"), client(emulator, "s3")
+    name = unique("exec-role")
+    assert error_of(lambda: iam.get_role(RoleName=name))[:2] == ("NoSuchEntity", 404)
+    iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}))
+    # (boto3 decodes the policy document into a dict, so the output shape's string check does not apply)
+    assert iam.get_role(RoleName=name)["Role"]["Arn"] == f"arn:aws:iam::{ACCOUNT}:role/{name}"
+    bucket = unique("hyperpod-tls-emu")
+    assert error_of(lambda: s3.head_bucket(Bucket=bucket))[:2] == ("404", 404)
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.head_bucket(Bucket=bucket)
+    ops = [(e.service, e.operation, e.params.get("Bucket") or e.params.get("RoleName"))
+           for e in emulator.request_log if e.service in ("iam", "s3")][-6:]
+    assert ops == [("iam", "GetRole", name), ("iam", "CreateRole", name), ("iam", "GetRole", name),
+                   ("s3", "HeadBucket", bucket), ("s3", "CreateBucket", bucket), ("s3", "HeadBucket", bucket)]
+
+
+def test_moto_state_is_per_account_and_forgotten_when_the_last_emulator_stops() -> None:
+    def roles(emu: AwsEmulator) -> list[str]:
+        return [r["RoleName"] for r in client(emu, "iam").list_roles()["Roles"]]
+
+    doc = json.dumps({"Version": "2012-10-17", "Statement": []})
+    with AwsEmulator(account_id="111111111111") as first, AwsEmulator(account_id="222222222222") as other:
+        client(first, "iam").create_role(RoleName="only-in-first", AssumeRolePolicyDocument=doc)
+        assert roles(first) == ["only-in-first"] and roles(other) == []
+        with AwsEmulator(account_id="111111111111") as same_account:  # one account, one IAM
+            assert roles(same_account) == ["only-in-first"]
+        assert roles(first) == ["only-in-first"]  # the second one stopping did not wipe the first's state
+    with AwsEmulator(account_id="111111111111") as again:
+        assert roles(again) == []
+
+
+def test_injected_errors_reach_moto_services_too(emulator: AwsEmulator) -> None:
+    impatient = client(emulator, "sns", retries={"max_attempts": 1, "mode": "standard"})
+    emulator.error_rate = 1.0
+    try:
+        code, status, _ = error_of(lambda: impatient.list_topics())
+    finally:
+        emulator.error_rate = 0.0
+    assert (code, status) == ("ServiceUnavailable", 503)

@@ -30,8 +30,8 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     dry = ops.ctx("dry", dry_run=True, progress=said.append)
     planned = sc.scale(dry, ScaleRequest(all_eligible=True), holder="run-a")
     assert planned.outcome == "planned" and ops.sim.overview()["live_workers"] == 2
-    assert "--reuse-values --set cluster.formatJournal=false --set cluster.formatMaster=false " \
-           "--set cluster.formatWorker=false --set worker.replicas=4" in dry.planned[0].action
+    assert dry.planned[0].action.endswith("--reuse-values -f upgrade-001.yaml") and "--set" not in dry.planned[0].action
+    assert planned.detail["decision"]["rendered"]["format_findings"] == []  # rendered and checked, even dry
     assert dry.planned[0].diff == "~ worker.replicas: 2 -> 4"
 
     ctx = ops.ctx("scale")

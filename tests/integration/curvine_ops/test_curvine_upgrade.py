@@ -4,6 +4,7 @@ and a rollback that never goes back to a revision with a format flag true."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from opskit import CLUSTER, NS, wait
 
 from kvfleet.errors import GateRefused, PermanentError
@@ -67,7 +68,7 @@ def test_an_override_setting_format_master_is_refused_before_any_change(ops) -> 
     ctx = ops.ctx("upgrade")
     uids = ops.pod_uids()
     ops.twin.store.reset_request_log()
-    with pytest.raises(GateRefused, match=r"cluster.formatMaster=true .*Approval does not change this"):
+    with pytest.raises(GateRefused, match=r"key .cluster.formatMaster. touches a Curvine format flag.*Approval does not change this"):
         up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha", overrides={"cluster.formatMaster": "true"}),
                    holder="run-a")
     # nested spelling too
@@ -152,10 +153,15 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
                      holder="run-a")
     assert out.outcome == "planned"
     repo = ops.twin.services["chart_repo_url"]
-    command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine "
-               "--reset-then-reuse-values --set cluster.formatJournal=false --set cluster.formatMaster=false "
-               "--set cluster.formatWorker=false --set config.log.level=DEBUG")
+    # values files kvfleet writes, never --set (a comma in a --set value would set a second key); the flags last
+    command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine -f upgrade-001.yaml "
+               "--reset-then-reuse-values -f format-flags-false-002.yaml")
     assert [p.action for p in ctx.planned] == [command]
+    files = out.detail["values_files"]
+    assert yaml.safe_load(files["upgrade-001.yaml"]) == {"config": {"log": {"level": "DEBUG"}}}
+    assert yaml.safe_load(files["format-flags-false-002.yaml"]) == {"cluster": {
+        "formatMaster": False, "formatWorker": False, "formatJournal": False}}
+    assert out.detail["rendered"]["format_findings"] == []  # what helm would deploy was rendered and checked
     assert "~ config.log.level: 'INFO' -> 'DEBUG'" in ctx.planned[0].diff
     assert any(command in line and "~ config.log.level: 'INFO' -> 'DEBUG'" in line for line in said)  # the log
     assert _mutations(ops) == []

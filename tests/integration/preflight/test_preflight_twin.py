@@ -160,3 +160,15 @@ def test_refuse_if_missing_raises_with_every_fix(prepared, make_ctx) -> None:
     with pytest.raises(PermanentError) as refused:
         preflight.refuse_if_missing(make_ctx(CLUSTER))
     assert f"fix: aws s3api create-bucket --bucket {TLS_BUCKET}" in str(refused.value)
+
+
+def test_seeding_is_idempotent(prepared, inventory, make_ctx) -> None:
+    from kvfleet.sandbox.aws_prereqs import seed_prerequisites
+
+    seed_prerequisites(prepared.aws, inventory.clusters)  # the runtime may already have seeded: nothing changes
+    trust = aws_client(prepared, "iam").get_role(RoleName=EXEC_ROLE)["Role"]["AssumeRolePolicyDocument"]
+    # one sagemaker statement, one web-identity statement per cluster (both clusters share the role)
+    assert len(trust["Statement"]) == 3
+    assert preflight.check(make_ctx(CLUSTER)) == []
+    with pytest.raises(ValueError, match="unknown items"):
+        seed_prerequisites(prepared.aws, inventory.clusters, omit={"tls-bucket"})

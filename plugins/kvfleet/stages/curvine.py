@@ -18,6 +18,7 @@ hazard gate, the busy-cluster gate (lease and running rollout), the values diff 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -151,6 +152,19 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     return out
 
 
+def planned_command(ctx: StageContext, args: list[str]) -> str:
+    """A dry run's line: the helm command, then what each values file it passes sets (dotted keys)."""
+    shown = []
+    for flag, path in itertools.pairwise(args):
+        if flag == "-f" and path in ctx.helm.files:
+            import yaml
+
+            pairs = flatten(yaml.safe_load(ctx.helm.files[path]) or {})
+            text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(pairs.items()))
+            shown.append(f"{path.rsplit('/', 1)[-1]}: {text}")
+    return render(ctx.helm.argv(*args)) + (f"   # {'; '.join(shown)}" if shown else "")
+
+
 def _ensure_csi(ctx: StageContext) -> str:
     spec = ctx.cluster.curvine
     if ctx.helm.status(C.CURVINE_CSI_RELEASE, spec.namespace) is not None:
@@ -162,7 +176,7 @@ def _ensure_csi(ctx: StageContext) -> str:
                                      "node.sidecars.nodeDriverRegistrar.image":
                                          "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0"})
     if ctx.dry_run:
-        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
+        ctx.plan(STAGE, planned_command(ctx, args))
         return "planned"
     ctx.helm.run(*args, what="helm install curvine-csi")
     return "changed"
@@ -194,8 +208,8 @@ def first_install(ctx: StageContext) -> dict[str, Any]:
     flip = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
                                  version=spec.version, values=cv.safe_flags())
     if ctx.dry_run:
-        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
-        ctx.plan(STAGE, render(ctx.helm.argv(*flip)) + "   # immediately, once every Curvine pod is Running")
+        ctx.plan(STAGE, planned_command(ctx, args))
+        ctx.plan(STAGE, planned_command(ctx, flip) + "   # immediately, once every Curvine pod is Running")
         return {"install": "planned"}
     ctx.say("stage 3: installing Curvine with the format flags TRUE (first start only)")
     window_error: BaseException | None = None
@@ -251,7 +265,7 @@ def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
     ctx.say(f"warning: HAZARD: deployed Curvine release has {', '.join(set_flags)} true — the next pod restart "
             "would reformat. Flipping to false with --reuse-values.")
     if ctx.dry_run:
-        ctx.plan(STAGE, render(ctx.helm.argv(*args)))
+        ctx.plan(STAGE, planned_command(ctx, args))
         return "planned"
     ctx.helm.run(*args, what="helm upgrade curvine (fix format-flag hazard)")
     return "changed"

@@ -199,11 +199,11 @@ def _legend(series: Sequence[Series], left: float, y: float) -> str:
     return f'<g class="legend">{"".join(out)}</g>'
 
 
-def timeline(bars: Sequence[Bar], *, title: str, now: float, width: int = 760, row_height: int = 18,
+def timeline(bars: Sequence[Bar], *, title: str, now: float, width: int = 900, row_height: int = 18,
              chart_id: str = "") -> str:
     """Intervals on a time axis, one row per ``Bar.row``; an open interval runs to ``now`` with an arrow end."""
     rows = list(dict.fromkeys(b.row for b in bars))
-    left, right, top, bottom = 230, 16, 30, 36
+    left, right, top, bottom = 330, 16, 30, 36
     height = top + bottom + max(1, len(rows)) * row_height
     starts = [b.start for b in bars] or [now - 3600]
     t0, t1 = min(starts), max([now, *(b.end or now for b in bars)])
@@ -228,7 +228,7 @@ def timeline(bars: Sequence[Bar], *, title: str, now: float, width: int = 760, r
                        f"{escape(time_label(t, t1 - t0))}</text>")
     for i, row in enumerate(rows):
         y = top + i * row_height
-        out.append(f'<text x="{left - 6}" y="{y + row_height - 5}" text-anchor="end">{escape(row[:40])}</text>')
+        out.append(f'<text x="{left - 6}" y="{y + row_height - 5}" text-anchor="end">{escape(row[:58])}</text>')
     for b in bars:
         y = top + rows.index(b.row) * row_height + 3
         end = b.end if b.end is not None else now

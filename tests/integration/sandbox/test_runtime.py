@@ -3,6 +3,7 @@ the admin endpoint's counters and faults, and a stop that leaves nothing listeni
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -97,9 +98,39 @@ def test_boto3_with_the_exports_reaches_hyperpod_then_eks(sandbox: Sandbox, monk
         eks_name = eks_arn.rsplit("/", 1)[-1]
         assert eks_name == f"{cluster.name}-eks"
         eks = boto3.client("eks", region_name=cluster.region).describe_cluster(name=eks_name)["cluster"]
-        assert eks["endpoint"] == sandbox.servers[cluster.name].url
+        assert eks["endpoint"] == sandbox.servers[cluster.name].https_url
+        ca = base64.b64decode(eks["certificateAuthority"]["data"]).decode()
+        assert sandbox.tls is not None and ca == sandbox.tls.ca_pem  # the CA that signs the server's certificate
         nodes = sagemaker.list_cluster_nodes(ClusterName=cluster.name)["ClusterNodeSummaries"]
         assert len(nodes) == cluster.gpu_node_count
+
+
+def test_kvfleets_identity_is_bound_by_k8s_rbac_and_anonymous_is_refused(sandbox: Sandbox) -> None:
+    """kvfleet's EKS token (boto3, the exported keys) is the group kvfleet: allowed what k8s/rbac grants, 403
+    elsewhere; no token is 401; the sandbox's admin token is system:masters."""
+
+    from kvfleet.clients.kube import eks_token as kvfleet_token
+
+    cluster = INVENTORY.clusters[0]
+    server = sandbox.servers[cluster.name]
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in sandbox.exports().items():
+            mp.setenv(key, value)
+        token = kvfleet_token(boto3.client("sts", region_name=cluster.region), f"{cluster.name}-eks")
+
+    def status(path: str, auth: str | None) -> int:
+        req = urllib.request.Request(server.url + path, headers={"Authorization": auth} if auth else {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    assert sandbox.rbac_enforced
+    assert status("/api/v1/nodes", f"Bearer {token}") == 200  # cluster.yaml: list nodes
+    assert status("/api/v1/namespaces/default/secrets", f"Bearer {token}") == 403  # never granted
+    assert status("/api/v1/nodes", None) == 401
+    assert status("/api/v1/namespaces/default/secrets", f"Bearer {sandbox.admin_token}") == 200
 
 
 def test_kubectl_lists_the_nodes_in_every_context(sandbox: Sandbox) -> None:

@@ -5,7 +5,9 @@ as ``python -m kvfleet.sandbox.cli``, which is how ``up`` starts its detached ch
 
 Files in the state directory (default ``$KVFLEET_STATE_DIR/sandbox``):
 
-- ``kubeconfig`` — one context per inventory cluster; ``env`` — ``export`` lines (``source DIR/env``);
+- ``kubeconfig`` — one context per inventory cluster, over TLS with the sandbox's CA and the sandbox admin's token
+  (``system:masters``: for looking around with kubectl; kvfleet itself authenticates with its own EKS token and is
+  bound by ``k8s/rbac``); ``env`` — ``export`` lines (``source DIR/env``);
 - ``ports.json`` — URLs and every listening port, kept after ``down`` so it can be checked;
 - ``sandbox.pid`` — the serving process; ``ready`` — written once everything answers; ``sandbox.log``.
 

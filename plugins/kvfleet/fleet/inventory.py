@@ -131,6 +131,9 @@ class Cluster:
     tiered_storage_mode: str = "Enable"
     memory_percent: int = C.MEMORY_PERCENT_DEFAULT
     node_recovery: str = C.NODE_RECOVERY_DEFAULT
+    # True when the inventory names node_recovery: stage 1 then reconciles the cluster to it; otherwise the live
+    # value is kept and sent back (the service refuses tiered storage without NodeRecovery).
+    node_recovery_declared: bool = False
     l2_injection: str = "patch"
     production: bool = False
     ebs_storage_class: str = "ebs-sc"
@@ -635,6 +638,7 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
                                  C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)"),
         node_recovery=r.choice(raw, "node_recovery", path, C.NODE_RECOVERY_DEFAULT,
                                tuple(sorted(C.NODE_RECOVERY_VALUES))),
+        node_recovery_declared="node_recovery" in raw,
         gpu_node_count=r.integer(gpu, "count", f"{path}.gpu_nodes", 0, 1, 10000),
         gpu_instance_type=r.text(gpu, "instance_type", f"{path}.gpu_nodes", "ml.g6e.4xlarge"),
         l2_injection=r.choice(raw, "l2_injection", path, "patch", L2_MODES),

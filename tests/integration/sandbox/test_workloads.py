@@ -379,3 +379,78 @@ def test_ai_toolkit_appears_on_enable_and_goes_on_disable(sb, core, apps) -> Non
     update("Disable")
     wait_for("ai-toolkit gone", lambda: not apps.list_namespaced_daemon_set("aws-hyperpod").items
              and not core.list_namespaced_pod("aws-hyperpod").items)
+
+
+def worker_set(name: str, replicas: int, anti: str | None, node_selector: dict[str, str] | None = None) -> dict:
+    """A StatefulSet placed like the Curvine chart's workers (one per node by hostname anti-affinity)."""
+    labels = {"app": name}
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
+    affinity = {} if anti is None else {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term]} if anti == "required" else {"podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}}}
+    spec: dict[str, Any] = {"containers": [{"name": "worker", "image": "ghcr.io/curvineio/curvine:v0.2.0"}]}
+    if affinity:
+        spec["affinity"] = affinity
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}}}
+
+
+def placed(core: client.CoreV1Api, app: str) -> list[tuple[str, str | None]]:
+    pods = core.list_namespaced_pod("default", label_selector=f"app={app}").items
+    return sorted(((p.status.phase, p.spec.node_name) for p in pods), key=lambda x: (x[0], x[1] or ""))
+
+
+def test_pod_anti_affinity_preferred_stacks_required_leaves_pending(sb, core, apps) -> None:
+    """Upstream's default (preferred) puts a third worker next to another on 2 nodes; required keeps it Pending
+    with the scheduler's reason; an unmatched nodeSelector keeps every pod off the nodes."""
+    apps.create_namespaced_stateful_set("default", worker_set("pref", 3, "preferred"))
+    got = wait_for("3 preferred workers running", lambda: (p := placed(core, "pref")) and
+                   [ph for ph, _ in p].count("Running") == 3 and p)
+    assert len({node for _, node in got}) == 2  # spread first, then stacked
+    apps.create_namespaced_stateful_set("default", worker_set("req", 3, "required"))
+    got = wait_for("2 required workers running", lambda: (p := placed(core, "req")) and
+                   [ph for ph, _ in p].count("Running") == 2 and p)
+    assert len({node for ph, node in got if ph == "Running"}) == 2
+    pending = next(p for p in core.list_namespaced_pod("default", label_selector="app=req").items
+                   if p.status.phase == "Pending")
+    cond = next(c for c in pending.status.conditions or [] if c.type == "PodScheduled")
+    assert cond.reason == "Unschedulable" and "didn't match pod anti-affinity rules" in cond.message
+    apps.create_namespaced_stateful_set("default", worker_set("pinned", 1, "required",
+                                                              {"sagemaker.amazonaws.com/compute-type": "cpu"}))
+    pod = wait_for("a pinned pod marked unschedulable", lambda: next(
+        (p for p in core.list_namespaced_pod("default", label_selector="app=pinned").items
+         if any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or [])), None))
+    assert pod.spec.node_name is None and "node affinity/selector" in pod.status.conditions[-1].message
+
+
+def hook_job(name: str, exit_code: int | None = None) -> dict[str, Any]:
+    annotations = {} if exit_code is None else {"sandbox.kvfleet.io/exit-code": str(exit_code)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"backoffLimit": 1, "template": {"metadata": {"annotations": annotations}, "spec": {
+                "restartPolicy": "Never", "containers": [{"name": "check", "image": "bitnami/kubectl:latest"}]}}}}
+
+
+def test_a_job_runs_to_completion_or_fails_after_its_backoff_limit(sb, core, kube_api) -> None:
+    batch = client.BatchV1Api(kube_api(sb, CLUSTER))
+    batch.create_namespaced_job("default", hook_job("ok"))
+    job = wait_for("job ok Complete", lambda: (j := batch.read_namespaced_job("ok", "default")).status.conditions
+                   and j)
+    assert [(c.type, c.status) for c in job.status.conditions] == [("SuccessCriteriaMet", "True"),
+                                                                   ("Complete", "True")]
+    assert job.status.succeeded == 1 and job.status.completion_time is not None
+    pods = core.list_namespaced_pod("default", label_selector="job-name=ok").items
+    assert [p.status.phase for p in pods] == ["Succeeded"]
+    assert pods[0].status.container_statuses[0].state.terminated.exit_code == 0
+    batch.create_namespaced_job("default", hook_job("bad", exit_code=3))
+    job = wait_for("job bad Failed", lambda: (j := batch.read_namespaced_job("bad", "default")).status.conditions
+                   and j)
+    assert ("Failed", "True") in [(c.type, c.status) for c in job.status.conditions]
+    assert job.status.failed == 2  # backoffLimit 1: the first run and one retry
+    batch.delete_namespaced_job("bad", "default")
+    wait_for("the failed job's pods deleted with it",
+             lambda: not core.list_namespaced_pod("default", label_selector="job-name=bad").items)

@@ -11,7 +11,7 @@ TOOLS := .tools/bin
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(VENV)/bin:$(PATH)
 export XDG_RUNTIME_DIR ?= /tmp/kvfleet-runtime-$(shell id -u)
 
-.PHONY: demo test lint bench lock install tools clean
+.PHONY: demo test lint bench lock install tools clean up down fuzz faults
 
 demo: install tools
 	$(VENV)/bin/kvfleet demo --fleet fleet.example.yaml
@@ -22,6 +22,18 @@ TEST_WORKERS ?= 2
 
 test: install tools
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The long fuzz run: 10x the generated cases of the suite's slice (about 6 minutes on 2 cores).
+fuzz: install tools
+	KVFLEET_FUZZ_LONG=1 $(PY) -m pytest -q tests/fuzz -p no:randomly
+
+# A local Airflow service (api-server, scheduler, dag-processor, triggerer) against the sandbox and the embedded
+# PostgreSQL, all on 127.0.0.1; prints the URL and the login. `make down` stops everything it started.
+up: install tools
+	bash tools/up.sh
+
+down:
+	bash tools/down.sh
 
 lint: install
 	$(VENV)/bin/ruff check plugins dags tests bench

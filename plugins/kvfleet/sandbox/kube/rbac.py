@@ -27,6 +27,7 @@ Sources (kubernetes/kubernetes; facts and commits in tests/conformance/facts/kub
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -137,12 +138,15 @@ def acting_as(user: UserInfo | None, authorizer: Authorizer | None,
 
 
 class Authorizer:
-    """RBAC over the RBAC objects of one ``KubeStore``. ``log`` records every decision (the replay test reads
-    which rules were used, including ``escalate`` and ``bind`` checks)."""
+    """RBAC over the RBAC objects of one ``KubeStore``. ``log`` keeps the last ``LOG_LIMIT`` refusals and
+    ``escalate``/``bind`` checks (the replay test reads which were made; every request itself is in the store's
+    request log, with its user and decision)."""
+
+    LOG_LIMIT = 10_000
 
     def __init__(self, store: KubeStore) -> None:
         self.store = store
-        self.log: list[tuple[Attributes, bool]] = []
+        self.log: collections.deque[tuple[Attributes, bool]] = collections.deque(maxlen=self.LOG_LIMIT)
         self._lock = threading.Lock()
 
     # --- rule resolution --------------------------------------------------------------------------------
@@ -186,8 +190,9 @@ class Authorizer:
         ok = attrs.user.is_master or any(
             rule_allows(r, attrs.verb, attrs.group, attrs.resource, attrs.name)
             for r in self.rules_for(attrs.user, attrs.namespace))
-        with self._lock:
-            self.log.append((attrs, ok))
+        if not ok or attrs.verb in ("escalate", "bind"):
+            with self._lock:
+                self.log.append((attrs, ok))
         return ok
 
     def authorize(self, attrs: Attributes) -> None:

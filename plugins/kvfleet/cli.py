@@ -435,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
     # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.
     # The sandbox and demo commands print their own progress and keep stdout.
-    quiet = args.command in ("validate", "audit", "db", "gate") or bool(getattr(args, "json", False))
+    quiet = args.command in ("validate", "audit", "db", "gate") or (
+        bool(getattr(args, "json", False)) and args.command not in ("sandbox", "demo"))
     if quiet:
         _STDOUT.append(sys.stdout)
         sys.stdout = sys.stderr

@@ -222,9 +222,10 @@ def test_admin_refuses_what_it_cannot_do(sandbox_factory) -> None:
     assert status == 200 and clusters["clusters"][name]["gpu_nodes"] == INVENTORY.clusters[0].gpu_node_count
 
 
-def test_service_faults_call_the_registered_hooks(sandbox_factory) -> None:
+def test_service_faults_call_the_registered_hooks(sandbox_factory, kube_api) -> None:
     sandbox = sandbox_factory(controllers=())
     name = INVENTORY.clusters[0].name
+    node = client.CoreV1Api(kube_api(sandbox, name)).list_node().items[0].metadata.name
     calls: list[tuple[str, tuple[Any, ...]]] = []
 
     class Workloads:
@@ -236,9 +237,10 @@ def test_service_faults_call_the_registered_hooks(sandbox_factory) -> None:
 
     sandbox.twin(name).services["workloads"] = Workloads()
     assert admin(sandbox, "/fault", {"cluster": name, "kind": "kill_pod", "namespace": "retail", "name": "p"})[0] == 200
-    assert admin(sandbox, "/fault", {"cluster": name, "kind": "lose_node", "node": "n1"})[0] == 200
+    assert admin(sandbox, "/fault", {"cluster": name, "kind": "lose_node", "node": node})[0] == 200
     assert admin(sandbox, "/fault", {"cluster": name, "kind": "lose_node"})[0] == 400
-    assert calls == [("kill_pod", ("retail", "p")), ("lose_node", ("n1",))]
+    assert admin(sandbox, "/fault", {"cluster": name, "kind": "lose_node", "node": "no-such-node"})[0] == 404
+    assert calls == [("kill_pod", ("retail", "p")), ("lose_node", (node,))]
 
 
 def test_l2_read_penalty_fault_is_range_checked(sandbox_factory) -> None:
@@ -246,7 +248,7 @@ def test_l2_read_penalty_fault_is_range_checked(sandbox_factory) -> None:
     name = INVENTORY.clusters[0].name
     vllm = sandbox.twin(name).services["vllm"]
     status, body = admin(sandbox, "/fault", {"cluster": name, "kind": "l2_read_penalty", "ms": -5})
-    assert status == 400 and "between 0 and 60000 ms" in body["error"] and vllm.l2_read_penalty_ms == 0
+    assert status == 400 and "between 0.0 and 60000.0" in body["error"] and vllm.l2_read_penalty_ms == 0
     status, body = admin(sandbox, "/fault", {"cluster": name, "kind": "l2_read_penalty", "ms": 250})
     assert status == 200 and vllm.l2_read_penalty_ms == 250.0
 
@@ -273,8 +275,10 @@ def test_a_failing_controller_stops_everything_started(sandbox_factory, monkeypa
 
 
 def test_a_fleet_given_as_text(sandbox_factory, kube_api) -> None:
+    # 3 nodes of 4 GPUs hold the stage cluster's 5 endpoints x 2 replicas; its endpoints move to the same type
     text = (ROOT / "fleet.example.yaml").read_text().replace("count: 12, instance_type: ml.g5.4xlarge",
                                                              "count: 3, instance_type: ml.g5.12xlarge")
+    text = text.replace("instance_type: ml.g5.4xlarge,", "instance_type: ml.g5.12xlarge,")
     sandbox = sandbox_factory(text, controllers=())
     nodes = client.CoreV1Api(kube_api(sandbox, "ml-stage-usw2")).list_node().items
     assert len(nodes) == 3

@@ -1,0 +1,62 @@
+"""Issue 14, "failed stages free the lease": every exit path of a rollout releases the cluster lease and the
+parallelism slot it took — here the worst one: ``cluster.stages`` failing on every try (its teardown used to be
+skipped because its setup failed, and the lease stayed for 3 h). Also the abort path (a human rejects at a gate)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from test_rollout_sandbox import conf
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def _leases(history):  # type: ignore[no-untyped-def]
+    with history.engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text("SELECT cluster, holder, state FROM cluster_locks")).mappings()]
+
+
+def test_stages_failing_on_every_try_leave_no_lease_and_no_slot(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
+                                                                  small_fleet) -> None:
+    dag = dagbag.get_dag("kvfleet_rollout")
+    # Every AWS call fails: stage 1 (DescribeCluster / UpdateCluster) fails on each of the 3 tries.
+    sandbox_process.admin("/fault", {"cluster": "c-patch", "kind": "api_error_rate", "rate": 1.0, "target": "aws"})
+    try:
+        dr = dag.test(run_conf=conf(small_fleet, clusters=["c-patch"]))
+    finally:
+        sandbox_process.admin("/fault", {"cluster": "*", "kind": "clear"})
+    assert dr.state == "failed"
+    tis = {ti.task_id: ti for ti in dr.get_task_instances()}
+    assert tis["cluster.stages"].state == "failed" and tis["cluster.stages"].try_number == 3
+    assert tis["cluster.release"].state == "success"  # the teardown ran although its stages failed
+    assert _leases(history) == []  # neither the cluster's lease nor the run's slot is left behind
+    # and the next run takes the cluster at once
+    again = dag.test(run_conf=conf(small_fleet, clusters=["c-patch"], gate="none"))
+    assert again.state == "success"
+    assert _leases(history) == []
+
+
+def test_an_aborted_rollout_leaves_no_lease(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    from kvfleet.airflow import hitl
+
+    done = threading.Event()
+
+    def reject() -> None:
+        while not done.is_set():
+            for gate in hitl.pending():
+                hitl.respond(gate, "Reject", "bob")
+            time.sleep(0.5)
+
+    t = threading.Thread(target=reject, daemon=True)
+    t.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
+                                                                   clusters=["c-patch"]))
+    finally:
+        done.set()
+        t.join(timeout=5)
+    assert dr.state == "failed"
+    assert _leases(history) == []

@@ -168,6 +168,34 @@ def test_operator_paused_only_after_the_threshold(inv) -> None:  # type: ignore[
     assert rules.operator_findings(cl, inv, paused, NOW - threshold - timedelta(minutes=1), None) == []
 
 
+def test_a_pause_whose_pauser_is_dead_is_found_at_once(inv) -> None:  # type: ignore[no-untyped-def]
+    cl = inv.cluster(PROD)
+    at = (NOW - timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")  # far below the threshold
+    paused = {"metadata": {"name": C.OPERATOR_HELM_DEPLOYMENT,
+                           "annotations": {C.PAUSED_BY_ANNOTATION: "run-1", C.PAUSED_AT_ANNOTATION: at}},
+              "spec": {"replicas": 0}}
+    alive = {"holder": "run-1", "alive": True, "reason": "active lease held until ..."}
+    assert rules.operator_findings(cl, inv, paused, NOW, None, alive) == []
+    dead = {"holder": "run-1", "alive": False, "reason": "its active lease expired at ..."}
+    (f,) = rules.operator_findings(cl, inv, paused, NOW, None, dead)
+    assert f.kind == "operator_paused" and "pauser is dead: its active lease expired" in f.actual
+    assert f.object_ref == f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_HELM_DEPLOYMENT}"  # a Helm install
+    other = {"holder": "run-2", "alive": False, "reason": "x"}  # liveness of another holder says nothing
+    assert rules.operator_findings(cl, inv, paused, NOW, None, other) == []
+
+
+def test_curvine_data_loss_against_the_last_snapshot(inv) -> None:  # type: ignore[no-untyped-def]
+    cl = inv.cluster(PROD)
+    previous = {"files_total": 120, "capacity": 1000, "phase": "after", "step": "curvine_upgrade", "run_key": "r/1",
+                "at": NOW - timedelta(minutes=10)}
+    assert rules.curvine_loss_findings(cl, {"files_total": 130, "capacity": 1000}, previous) == []
+    assert rules.curvine_loss_findings(cl, {"files_total": 120, "capacity": 1000}, None) == []
+    found = rules.curvine_loss_findings(cl, {"files_total": 0, "capacity": 800}, previous)
+    assert [(f.kind, f.severity, f.field) for f in found] == [("curvine_data_loss", "critical", "files_total"),
+                                                             ("curvine_data_loss", "critical", "capacity")]
+    assert found[0].actual == "0: 120 lost" and "after snapshot of curvine_upgrade (r/1)" in found[0].expected
+
+
 def test_fingerprint_is_stable_and_ignores_the_actual_value() -> None:
     a = rules.Finding("stale_pods", "c", "Pod/ns/x", "spec", "all", "1 stale: p1")
     b = rules.Finding("stale_pods", "c", "Pod/ns/x", "spec", "all", "2 stale: p1, p2")

@@ -286,16 +286,18 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, params)
     info = run_info()
     history = ctx.history or History()
+    result: dict[str, Any] = {"restored": False}
     try:
-        result: dict[str, Any] = {"restored": False}
         if not ctx.dry_run:
             result = operator_pause.restore(ctx, holder=info.run_key)
             if result.get("restored"):
                 ctx.record(f"teardown_restore:{cluster}", "operator", "changed", action="restored by teardown",
                            **result)
-        result["released"] = _release_all(history, info.run_key, cluster)
         return result
     finally:
+        # Released even when the restore fails (the task still fails, and fails the run): a pause left behind by
+        # a run that holds no lease is a dead pauser's, which the drift check restores.
+        result["released"] = _release_all(history, info.run_key, cluster)
         ctx.close()
 
 

@@ -438,8 +438,8 @@ def hook_job(name: str, exit_code: int | None = None) -> dict[str, Any]:
 def test_a_job_runs_to_completion_or_fails_after_its_backoff_limit(sb, core, kube_api) -> None:
     batch = client.BatchV1Api(kube_api(sb, CLUSTER))
     batch.create_namespaced_job("default", hook_job("ok"))
-    job = wait_for("job ok Complete", lambda: (j := batch.read_namespaced_job("ok", "default")).status.conditions
-                   and j)
+    job = wait_for("job ok Complete", lambda: (j := batch.read_namespaced_job("ok", "default")).status
+                   and j.status.conditions and j)
     assert [(c.type, c.status) for c in job.status.conditions] == [("SuccessCriteriaMet", "True"),
                                                                    ("Complete", "True")]
     assert job.status.succeeded == 1 and job.status.completion_time is not None
@@ -447,7 +447,7 @@ def test_a_job_runs_to_completion_or_fails_after_its_backoff_limit(sb, core, kub
     assert [p.status.phase for p in pods] == ["Succeeded"]
     assert pods[0].status.container_statuses[0].state.terminated.exit_code == 0
     batch.create_namespaced_job("default", hook_job("bad", exit_code=3))
-    job = wait_for("job bad Failed", lambda: (j := batch.read_namespaced_job("bad", "default")).status.conditions
+    job = wait_for("job bad Failed", lambda: (j := batch.read_namespaced_job("bad", "default")).status and j.status.conditions
                    and j)
     assert ("Failed", "True") in [(c.type, c.status) for c in job.status.conditions]
     assert job.status.failed == 2  # backoffLimit 1: the first run and one retry

@@ -308,6 +308,11 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
                              clock=lambda: base_now + timedelta(seconds=time.monotonic() - base_mono)) \
         if ctx.history is not None else nullcontext()
     done: list[dict[str, Any]] = []
+    pauser: dict[str, Any] | None = None
+    if plan["restore_operator"]:  # judged before this check takes the lease over from a dead pauser
+        with_state = operator_pause.pause_state(ctx)
+        pauser = _pauser_liveness(ctx, {"metadata": {"annotations": {
+            C.PAUSED_BY_ANNOTATION: with_state["paused_by"]}}}, base_now)
     try:
         lease.__enter__()
     except GateRefused as exc:  # a rollout or an upgrade holds the cluster: report now, fix on a later check
@@ -317,7 +322,7 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
         if plan["restore_operator"]:
             taken_from = getattr(lease, "taken_over_from", None)
             done.append(_act(ctx, "restore_operator", plan["restore_operator"],
-                             lambda: _restore_operator(ctx, taken_from, base_now)))
+                             lambda: _restore_operator(ctx, taken_from, pauser)))
         if plan["flip_format_flags"]:
             done.append(_act(ctx, "flip_format_flags", plan["flip_format_flags"],
                              lambda: {"curvine": curvine.reconcile(ctx).detail.get("hazard_fixed")}))
@@ -331,7 +336,8 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     return done
 
 
-def _restore_operator(ctx: StageContext, lease_taken_from: str | None, now: datetime) -> dict[str, Any]:
+def _restore_operator(ctx: StageContext, lease_taken_from: str | None,
+                      pauser: dict[str, Any] | None) -> dict[str, Any]:
     """Restore a kvfleet pause (this check holds the cluster's lease, so the pauser is not running a wave now:
     it finished without restoring, or it died). Records whom it restored it from and why."""
     state = operator_pause.pause_state(ctx)
@@ -340,12 +346,11 @@ def _restore_operator(ctx: StageContext, lease_taken_from: str | None, now: date
             f"the inference operator on {ctx.cluster.name} was scaled to {state['replicas']} outside kvfleet (no "
             f"{C.PAUSED_BY_ANNOTATION} annotation); kvfleet never undoes another holder's pause. Ask who paused "
             f"it, then: {operator_pause.scale_hint(ctx)}")
-    pauser = _pauser_liveness(ctx, {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"]}}},
-                              now)
     result = operator_pause.restore(ctx)
     out = {**result, "restored_from": state["paused_by"], "paused_at": state["paused_at"],
            "lease_taken_over_from": lease_taken_from,
-           "pauser": (pauser or {}).get("reason") or "the pause outlasted its threshold"}
+           "pauser": (pauser or {}).get("reason") if pauser and pauser.get("holder") == state["paused_by"]
+           and not pauser.get("alive") else "the pause outlasted its threshold"}
     log.warning("[%s] operator restored by the drift check from %s (paused at %s): %s", ctx.cluster.name,
                 state["paused_by"], state["paused_at"], out["pauser"])
     return out

@@ -17,7 +17,12 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   ======================= ==============================================================================
   ``api_error_rate``      ``rate`` (0..1): share of requests answered 5xx; ``target`` kube|aws|all (all)
   ``api_latency``         ``seconds`` (real seconds) added to every request; ``target`` as above
-  ``clear``               error rate and latency back to 0 on kube and AWS
+  ``api_conflict``        ``count`` (0..10000): the next that many mutating requests answered 409 Conflict;
+                          ``resource`` (optional): only requests on that kube resource (e.g. ``deployments``) or
+                          that AWS operation (e.g. ``UpdateCluster``); ``target`` as above; count 0 clears it
+  ``api_network_failure`` ``count``, ``resource``, ``target`` as for ``api_conflict``: the connection of each of
+                          those requests is closed without an answer (a temporary network failure)
+  ``clear``               error rate, latency, conflicts and network failures back to 0 on kube and AWS
   ``operator_rerender``   ``services["operator"].rerender_now()``
   ``kill_pod``            ``services["workloads"].kill_pod(namespace, name)``
   ``lose_node``           ``services["workloads"].lose_node(node)``
@@ -59,11 +64,14 @@ SERVICE_FAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "restart_curvine_master": ("curvine", "restart_master", ()),
     "l2_read_penalty": ("vllm", "set_l2_read_penalty", ("ms",)),
 }
-API_FAULTS = ("api_error_rate", "api_latency", "clear")
+API_FAULTS = ("api_error_rate", "api_latency", "api_conflict", "api_network_failure", "clear")
+MAX_FAULT_COUNT = 10_000
 # The fields each kind reads (besides "cluster" and "kind"), and what each must be.
 FAULT_FIELDS: dict[str, dict[str, str]] = {
     "api_error_rate": {"rate": "number", "target": "target"},
     "api_latency": {"seconds": "number", "target": "target"},
+    "api_conflict": {"count": "integer", "resource": "name", "target": "target"},
+    "api_network_failure": {"count": "integer", "resource": "name", "target": "target"},
     "clear": {"target": "target"},
     "operator_rerender": {},
     "kill_pod": {"namespace": "name", "name": "name"},
@@ -200,6 +208,11 @@ class AdminServer:
         target = body.get("target", "all")
         if not isinstance(target, str) or target not in ("kube", "aws", "all"):
             raise AdminError(400, f"target must be kube, aws or all, not {_show(target)}")
+        if kind in ("api_conflict", "api_network_failure", "clear"):
+            count, resource = self._mutation_fault(kind, twins, target, body)
+            if kind != "clear":
+                return {"ok": True, "kind": kind, "target": target, "count": count, "resource": resource,
+                        "clusters": [t.name for t in twins]}
         attr, value = "error_rate", 0.0
         if kind == "api_error_rate":
             value = _number(body, "rate", 0.0, 1.0)
@@ -214,6 +227,21 @@ class AdminServer:
                 # The AWS emulator sleeps its latency on the model clock; the admin API speaks real seconds.
                 setattr(sb.aws, name, val / sb.clock.scale if name == "latency_s" else val)
         return {"ok": True, "kind": kind, "target": target, "clusters": [t.name for t in twins]}
+
+    def _mutation_fault(self, kind: str, twins: list[ClusterTwin], target: str,
+                        body: dict[str, Any]) -> tuple[int, str | None]:
+        """api_conflict / api_network_failure (or clear, which ends both): the next ``count`` mutating requests."""
+        sb = self._sb()
+        count = 0 if kind == "clear" else _integer(body, "count", 0, MAX_FAULT_COUNT)
+        resource = body.get("resource")
+        modes = ("conflict", "drop") if kind == "clear" else ("conflict" if kind == "api_conflict" else "drop",)
+        for mode in modes:
+            if target in ("kube", "all"):
+                for twin in twins:
+                    sb.servers[twin.name].fail_mutations(mode, count, resource)
+            if target in ("aws", "all"):
+                sb.aws.fail_mutations(mode, count, resource)
+        return count, resource
 
     def route(self, method: str, path: str, query: dict[str, str], body: Any) -> Any:
         cluster = query.get("cluster")
@@ -261,6 +289,16 @@ def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float:
     if not math.isfinite(value) or not lo <= value <= hi:
         raise AdminError(400, f"{key!r} must be between {lo} and {hi}, not {_show(raw)}")
     return value
+
+
+def _integer(body: dict[str, Any], key: str, lo: int, hi: int) -> int:
+    """A JSON integer in [lo, hi] (a boolean or a float is not one)."""
+    raw = body.get(key)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise AdminError(400, f"{key!r} must be a whole number between {lo} and {hi}, not {_show(raw)}")
+    if not lo <= raw <= hi:
+        raise AdminError(400, f"{key!r} must be between {lo} and {hi}, not {_show(raw)}")
+    return raw
 
 
 def _cut(text: str, limit: int) -> str:

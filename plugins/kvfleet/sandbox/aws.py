@@ -27,7 +27,8 @@ cluster's state between two stores, so the emulator owns all of it.
 Fault injection: ``error_rate`` answers that share of requests with 503 ``ServiceUnavailable`` (botocore's
 retry handler retries it, as it would a real brown-out), ``latency_s`` delays every request, both from a
 seeded random generator so a scenario replays identically; ``fail_next_update`` and ``fail_addon`` make the
-next transition fail.
+next transition fail; ``fail_mutations`` answers the next N mutating operations (Create*, Update*, Delete*, ...),
+optionally only one operation, with 409 ``ConflictException`` or closes their connection without an answer.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class AwsRequest(NamedTuple):
     params: dict[str, Any]
 
 
+_MUTATING_PREFIXES = ("Create", "Update", "Delete", "Put", "Tag", "Untag", "Attach", "Detach", "Publish",
+                      "Associate", "Disassociate", "Add", "Remove", "Set")
+
+
+class DropConnection(Exception):
+    """Raised by a network-failure fault: the handler closes the connection without answering."""
+
+
 class AwsEmulator:
     """SageMaker HyperPod, EKS and STS behind one local endpoint; see the module docstring."""
 
@@ -100,6 +109,10 @@ class AwsEmulator:
         self.url = ""
         self._rng = random.Random(seed)
         self._fault_rng = random.Random(seed + 1)
+        self.conflicts_left = 0
+        self.conflict_operation: str | None = None
+        self.drops_left = 0
+        self.drop_operation: str | None = None
         self._lock = threading.RLock()
         self._timers = Timers(clock)
         self._server: ThreadingHTTPServer | None = None
@@ -327,7 +340,7 @@ class AwsEmulator:
 
     def _answer(self, codec: Codec, region: str, operation: str, params: dict[str, Any]) -> WireResponse:
         try:
-            self._inject_faults()
+            self._inject_faults(operation)
             codec.check_required(operation, params)
             handler = self._handlers[codec.service].get(operation)
             if handler is None:
@@ -349,13 +362,33 @@ class AwsEmulator:
         operation, params = self._moto.describe(service, request)
         self.request_log.append(AwsRequest(service, operation, params))
         try:
-            self._inject_faults()
+            self._inject_faults(operation)
         except AwsError as error:
             return self._moto.encode_error(service, error)
         return self._moto.handle(service, region, request)
 
-    def _inject_faults(self) -> None:
+    def fail_mutations(self, kind: str, count: int, operation: str | None = None) -> None:
+        """``kind`` "conflict" (409) or "drop" (no answer) for the next ``count`` mutating operations (only
+        ``operation`` when given); count 0 clears that kind."""
+        with self._lock:
+            if kind == "conflict":
+                self.conflicts_left, self.conflict_operation = count, operation
+            elif kind == "drop":
+                self.drops_left, self.drop_operation = count, operation
+            else:
+                raise ValueError(f"unknown mutation fault {kind!r}; known: conflict, drop")
+
+    def _inject_faults(self, operation: str = "") -> None:
         self._timers.sleep(self.latency_s)
+        if operation.startswith(_MUTATING_PREFIXES):
+            with self._lock:
+                if self.drops_left > 0 and self.drop_operation in (None, operation):
+                    self.drops_left -= 1
+                    raise DropConnection(operation)
+                if self.conflicts_left > 0 and self.conflict_operation in (None, operation):
+                    self.conflicts_left -= 1
+                    raise AwsError("ConflictException", f"{operation}: injected conflict (sandbox fault "
+                                                        "api_conflict)", status=409)
         if self.error_rate > 0 and self._fault_rng.random() < self.error_rate:
             raise AwsError(
                 "ServiceUnavailable", "Service is unavailable (injected by the kvfleet sandbox)", status=503
@@ -535,7 +568,11 @@ class _Handler(BaseHTTPRequestHandler):
         request = WireRequest(
             self.command, url.path, url.query, {k.lower(): v for k, v in self.headers.items()}, body
         )
-        response = self.server.emulator.handle(request)
+        try:
+            response = self.server.emulator.handle(request)
+        except DropConnection:  # an injected network failure: no answer, the connection closes
+            self.close_connection = True
+            return
         self.send_response(response.status)
         headers = {"x-amzn-requestid": str(uuid.uuid4()), **response.headers}
         for name, value in headers.items():

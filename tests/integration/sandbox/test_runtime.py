@@ -208,6 +208,56 @@ def test_admin_aws_faults_and_operation_log(sandbox: Sandbox) -> None:
     assert sagemaker.describe_cluster(ClusterName=cluster.name)["ClusterName"] == cluster.name
 
 
+def test_admin_conflict_and_network_failure_hit_only_the_next_mutations(sandbox: Sandbox, kube_api) -> None:
+    name = INVENTORY.clusters[0].name
+    core = client.CoreV1Api(kube_api(sandbox, name))
+    body = {"metadata": {"name": "fault-cm", "namespace": "default"}, "data": {"a": "1"}}
+    status, answer = admin(sandbox, "/fault", {"cluster": name, "kind": "api_conflict", "count": 1,
+                                               "resource": "configmaps", "target": "kube"})
+    assert status == 200 and answer["count"] == 1
+    core.list_node()  # reads are spared
+    with pytest.raises(ApiException) as conflict:
+        core.create_namespaced_config_map("default", body)
+    assert conflict.value.status == 409 and "injected conflict" in str(conflict.value.body)
+    core.create_namespaced_config_map("default", body)  # only the next one
+    assert admin(sandbox, "/fault", {"cluster": name, "kind": "api_network_failure", "count": 1,
+                                     "target": "kube"})[0] == 200
+    with pytest.raises(Exception) as dropped:  # urllib3 gives up: no answer came (PATCH is never retried)
+        core.patch_namespaced_config_map("fault-cm", "default", {"data": {"a": "2"}}, _request_timeout=10)
+    assert not isinstance(dropped.value, ApiException), dropped.value
+    assert core.read_namespaced_config_map("fault-cm", "default").data == {"a": "1"}
+    core.patch_namespaced_config_map("fault-cm", "default", {"data": {"a": "2"}})
+    core.delete_namespaced_config_map("fault-cm", "default")
+
+    cluster = INVENTORY.clusters[1]
+    sagemaker = aws_client(sandbox, "sagemaker", cluster.region, retries={"max_attempts": 1, "mode": "standard"})
+    assert admin(sandbox, "/fault", {"kind": "api_conflict", "count": 1, "resource": "UpdateCluster",
+                                     "target": "aws"})[0] == 200
+    sagemaker.describe_cluster(ClusterName=cluster.name)  # not a mutation, not that operation
+    with pytest.raises(ClientError) as aws_conflict:
+        sagemaker.update_cluster(ClusterName=cluster.name, NodeRecovery="Automatic")
+    assert aws_conflict.value.response["ResponseMetadata"]["HTTPStatusCode"] == 409
+    assert admin(sandbox, "/fault", {"kind": "api_network_failure", "count": 3, "target": "aws"})[0] == 200
+    assert admin(sandbox, "/fault", {"kind": "clear"})[0] == 200  # clear ends both kinds
+    assert sandbox.aws.drops_left == 0 and sandbox.servers[name].drops_left == 0
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"kind": "api_conflict"}, "count"),
+    ({"kind": "api_conflict", "count": -1}, "count"),
+    ({"kind": "api_conflict", "count": 10_001}, "count"),
+    ({"kind": "api_conflict", "count": True}, "count"),
+    ({"kind": "api_network_failure", "count": 1.5}, "count"),
+    ({"kind": "api_network_failure", "count": 1, "resource": 7}, "resource"),
+    ({"kind": "api_network_failure", "count": 1, "target": "dns"}, "target"),
+    ({"kind": "api_conflict", "count": 1, "code": 409}, "code"),
+])
+def test_admin_mutation_faults_are_range_checked(sandbox: Sandbox, body: dict[str, Any], field: str) -> None:
+    status, answer = admin(sandbox, "/fault", body)
+    assert status == 400 and field in answer["error"], answer
+    assert sandbox.aws.conflicts_left == 0 and sandbox.aws.drops_left == 0
+
+
 def test_admin_refuses_what_it_cannot_do(sandbox_factory) -> None:
     sandbox = sandbox_factory(controllers=())
     name = INVENTORY.clusters[0].name

@@ -139,6 +139,13 @@ def handle(api: KubeApiServer, req: _Handler) -> None:
     fault = api.inject_fault()
     if fault is not None:
         raise fault
+    mutation_fault = api.take_mutation_fault(verb, route.resource, dry_run)
+    if mutation_fault == "drop":  # a network failure: the connection closes and no answer is sent
+        req.close_connection = True
+        return
+    if mutation_fault == "conflict":
+        raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on {route.resource} "
+                                        f"\"{route.name or ''}\": injected conflict (sandbox fault api_conflict)")
     rtype = api.store.resource_type(route.group, route.resource)
     if route.version not in rtype.versions:
         _no_resource()

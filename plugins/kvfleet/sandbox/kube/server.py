@@ -10,6 +10,9 @@ subresources (scale, status, log, proxy), which are exactly what kvfleet exercis
 
 Fault injection: ``error_rate`` (0..1, a seeded random fraction of resource requests answered 500 or 503 with a
 ``Status`` body; discovery is spared so clients keep their REST mapping) and ``latency_s`` (added to every request).
+``conflicts_left``/``drops_left`` (set through :meth:`KubeApiServer.fail_mutations`): the next N mutating requests
+(create, update, patch, delete, deletecollection; dry runs spared), optionally only those on one resource, are
+answered 409 ``Conflict`` or have their connection closed without an answer (a network failure mid-request).
 
 Authentication (``auth``): a bearer token, EKS-shaped (``k8s-aws-v1.<base64url presigned STS URL>``) or one of
 the sandbox's static admin tokens; anything else, including no ``Authorization`` header, is 401, as on EKS.
@@ -41,6 +44,7 @@ from kvfleet.sandbox.kube.store import KubeStore
 from kvfleet.sandbox.kube.tls import TlsMaterial
 
 TLS_HANDSHAKE = 0x16
+MUTATING_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
 class _Server(ThreadingHTTPServer):
@@ -188,6 +192,11 @@ class KubeApiServer:
         self.authorizer = Authorizer(store)
         store.add_admission(self.authorizer.admit)
         self.random = random.Random(1234)
+        self.conflicts_left = 0
+        self.conflict_resource: str | None = None
+        self.drops_left = 0
+        self.drop_resource: str | None = None
+        self._fault_lock = threading.Lock()
         self.stopping = threading.Event()
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -235,4 +244,28 @@ class KubeApiServer:
             code = self.random.choice([500, 503])
             reason = "InternalError" if code == 500 else "ServiceUnavailable"
             return ApiError(code, reason, f"injected fault: {reason} (sandbox error_rate={self.error_rate})")
+        return None
+
+    def fail_mutations(self, kind: str, count: int, resource: str | None = None) -> None:
+        """``kind`` "conflict" (409) or "drop" (no answer): the next ``count`` mutating requests, on ``resource``
+        only when given (e.g. "deployments"); count 0 clears that kind."""
+        with self._fault_lock:
+            if kind == "conflict":
+                self.conflicts_left, self.conflict_resource = count, resource
+            elif kind == "drop":
+                self.drops_left, self.drop_resource = count, resource
+            else:
+                raise ValueError(f"unknown mutation fault {kind!r}; known: conflict, drop")
+
+    def take_mutation_fault(self, verb: str, resource: str, dry_run: bool) -> str | None:
+        """"drop", "conflict" or None for this request, spending one of the faults left."""
+        if dry_run or verb not in MUTATING_VERBS:
+            return None
+        with self._fault_lock:
+            if self.drops_left > 0 and self.drop_resource in (None, resource):
+                self.drops_left -= 1
+                return "drop"
+            if self.conflicts_left > 0 and self.conflict_resource in (None, resource):
+                self.conflicts_left -= 1
+                return "conflict"
         return None

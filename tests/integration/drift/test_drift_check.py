@@ -167,15 +167,20 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
     for i in range(5):  # L2 blocks written by the endpoints (what the pods' fs connector writes)
         twin.l2.write(f"/l2cache/drift-test/chunk-{i}.bin", 4096)
     files = twin.l2.file_count()
+    from kvfleet.clients.curvine import CurvineMaster
+
+    master = CurvineMaster(ctx.kube, spec.namespace)
+    _wait(lambda: master.overview().files_total == files, "the master's file count")  # its periodic tick
     baseline = _check(drift_ctx, drift_history)  # records the Curvine snapshot the next check compares with
     assert baseline.findings == []
+    ctx = drift_ctx(PROD)  # no history: the hand-made upgrade below is not a kvfleet action
     # What a person would type: helm upgrade ... --reuse-values --set cluster.formatMaster=true
     ctx.helm.run(*ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx),
                                         version=spec.version, values={"cluster.formatMaster": True}),
                  what="hand-made helm upgrade")
     curvine.wait_rolled_out(ctx)
     curvine.verify_capacity(ctx)
-    _wait(lambda: twin.l2.file_count() < files, "the master's format on restart")
+    _wait(lambda: master.overview().files_total < files, "the master's format on restart, in its file count")
 
     found = _check(drift_ctx, drift_history)
     by_kind = {f.kind: f for f in found.findings}

@@ -28,6 +28,8 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   ``lose_node``           ``services["workloads"].lose_node(node)``
   ``restart_curvine_master``  ``services["curvine"].restart_master()``
   ``l2_read_penalty``     ``ms``: every L2 read that many ms slower (``services["vllm"]``); 0 clears it
+  ``l2_drop_reads``       ``namespace``, ``endpoint``: that endpoint's pods find nothing in L2 (every lookup
+                          misses; ``services["vllm"].drop_l2_reads``); ``drop`` (boolean, true) false clears it
   ======================= ==============================================================================
 
   A hook whose controller has not registered its service answers 409 with the reason. The AWS emulator is
@@ -63,6 +65,7 @@ SERVICE_FAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "lose_node": ("workloads", "lose_node", ("node",)),
     "restart_curvine_master": ("curvine", "restart_master", ()),
     "l2_read_penalty": ("vllm", "set_l2_read_penalty", ("ms",)),
+    "l2_drop_reads": ("vllm", "drop_l2_reads", ("namespace", "endpoint")),
 }
 API_FAULTS = ("api_error_rate", "api_latency", "api_conflict", "api_network_failure", "clear")
 MAX_FAULT_COUNT = 10_000
@@ -78,6 +81,7 @@ FAULT_FIELDS: dict[str, dict[str, str]] = {
     "lose_node": {"node": "name"},
     "restart_curvine_master": {},
     "l2_read_penalty": {"ms": "number"},
+    "l2_drop_reads": {"namespace": "name", "endpoint": "name", "drop": "boolean"},
 }
 
 MAX_BODY_BYTES = 64 * 1024
@@ -193,6 +197,8 @@ class AdminServer:
         args = [body[k] for k in keys]
         if kind == "l2_read_penalty":
             args = [_number(body, "ms", 0.0, 60_000.0)]
+        if kind == "l2_drop_reads":
+            args.append(body.get("drop", True))
         if kind == "lose_node" and twin.store.get("", "nodes", body["node"]) is None:
             raise AdminError(404, f"cluster {twin.name!r} has no node {_show(body['node'])}; its GPU nodes: "
                                   f"{', '.join(twin.gpu_nodes[:20]) or 'none'}")
@@ -278,6 +284,8 @@ def _check_fault_body(kind: Any, cluster: Any, body: dict[str, Any]) -> None:
         if key in body and what == "name" and not (isinstance(body[key], str) and 0 < len(body[key]) <= 253):
             raise AdminError(400, f"{key!r} must be a Kubernetes name (a string of 1–253 characters), not "
                                   f"{_show(body[key])}")
+        if key in body and what == "boolean" and not isinstance(body[key], bool):
+            raise AdminError(400, f"{key!r} must be true or false, not {_show(body[key])}")
 
 
 def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float:

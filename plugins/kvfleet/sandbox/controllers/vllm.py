@@ -284,6 +284,7 @@ class VllmSimulation:
         self._profiles: dict[str, ttft_model.TtftProfile] = {}
         self._stopped = False
         self.l2_read_penalty_ms = 0.0  # added to every request that reads L2: a congested NVMe pool or network
+        self.l2_reads_dropped: set[tuple[str, str]] = set()  # (namespace, endpoint) whose L2 lookups find nothing
         twin.store.register_pod_proxy(self._proxy)
         twin.store.register_log_source(self._pod_log)
         twin.store.subscribe(self._on_event)
@@ -297,6 +298,17 @@ class VllmSimulation:
     def set_profile(self, profile: ttft_model.TtftProfile) -> None:
         """Override the TTFT profile of an instance type (takes effect for pods started afterwards)."""
         self._profiles[profile.instance_type] = profile
+
+    def drop_l2_reads(self, namespace: str, endpoint: str, drop: bool = True) -> dict[str, Any]:
+        """Fault: every pod of ``namespace/endpoint`` finds nothing in L2 (a lookup misses as if the files were
+        not there: a broken or wrong mount on that endpoint only); its own writes still go through. ``drop``
+        False clears it."""
+        key = (str(namespace), str(endpoint))
+        if drop:
+            self.l2_reads_dropped.add(key)
+        else:
+            self.l2_reads_dropped.discard(key)
+        return {"l2_reads_dropped": sorted("/".join(k) for k in self.l2_reads_dropped)}
 
     def set_l2_read_penalty(self, ms: float) -> dict[str, float]:
         """Make every L2 read ``ms`` slower (hits stay hits; only the warm TTFT suffers). 0 clears it."""
@@ -389,11 +401,13 @@ class VllmSimulation:
         container = vllm_container(pod) or {"name": engine.container}
         target = lm.resolve_l2(self.twin.store, pod, container, cfg) if pod else lm.L2Target("none")
         l2 = self._l2_store(engine, target)
+        app = ((pod.get("metadata") or {}).get("labels") or {}).get("app", "")
         tiers: list[str] = []
         for c in chunks:
             if c.key in engine.l1:
                 tiers.append("l1")
-            elif l2 is not None and l2.available and l2.exists(target.path_of(c)):
+            elif (l2 is not None and l2.available and (engine.namespace, app) not in self.l2_reads_dropped
+                  and l2.exists(target.path_of(c))):
                 tiers.append("l2")
             else:
                 break

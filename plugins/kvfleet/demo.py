@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -19,7 +21,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from kvfleet.airflow.local_env import airflow_env
-from kvfleet.history.db import EmbeddedPostgres, state_dir
+from kvfleet.history.db import EmbeddedPostgres
+from kvfleet.paths import state_dir
 
 
 def _step(msg: str) -> None:
@@ -38,19 +41,32 @@ def _run(cmd: list[str], env: dict[str, str], *, quiet: bool = False) -> subproc
     return proc
 
 
+def _read_env_file(path: Path) -> dict[str, str]:
+    """The ``export K=V`` lines the sandbox writes to its ``env`` file (``source``-able, shell-quoted)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = shlex.split(line[len("export "):])[0].partition("=")
+            out[key] = value
+    return out
+
+
 def _sandbox_env(stack: ExitStack, fleet: Path, root: Path, keep: bool) -> dict[str, str]:
-    try:
-        from kvfleet.sandbox.runtime import start_sandbox
-    except ImportError:
+    """Start the sandbox as its own process (`kvfleet sandbox up`), as a user would, and read what it exports.
+    kvfleet never imports the sandbox: it reaches it through the env file only, and stops it with `down`."""
+    if importlib.util.find_spec("kvfleet.sandbox") is None:
         print("    (sandbox not available in this build: the rollout only plans)")
         return {}
-    started = time.monotonic()
-    sandbox = start_sandbox(fleet=fleet, state_dir=root / "sandbox")
-    if not keep:
-        stack.callback(sandbox.stop)
-    print(f"    {len(sandbox.twins)} clusters up in {time.monotonic() - started:.1f}s; kubeconfig {sandbox.kubeconfig}")
+    state = root / "sandbox"
+    sandbox_cli = [sys.executable, "-m", "kvfleet.sandbox.cli"]
+    env = dict(os.environ)
+    _run([*sandbox_cli, "up", "--fleet", str(fleet), "--state-dir", str(state), "--timeout", "120"], env)
+    if keep:
+        print(f"    left running: stop it with `kvfleet sandbox down --state-dir {state}`")
+    else:
+        stack.callback(_run, [*sandbox_cli, "down", "--state-dir", str(state)], env)
     # Waits poll faster than against real AWS: the sandbox runs its control plane on a scaled clock.
-    return {**sandbox.exports(), "KVFLEET_POLL_SECONDS": "0.2"}
+    return {**_read_env_file(state / "env"), "KVFLEET_POLL_SECONDS": "0.2"}
 
 
 def _run_with_gate_watch(cmd: list[str], env: dict[str, str], log_path: Path) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet.errors import PermanentError, TemporaryError
+from kvfleet.paths import project_root
 
 log = logging.getLogger(__name__)
 _PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invalid", "has no deployed releases",
@@ -42,8 +43,6 @@ _PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invali
 def helm_binary() -> str:
     found = os.environ.get("KVFLEET_HELM") or shutil.which("helm")
     if not found:  # the pinned binary `make tools` unpacks beside a source checkout
-        from kvfleet.history.db import project_root
-
         local = project_root() / ".tools" / "bin" / "helm"
         found = str(local) if local.exists() else None
     if not found:

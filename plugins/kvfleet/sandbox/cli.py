@@ -38,7 +38,7 @@ EXIT_NOT_RUNNING = 3
 
 
 def default_state_dir() -> Path:
-    from kvfleet.history.db import state_dir
+    from kvfleet.paths import state_dir
 
     return state_dir() / "sandbox"
 
@@ -165,7 +165,7 @@ def _serve_argv(args: argparse.Namespace, state: Path) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from kvfleet.fleet.inventory import load_inventory
+    from kvfleet.sandbox.fleet_reader import FleetReadError, read_fleet
 
     state = Path(args.state_dir or default_state_dir()).resolve()
     state.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,11 @@ def cmd_up(args: argparse.Namespace) -> int:
               "stops it")
         _print_usage(state)
         return 0
-    load_inventory(args.fleet)  # refuse a broken inventory here, with the inventory's own message (exit 2)
+    try:
+        read_fleet(args.fleet)  # refuse a fleet file the sandbox cannot read here, before the child starts
+    except FleetReadError as exc:
+        print(f"kvfleet sandbox: cannot start from {args.fleet}:\n  " + "\n  ".join(exc.problems), file=sys.stderr)
+        return 2
     for name in ("pid", "ready"):
         paths[name].unlink(missing_ok=True)
     if args.foreground:

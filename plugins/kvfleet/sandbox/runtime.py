@@ -49,10 +49,11 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from kvfleet.fleet.inventory import Cluster, Inventory, load_inventory
 from kvfleet.sandbox.admin import AdminServer
 from kvfleet.sandbox.aws import AwsEmulator
+from kvfleet.sandbox.aws_prereqs import seed_prerequisites
 from kvfleet.sandbox.controllers import CONTROLLER_MODULES
+from kvfleet.sandbox.fleet_reader import ClusterLike, FleetLike, read_fleet
 from kvfleet.sandbox.kube import KubeApiServer, KubeStore
 from kvfleet.sandbox.kube.auth import Authenticator, UserInfo, presigned_token
 from kvfleet.sandbox.kube.tls import TlsMaterial, make_tls
@@ -92,7 +93,7 @@ def eks_token(region: str) -> str:
 class Sandbox:
     """A started sandbox; :meth:`stop` ends everything it started and is safe to call twice."""
 
-    inventory: Inventory
+    inventory: FleetLike  # the sandbox's own Fleet, or the product Inventory a caller passed in
     settings: SandboxSettings
     state_dir: Path
     clock: Clock
@@ -185,13 +186,14 @@ class Sandbox:
 
 
 def start_sandbox(
-    fleet: str | Path | Inventory,
+    fleet: str | Path | FleetLike,
     state_dir: str | Path,
     settings: SandboxSettings | None = None,
     controllers: tuple[str, ...] | None = None,
 ) -> Sandbox:
-    """Start the twin of ``fleet``; on any failure, stop what was started and re-raise."""
-    inventory = fleet if isinstance(fleet, Inventory) else load_inventory(fleet)
+    """Start the twin of ``fleet`` (a fleet YAML path, read by :mod:`kvfleet.sandbox.fleet_reader`, or an object
+    of that shape such as a product ``Inventory``); on any failure, stop what was started and re-raise."""
+    inventory = read_fleet(fleet) if isinstance(fleet, str | Path) else fleet
     settings = settings or SandboxSettings()
     root = Path(state_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -207,6 +209,7 @@ def start_sandbox(
         aws.start()
         for index, cluster in enumerate(inventory.clusters):
             _start_cluster(sandbox, cluster, index)
+        seed_prerequisites(aws, inventory.clusters)  # what `kvfleet preflight` checks a platform team has done
         for name in controllers if controllers is not None else CONTROLLER_MODULES:
             module = _controller_module(name)
             if module is not None:
@@ -254,7 +257,7 @@ def _authenticator(sandbox: Sandbox) -> Authenticator:
                          sts_origins={sandbox.aws.url.rstrip("/")})
 
 
-def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) -> None:
+def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike) -> None:
     """What the platform team applies before kvfleet's first rollout (k8s/rbac/README.md): cluster.yaml,
     endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster, and endpoint-namespaces.yaml as
     tools/render-k8s-manifests.py renders it for this inventory (each namespace with its RoleBinding)."""
@@ -285,7 +288,7 @@ def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) ->
             store.create(group, resource, doc)
 
 
-def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
+def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:
     store = KubeStore(cluster.name)
     server = KubeApiServer(store, "127.0.0.1", 0, tls=sandbox.tls, authenticator=_authenticator(sandbox))
     if sandbox.rbac_enforced:
@@ -329,7 +332,7 @@ def _capacity(instance_type: str) -> dict[str, str]:
             "ephemeral-storage": "524275692Ki", "nvidia.com/gpu": str(gpus_per_instance(instance_type))}
 
 
-def _node(summary: dict[str, Any], cluster: Cluster, index: int) -> dict[str, Any]:
+def _node(summary: dict[str, Any], cluster: ClusterLike, index: int) -> dict[str, Any]:
     """A Node as HyperPod's EKS orchestration registers it: ``hyperpod-<instance id>``."""
     instance_id = summary["InstanceId"]
     name = f"hyperpod-{instance_id}"
@@ -380,7 +383,7 @@ def _node(summary: dict[str, Any], cluster: Cluster, index: int) -> dict[str, An
     }
 
 
-def _seed_eks_defaults(store: KubeStore, cluster: Cluster, node_count: int) -> None:
+def _seed_eks_defaults(store: KubeStore, cluster: ClusterLike, node_count: int) -> None:
     """What EKS and the EBS CSI add-on put in a cluster before kvfleet arrives (stage 3 checks for them)."""
     classes = [cluster.ebs_storage_class]
     if cluster.curvine.master_storage_class not in classes:

@@ -175,7 +175,13 @@ class ClusterTwin:
 
 
 def gpus_per_instance(instance_type: str) -> int:
-    """NVIDIA GPUs of the SageMaker instance types the sandbox knows (AWS instance type docs)."""
+    """NVIDIA GPUs of the SageMaker instance types the sandbox knows (AWS instance type docs).
+
+    The twin's own table (the sandbox imports nothing of the product but ``fleet.constants``); it duplicates
+    ``kvfleet/fleet/hardware.py`` on purpose and rests on the same sources, cited there per family: the EC2
+    pages https://aws.amazon.com/ec2/instance-types/g5/, /g6/, /g6e/, /p4/, /p5/, the AWS Batch "GPU jobs" table
+    and https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html ("GPUs" per size). An ``ml.`` type has the
+    hardware of the EC2 type of the same name."""
     known = {
         "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.12xlarge": 4,
         "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8, "ml.g6.16xlarge": 1, "ml.g6e.xlarge": 1, "ml.g6e.2xlarge": 1,

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet.fleet import constants as C
+import kvfleet.fleet.constants as C
 from kvfleet.sandbox import chart_repo
 from kvfleet.sandbox.kube.store import ProxyResponse
 from kvfleet.sandbox.twin import ClusterTwin, L2Entry

@@ -1,0 +1,164 @@
+"""Import contracts (ARCHITECTURE.md, "Layout and the direction of imports"), checked on every import statement,
+including the ones inside functions, which import-linter's static graph also sees.
+
+- ``fleet`` imports no other kvfleet layer (only ``kvfleet.errors``, the shared error model);
+- ``clients`` import no ``stages``, ``airflow`` or ``history`` (only ``fleet``, ``errors`` and ``paths``);
+- ``kvfleet.paths`` (where the checkout, the SQL files and the state directory are) is a leaf;
+- product code never imports ``sandbox``; ``sandbox`` imports only ``kvfleet.fleet.constants`` and ``kvfleet.paths``
+  of the product;
+- there is no import cycle between kvfleet modules;
+- no module name shadows the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "plugins" / "kvfleet"
+SANDBOX_PKGS = ("kvfleet.sandbox", "kvfleet_sandbox")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    roots = [PKG, *(p for p in [PKG.parent / "kvfleet_sandbox"] if p.exists())]
+    return {_module_name(p): p for root in roots for p in root.rglob("*.py")}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:  # `if TYPE_CHECKING:` imports are annotations, not run-time dependencies
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return {m for m in out if m.split(".")[0] in ("kvfleet", "kvfleet_sandbox")}
+
+
+MODULES = _modules()
+GRAPH = {name: {m for m in _imports(name, path) if m in MODULES} for name, path in MODULES.items()}
+RAW = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    if parts[0] == "kvfleet_sandbox":
+        return "sandbox"
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _violations(source_layer: str, allowed: tuple[str, ...]) -> list[str]:
+    bad = []
+    for name, deps in RAW.items():
+        if _layer(name) != source_layer:
+            continue
+        for dep in deps:
+            if not any(dep == a or dep.startswith(a + ".") for a in allowed):
+                bad.append(f"{name} imports {dep}")
+    return sorted(bad)
+
+
+def test_fleet_imports_no_other_layer() -> None:
+    assert _violations("fleet", ("kvfleet.fleet", "kvfleet.errors")) == []
+
+
+def test_clients_import_no_stages_airflow_or_history() -> None:
+    assert _violations("clients", ("kvfleet.clients", "kvfleet.fleet", "kvfleet.errors", "kvfleet.paths")) == []
+
+
+def test_paths_is_a_leaf() -> None:
+    """``kvfleet.paths`` is shared by clients, history and the sandbox, so it may import nothing of kvfleet."""
+    assert "kvfleet.paths" in RAW
+    assert sorted(RAW["kvfleet.paths"]) == []
+
+
+def test_product_code_never_imports_the_sandbox() -> None:
+    bad = [f"{n} imports {d}" for n, deps in RAW.items() if _layer(n) != "sandbox"
+           for d in deps if d.startswith(SANDBOX_PKGS) and n != "kvfleet.cli"]
+    assert sorted(bad) == []
+
+
+def test_sandbox_imports_only_fleet_constants_of_the_product() -> None:
+    allowed = ("kvfleet.sandbox", "kvfleet_sandbox", "kvfleet.fleet.constants", "kvfleet.paths")
+    assert _violations("sandbox", allowed) == []
+
+
+def _cycles() -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH[v]:
+            # a package's __init__ importing its own submodule, or a module importing its parent package, is
+            # Python's package mechanics, not a cycle between modules
+            if w == v or v.startswith(w + ".") or w.startswith(v + "."):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_even_inside_functions() -> None:
+    assert _cycles() == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_shadows_the_standard_library(name: str) -> None:
+    leaf = name.rsplit(".", 1)[-1]
+    assert leaf not in sys.stdlib_module_names or leaf in ("__init__",), (
+        f"{name}: a module named {leaf!r} shadows the standard library when plugins/ is on sys.path")

@@ -22,9 +22,9 @@ import yaml
 
 from kvfleet.sandbox.kube import discovery, patching, protobuf
 from kvfleet.sandbox.kube.errors import ApiError, not_found
+from kvfleet.sandbox.kube.label_selectors import field_matcher, label_matcher
 from kvfleet.sandbox.kube.rbac import Attributes, acting_as, forbidden
 from kvfleet.sandbox.kube.resources import ResourceType
-from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher
 from kvfleet.sandbox.kube.store import RequestRecord, WatchEvent
 
 if TYPE_CHECKING:

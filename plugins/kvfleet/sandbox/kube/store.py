@@ -26,8 +26,8 @@ from typing import Any
 
 from kvfleet.sandbox.kube import patching
 from kvfleet.sandbox.kube.errors import ApiError, already_exists, conflict, not_found
+from kvfleet.sandbox.kube.label_selectors import field_matcher, label_matcher, match_labels_to_selector
 from kvfleet.sandbox.kube.resources import ResourceType, builtin_types, crd_type
-from kvfleet.sandbox.kube.selectors import field_matcher, label_matcher, match_labels_to_selector
 from kvfleet.sandbox.kube.validation import validate_builtin, validate_custom
 
 __all__ = ["ApiError", "KubeStore", "ProxyResponse", "RequestRecord", "WatchEvent"]

@@ -52,7 +52,7 @@ import yaml
 from kvfleet.sandbox.admin import AdminServer
 from kvfleet.sandbox.aws import AwsEmulator
 from kvfleet.sandbox.aws_prereqs import seed_prerequisites
-from kvfleet.sandbox.controllers import CONTROLLER_MODULES
+from kvfleet.sandbox.controllers import CONTROLLER_MODULES, MODULE_NAMES
 from kvfleet.sandbox.fleet_reader import ClusterLike, FleetLike, read_fleet
 from kvfleet.sandbox.kube import KubeApiServer, KubeStore
 from kvfleet.sandbox.kube.auth import Authenticator, UserInfo, presigned_token
@@ -227,7 +227,7 @@ def start_sandbox(
 
 
 def _controller_module(name: str) -> Any:
-    qualified = f"kvfleet.sandbox.controllers.{name}"
+    qualified = f"kvfleet.sandbox.controllers.{MODULE_NAMES.get(name, name)}"
     try:
         return importlib.import_module(qualified)
     except ModuleNotFoundError as exc:

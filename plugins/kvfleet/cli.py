@@ -56,6 +56,19 @@ def _int_in(name: str, lo: int, hi: int) -> Any:
     return parse
 
 
+def _float_in(name: str, lo: float, hi: float) -> Any:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {raw[:40]!r} is not a number ({lo}–{hi})") from None
+        if not lo <= value <= hi:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"{name} {value} is out of range: use {lo}–{hi}")
+        return value
+
+    return parse
+
+
 def _since(raw: str) -> str:
     from kvfleet.history.repo import since_to_timedelta
 
@@ -359,6 +372,47 @@ def cmd_gate(args: argparse.Namespace) -> int:
 # ---- parser --------------------------------------------------------------------------------------------------
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from kvfleet.stages import preflight
+
+    return preflight.cmd_preflight(args, out=_out)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    """Does L2 pay off per endpoint, and is Curvine big enough per cluster: observed, read-only."""
+    from kvfleet.stages import advise
+    from kvfleet.stages.base import StageContext
+
+    inv = load_inventory(args.fleet).select(clusters=args.cluster)
+    reports = []
+    for cl in inv.clusters:
+        ctx = StageContext(inventory=inv, cluster=cl, aws_conn_id=None, progress=lambda msg: None)
+        try:
+            reports.append(advise.advise_cluster(ctx, threshold=args.threshold, retention_h=args.retention_hours))
+        finally:
+            ctx.close()
+    if args.json:
+        _out(json.dumps({"clusters": [r.as_dict() for r in reports]}, indent=2, sort_keys=True, default=str))
+        return 0
+    for r in reports:
+        _out(f"== {r.cluster}")
+        _print_table([{"endpoint": e.endpoint, "verdict": e.verdict, "req_per_h": e.requests_per_hour,
+                       "mean_tokens": e.mean_prompt_tokens, "below_payoff": e.share_below_payoff,
+                       "saved_ms": e.saved_ms_per_request, "saved_share": e.saved_fraction,
+                       "working_set_gib": round(e.working_set_bytes / 2**30, 2)} for e in r.endpoints],
+                     ["endpoint", "verdict", "req_per_h", "mean_tokens", "below_payoff", "saved_ms", "saved_share",
+                      "working_set_gib"])
+        for e in r.endpoints:
+            _out(f"  {e.endpoint}: " + " | ".join(e.arithmetic))
+        if r.capacity:
+            _out(f"  capacity: {r.capacity.recommendation}" + (f" (+{r.capacity.add_workers} workers)"
+                                                               if r.capacity.add_workers else "")
+                 + " — " + " | ".join(r.capacity.arithmetic))
+        for err in r.errors:
+            _out(f"  could not read: {err}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvfleet", description="Tiered KV cache fleet manager for SageMaker HyperPod")
     sub = p.add_subparsers(dest="command", required=True)
@@ -377,6 +431,23 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--diff", action="store_true", help="observe the live fleet and print what would change")
     pl.set_defaults(func=cmd_plan)
+
+    pf = sub.add_parser("preflight", help="check each cluster's prerequisites; exit 1 listing what is missing "
+                                          "and the fix")
+    pf.add_argument("--fleet", default=DEFAULT_FLEET)
+    pf.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
+    pf.add_argument("--json", action="store_true")
+    pf.set_defaults(func=cmd_preflight)
+
+    ad = sub.add_parser("advise", help="does L2 pay off per endpoint, and how big must Curvine be (read-only)")
+    ad.add_argument("--fleet", default=DEFAULT_FLEET)
+    ad.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
+    ad.add_argument("--threshold", type=_float_in("--threshold", 0.05, 1.0), default=0.8,
+                    help="recommend more Curvine workers above this share of capacity (0.05–1.0, default 0.8)")
+    ad.add_argument("--retention-hours", type=_float_in("--retention-hours", 1.0, 720.0), default=24.0,
+                    help="how long a prefix stays useful in L2 (1–720 h, default 24)")
+    ad.add_argument("--json", action="store_true")
+    ad.set_defaults(func=cmd_advise)
 
     a = sub.add_parser("audit", help="query the history store")
     a.add_argument("what", choices=["runs", "rollout", "verifications", "drift", "curvine", "endpoint", "gates",

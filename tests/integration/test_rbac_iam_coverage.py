@@ -164,6 +164,9 @@ def _replay_cluster(sandbox: Any, inv: Inventory, cluster: str) -> None:
         result = verify.verify_endpoint(ctx, ep, 2000)  # the wave gate and kvfleet_hit_verification
         # The hit is functional; the verdict also weighs TTFT, which a loaded test machine may degrade.
         assert result.hit_ratio == 1.0, result
+        from kvfleet.stages import advise  # kvfleet advise and kvfleet_hit_verification's advise task
+
+        assert advise.advise_cluster(ctx).errors == []
         if importlib.util.find_spec("kvfleet.stages.drift") is not None:  # kvfleet_drift_check
             from kvfleet.stages import drift
 

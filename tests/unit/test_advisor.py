@@ -74,6 +74,12 @@ def test_histogram_buckets_from_prometheus() -> None:
     assert [(b.tokens, b.requests) for b in buckets] == [(250.0, 10.0), (1500.0, 20.0), (4000.0, 10.0)]
 
 
+def test_coarse_buckets_are_scaled_to_the_observed_mean() -> None:
+    # vLLM's 1-2-5 buckets put 2,400 and 3,000 tokens in one (2,000, 5,000] bucket; the sum gives the mean back
+    buckets = E.histogram_buckets([(2000.0, 0.0), (5000.0, 300.0), (math.inf, 300.0)], total_sum=200 * 2400 + 100 * 3000)
+    assert len(buckets) == 1 and buckets[0].tokens == 2600.0
+
+
 def test_cluster_recommends_workers_above_the_threshold() -> None:
     big = E.advise_endpoint(traffic([(2500, 3600)], reuse_ratio=0.0), retention_h=24)
     cap = 2 * 100 * E.GIB

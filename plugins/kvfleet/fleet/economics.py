@@ -82,23 +82,28 @@ class LengthBucket:
 
 def histogram_buckets(cumulative: list[tuple[float, float]], total_sum: float | None = None) -> list[LengthBucket]:
     """Prometheus cumulative buckets ``(le, count)`` (``le`` may be ``inf``) -> per-bucket requests at a
-    representative length: the bucket's midpoint; the ``+Inf`` bucket takes the mean the ``_sum`` leaves for it
-    (or its lower bound when the sum is unknown)."""
-    out: list[LengthBucket] = []
+    representative length. vLLM's 1-2-5 buckets are coarse (2,000..5,000), so when ``_sum`` is known the
+    midpoints are scaled to reproduce the observed mean, each kept inside its own bucket; the ``+Inf`` bucket
+    starts at the last finite bound."""
+    spans: list[tuple[float, float, float]] = []  # (lower, upper, requests)
     prev_le, prev_count = 0.0, 0.0
     for le, count in sorted(cumulative, key=lambda b: b[0]):
         n = max(0.0, count - prev_count)
         if n > 0:
-            if math.isinf(le):
-                rest = None
-                if total_sum is not None:
-                    rest = (total_sum - sum(b.tokens * b.requests for b in out)) / n
-                mid = max(prev_le, rest) if rest is not None else prev_le
-            else:
-                mid = (prev_le + le) / 2
-            out.append(LengthBucket(tokens=mid, requests=n))
-        prev_le, prev_count = (le if not math.isinf(le) else prev_le), max(prev_count, count)
-    return out
+            spans.append((prev_le, le, n))
+        prev_count = max(prev_count, count)
+        if not math.isinf(le):
+            prev_le = le
+    mids = [(lo + hi) / 2 if not math.isinf(hi) else lo for lo, hi, _ in spans]
+    if total_sum is not None and spans:
+        finite = sum(m * n for m, (_, hi, n) in zip(mids, spans, strict=True) if not math.isinf(hi))
+        if math.isinf(spans[-1][1]):  # the +Inf bucket takes the mean the sum leaves for it
+            lo, _, n = spans[-1]
+            mids[-1] = max(lo, (total_sum - finite) / n)
+        elif finite > 0:  # no open bucket: scale the midpoints to the observed mean, each inside its bucket
+            factor = total_sum / finite
+            mids = [min(max(m * factor, lo), hi) for m, (lo, hi, _) in zip(mids, spans, strict=True)]
+    return [LengthBucket(tokens=m, requests=n) for m, (_, _, n) in zip(mids, spans, strict=True)]
 
 
 def cold_ttft_ms(tokens: float, instance_type: str) -> float:

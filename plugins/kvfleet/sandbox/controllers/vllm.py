@@ -77,6 +77,19 @@ MAX_OUTPUT_TOKENS = 256
 VLLM_BLOCK_SIZE = 16
 LOG_LINES_PER_POD = 5000
 DEFAULT_MODEL_PATH = "/opt/ml/model"  # what LMCache puts in its keys: the served path, not the display name
+# vLLM's ``vllm:request_prompt_tokens`` buckets: build_1_2_5_buckets(max_model_len) in vllm/v1/metrics/loggers.py
+# (0.11.x), i.e. 1, 2, 5, 10, 20, 50, ... up to the model's context length (the sandbox serves 32,768 tokens).
+PROMPT_BUCKETS = tuple(m * 10 ** e for e in range(5) for m in (1, 2, 5) if m * 10 ** e <= 32768)
+# The twin's traffic mixes (the L2 advisor's input), by a word in the endpoint's name: (prompt tokens, requests
+# per hour for the whole endpoint, LMCache hit share). The counters a pod shows grow with its age (from the pod's
+# startTime), split evenly over the Deployment's replicas: deterministic, with no background load. A RAG endpoint
+# with long retrieved context, a chat endpoint with short turns, a batch-eval endpoint in between; other endpoints
+# carry only their real requests. ``VllmSimulation.set_traffic_mix`` replaces them per endpoint.
+DEFAULT_TRAFFIC: dict[str, tuple[tuple[int, int, float], ...]] = {
+    "rag": ((1800, 1200, 0.8), (2600, 2000, 0.8), (3200, 400, 0.8)),
+    "chat": ((180, 2000, 0.6), (420, 1400, 0.6), (700, 200, 0.6)),
+    "batch-eval": ((900, 600, 0.3), (1400, 600, 0.3), (2200, 600, 0.3)),
+}
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
 _OUTPUT_WORDS = ("The", "cache", "hit", "saves", "prefill", "time", "on", "every", "replica", "of", "the",
@@ -191,6 +204,16 @@ class _Metrics:
     ttft_buckets: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
     ttft_sum: float = 0.0
     ttft_count: int = 0
+    prompt_buckets: list[float] = field(default_factory=lambda: [0.0] * len(PROMPT_BUCKETS))
+    prompt_sum: float = 0.0
+    prompt_count: float = 0
+
+    def observe_prompt(self, tokens: int, n: float = 1) -> None:
+        self.prompt_sum += tokens * n
+        self.prompt_count += n
+        for i, bound in enumerate(PROMPT_BUCKETS):
+            if tokens <= bound:
+                self.prompt_buckets[i] += n
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft_sum += seconds
@@ -231,6 +254,7 @@ class PodEngine:
         self.log: collections.deque[tuple[dt.datetime, str]] = collections.deque(maxlen=LOG_LINES_PER_POD)
         self.metrics = _Metrics()
         self.started = time.time()
+        self.app = ((meta.get("labels") or {}).get("app") or "")
         self._startup_lines()
 
     def write(self, level: str, message: str, where: str = "engine") -> None:
@@ -285,6 +309,7 @@ class VllmSimulation:
         self._stopped = False
         self.l2_read_penalty_ms = 0.0  # added to every request that reads L2: a congested NVMe pool or network
         self.l2_reads_dropped: set[tuple[str, str]] = set()  # (namespace, endpoint) whose L2 lookups find nothing
+        self._traffic: dict[str, tuple[tuple[int, int, float], ...]] = {}  # endpoint (app label) -> mix
         twin.store.register_pod_proxy(self._proxy)
         twin.store.register_log_source(self._pod_log)
         twin.store.subscribe(self._on_event)
@@ -299,16 +324,40 @@ class VllmSimulation:
         """Override the TTFT profile of an instance type (takes effect for pods started afterwards)."""
         self._profiles[profile.instance_type] = profile
 
-    def drop_l2_reads(self, namespace: str, endpoint: str, drop: bool = True) -> dict[str, Any]:
-        """Fault: every pod of ``namespace/endpoint`` finds nothing in L2 (a lookup misses as if the files were
-        not there: a broken or wrong mount on that endpoint only); its own writes still go through. ``drop``
-        False clears it."""
-        key = (str(namespace), str(endpoint))
-        if drop:
-            self.l2_reads_dropped.add(key)
-        else:
-            self.l2_reads_dropped.discard(key)
-        return {"l2_reads_dropped": sorted("/".join(k) for k in self.l2_reads_dropped)}
+    def traffic_mix(self, app: str) -> tuple[tuple[int, int, float], ...]:
+        if app in self._traffic:
+            return self._traffic[app]
+        return next((mix for word, mix in DEFAULT_TRAFFIC.items() if word in app), ())
+
+    def set_traffic_mix(self, app: str, mix: list[tuple[int, int, float]]) -> dict[str, Any]:
+        """The endpoint's traffic: ``(prompt tokens, requests per hour, hit share)`` rows, shown in the metrics
+        of every pod of the endpoint (app label ``app``) from their start."""
+        rows = tuple((int(t), int(n), float(h)) for t, n, h in mix)
+        if any(t < 1 or n < 0 or not 0 <= h <= 1 for t, n, h in rows):
+            raise ValueError("traffic rows are (tokens >= 1, requests per hour >= 0, hit share 0..1)")
+        self._traffic[app] = rows
+        return {"endpoint": app, "rows": len(rows)}
+
+    def _synthetic(self, engine: PodEngine) -> _Metrics:
+        """What the endpoint's traffic mix adds to this pod's counters at this moment."""
+        extra = _Metrics()
+        mix = self.traffic_mix(engine.app)
+        if not mix:
+            return extra
+        pod = self.twin.store.get("", "pods", engine.name, engine.namespace) or {}
+        started = _parse_ts((pod.get("status") or {}).get("startTime"))
+        # model time, like the pod's startTime the workloads controller stamps (twin.clock)
+        hours = max(0.0, (self.twin.clock.now() - (started or self.twin.clock.now())) / 3600)
+        dep = self.twin.store.get("apps", "deployments", engine.app, engine.namespace) if engine.app else None
+        replicas = max(1, int(((dep or {}).get("spec") or {}).get("replicas") or 1))
+        for tokens, per_hour, hit in mix:
+            n = per_hour * hours / replicas
+            extra.observe_prompt(tokens, n)
+            extra.requests += n  # type: ignore[assignment]
+            extra.prompt_tokens += tokens * n  # type: ignore[assignment]
+            extra.lm_requested += tokens * n  # type: ignore[assignment]
+            extra.lm_hit += tokens * n * hit  # type: ignore[assignment]
+        return extra
 
     def set_l2_read_penalty(self, ms: float) -> dict[str, float]:
         """Make every L2 read ``ms`` slower (hits stay hits; only the warm TTFT suffers). 0 clears it."""
@@ -502,6 +551,7 @@ class VllmSimulation:
         m = engine.metrics
         m.requests += 1
         m.prompt_tokens += plan.total
+        m.observe_prompt(plan.total)
         m.prefix_queries += plan.total
         m.prefix_hits += plan.computed
         m.external_queries += plan.total - plan.computed
@@ -609,8 +659,9 @@ class VllmSimulation:
     # --- metrics and logs --------------------------------------------------------------------------------------
 
     def _metrics(self, engine: PodEngine) -> str:
+        extra = self._synthetic(engine)
         with engine.lock:
-            m = engine.metrics
+            m = _combined(engine.metrics, extra)
             v = {"model_name": engine.served_name, "engine": "0"}
             lmv = {"model_name": engine.served_name, "worker_id": "0"}
             out: list[str] = []
@@ -628,6 +679,8 @@ class VllmSimulation:
             _counter(out, "vllm:request_success", "Count of successfully processed requests.", v, m.requests)
             _histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", v,
                        m.ttft_buckets, m.ttft_sum, m.ttft_count)
+            _histogram(out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", v,
+                       m.prompt_buckets, m.prompt_sum, m.prompt_count, PROMPT_BUCKETS)
             _counter(out, "lmcache:num_requested_tokens", "Total number of tokens requested from lmcache", lmv,
                      m.lm_requested)
             _counter(out, "lmcache:num_hit_tokens", "Total number of tokens hit in lmcache", lmv, m.lm_hit)
@@ -764,10 +817,30 @@ def _gauge(out: list[str], name: str, help_text: str, labels: dict[str, str], va
     out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{_labels(labels)} {float(value)}"]
 
 
-def _histogram(out: list[str], name: str, help_text: str, labels: dict[str, str], buckets: list[int],
-               total: float, count: int) -> None:
+def _parse_ts(raw: Any) -> float | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return dt.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _combined(m: _Metrics, extra: _Metrics) -> _Metrics:
+    """A pod's own counters plus what its endpoint's traffic mix adds (never stored: computed per scrape)."""
+    if not extra.prompt_count:
+        return m
+    return dataclasses.replace(
+        m, requests=m.requests + extra.requests, prompt_tokens=m.prompt_tokens + extra.prompt_tokens,
+        lm_requested=m.lm_requested + extra.lm_requested, lm_hit=m.lm_hit + extra.lm_hit,
+        prompt_buckets=[a + b for a, b in zip(m.prompt_buckets, extra.prompt_buckets, strict=True)],
+        prompt_sum=m.prompt_sum + extra.prompt_sum, prompt_count=m.prompt_count + extra.prompt_count)
+
+
+def _histogram(out: list[str], name: str, help_text: str, labels: dict[str, str], buckets: list[int] | list[float],
+               total: float, count: float, bounds: tuple[float, ...] = TTFT_BUCKETS) -> None:
     out += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    for bound, n in zip(TTFT_BUCKETS, buckets, strict=True):
+    for bound, n in zip(bounds, buckets, strict=True):
         out.append(f"{name}_bucket{_labels({**labels, 'le': str(bound)})} {float(n)}")
     out.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {float(count)}")
     out += [f"{name}_count{_labels(labels)} {float(count)}", f"{name}_sum{_labels(labels)} {total}"]

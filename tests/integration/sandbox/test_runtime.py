@@ -251,6 +251,8 @@ def test_admin_conflict_and_network_failure_hit_only_the_next_mutations(sandbox:
     ({"kind": "api_network_failure", "count": 1, "resource": 7}, "resource"),
     ({"kind": "api_network_failure", "count": 1, "target": "dns"}, "target"),
     ({"kind": "api_conflict", "count": 1, "code": 409}, "code"),
+    ({"kind": "l2_drop_reads", "cluster": "c", "namespace": "a", "endpoint": "b", "drop": 1}, "drop"),
+    ({"kind": "l2_drop_reads", "cluster": "c", "namespace": "a", "endpoint": ""}, "endpoint"),
 ])
 def test_admin_mutation_faults_are_range_checked(sandbox: Sandbox, body: dict[str, Any], field: str) -> None:
     status, answer = admin(sandbox, "/fault", body)

@@ -359,6 +359,17 @@ class VllmSimulation:
             extra.lm_hit += tokens * n * hit  # type: ignore[assignment]
         return extra
 
+    def drop_l2_reads(self, namespace: str, endpoint: str, drop: bool = True) -> dict[str, Any]:
+        """Fault: every pod of ``namespace/endpoint`` finds nothing in L2 (a lookup misses as if the files were
+        not there: a broken or wrong mount on that endpoint only); its own writes still go through. ``drop``
+        False clears it."""
+        key = (str(namespace), str(endpoint))
+        if drop:
+            self.l2_reads_dropped.add(key)
+        else:
+            self.l2_reads_dropped.discard(key)
+        return {"l2_reads_dropped": sorted("/".join(k) for k in self.l2_reads_dropped)}
+
     def set_l2_read_penalty(self, ms: float) -> dict[str, float]:
         """Make every L2 read ``ms`` slower (hits stay hits; only the warm TTFT suffers). 0 clears it."""
         value = float(ms)

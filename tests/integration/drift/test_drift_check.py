@@ -214,9 +214,11 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
 
 
 def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(
-        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+        converged, drift_ctx, drift_history, kube_api) -> None:  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
     ctx = drift_ctx(PROD)
-    apps = ctx.kube.apps
+    apps = client.AppsV1Api(kube_api(converged, PROD))  # a person with admin rights, not kvfleet's identity
     apps.patch_namespaced_deployment_scale(C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE, {"spec": {"replicas": 0}})
     threshold = timedelta(minutes=converged.inventory.settings.operator_pause_threshold_minutes)
 
@@ -257,16 +259,19 @@ def test_a_kvfleet_pause_left_behind_is_restored(converged, drift_ctx, drift_his
     assert _check(drift_ctx, drift_history).findings == []
 
 
-def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history, kube_api) -> None:  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
     ep = _ep(converged.inventory, "payments-disputes")
     ctx = drift_ctx(PROD)
+    core = client.CoreV1Api(kube_api(converged, PROD))  # a person with admin rights creates the rogue pod
     pod = ctx.kube.api_client.sanitize_for_serialization(
         ctx.kube.core.list_namespaced_pod(ep.namespace, label_selector=f"app={ep.name}").items[0])
     rogue = {"apiVersion": "v1", "kind": "Pod", "spec": pod["spec"],
              "metadata": {"name": f"{ep.name}-rogue", "namespace": ep.namespace, "labels": pod["metadata"]["labels"]}}
     vllm = next(c for c in rogue["spec"]["containers"] if c["name"] == ep.name)
     vllm["env"] = [e for e in vllm["env"] if e["name"] != C.ENV_HASHSEED] + [{"name": C.ENV_HASHSEED, "value": "1"}]
-    ctx.kube.core.create_namespaced_pod(ep.namespace, rogue)
+    core.create_namespaced_pod(ep.namespace, rogue)
     try:
         result = _check(drift_ctx, drift_history)
         by_kind = {f.kind: f for f in result.findings}
@@ -275,7 +280,7 @@ def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history
         assert by_kind["stale_pods"].actual == f"1 stale: {ep.name}-rogue"
         assert by_kind["hash_seed_mismatch"].lob == "payments"
     finally:
-        ctx.kube.core.delete_namespaced_pod(f"{ep.name}-rogue", ep.namespace)
+        core.delete_namespaced_pod(f"{ep.name}-rogue", ep.namespace)
     _wait(lambda: converged.twin(PROD).store.get("", "pods", f"{ep.name}-rogue", ep.namespace) is None, "rogue gone")
     assert _check(drift_ctx, drift_history).sync["resolved"] == 2
 

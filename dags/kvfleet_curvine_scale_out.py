@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
 
-from kvfleet.airflow import curvine
+from kvfleet.airflow import curvine, run_status
 from kvfleet.airflow.params import fleet_param, scope_params
 
 
@@ -39,7 +39,10 @@ from kvfleet.airflow.params import fleet_param, scope_params
         "timeout_minutes": Param(15, type="number", minimum=1, maximum=240, title="Timeout (minutes)"),
         "lock_wait_minutes": Param(0, type="number", minimum=0, maximum=120, title="Wait for the cluster lock"),
     },
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "on_failure_callback": run_status.on_task_failure},
+    on_success_callback=run_status.on_dag_success,
+    on_failure_callback=run_status.on_dag_failure,
     tags=["kvfleet", "curvine"],
     doc_md=__doc__,
 )

@@ -14,7 +14,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, dag, task
 
-from kvfleet.airflow import curvine
+from kvfleet.airflow import curvine, run_status
 from kvfleet.airflow.params import fleet_param, scope_params
 
 
@@ -49,7 +49,10 @@ from kvfleet.airflow.params import fleet_param, scope_params
                           description="file: re-read files written before; endpoint: stage 5 on one endpoint."),
         "lock_wait_minutes": Param(0, type="number", minimum=0, maximum=120, title="Wait for the cluster lock"),
     },
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "on_failure_callback": run_status.on_task_failure},
+    on_success_callback=run_status.on_dag_success,
+    on_failure_callback=run_status.on_dag_failure,
     tags=["kvfleet", "curvine"],
     doc_md=__doc__,
 )

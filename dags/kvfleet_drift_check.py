@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
 
-from kvfleet.airflow import drift
+from kvfleet.airflow import drift, run_status
 from kvfleet.airflow.params import fleet_param, scope_params
 
 
@@ -29,7 +29,10 @@ from kvfleet.airflow.params import fleet_param, scope_params
                                        "restore, format flags false with --reuse-values), under the cluster lock. "
                                        "Off: only the LOBs with remediate_drift in the inventory are fixed."),
     },
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "on_failure_callback": run_status.on_task_failure},
+    on_success_callback=run_status.on_dag_success,
+    on_failure_callback=run_status.on_dag_failure,
     tags=["kvfleet"],
     doc_md=__doc__,
 )

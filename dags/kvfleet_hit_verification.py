@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
 
-from kvfleet.airflow import verification
+from kvfleet.airflow import run_status, verification
 from kvfleet.airflow.params import fleet_param, scope_params
 
 
@@ -28,7 +28,10 @@ from kvfleet.airflow.params import fleet_param, scope_params
         "sweep": Param(False, type="boolean", title="Sweep 500…3,000 tokens",
                        description="Record the endpoint's speedup curve beside the published one."),
     },
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
+                  "on_failure_callback": run_status.on_task_failure},
+    on_success_callback=run_status.on_dag_success,
+    on_failure_callback=run_status.on_dag_failure,
     tags=["kvfleet"],
     doc_md=__doc__,
 )

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import dag, task, task_group
 
-from kvfleet.airflow import rollout
+from kvfleet.airflow import rollout, run_status
 from kvfleet.airflow.operators import WaveGateOperator
 from kvfleet.airflow.params import rollout_params
 
@@ -37,7 +37,10 @@ def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     catchup=False,
     max_active_runs=1,
     params=rollout_params(),
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10),
+                  "on_failure_callback": run_status.on_task_failure},
+    on_success_callback=run_status.on_dag_success,
+    on_failure_callback=run_status.on_dag_failure,
     tags=["kvfleet"],
     doc_md=__doc__,
 )

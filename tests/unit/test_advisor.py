@@ -96,3 +96,10 @@ def test_value_is_priced_only_when_a_price_is_given() -> None:
     assert E.advise_endpoint(traffic([(2500, 30)])).value_usd_per_hour is None
     priced = E.advise_endpoint(traffic([(2500, 36)], hourly_price_usd=3.6, reuse_ratio=1.0))
     assert priced.value_usd_per_hour == pytest.approx(priced.saved_s_per_hour / 3600 * 3.6, abs=1e-4)
+
+
+def test_every_sweep_length_is_long_enough_to_verify() -> None:
+    from kvfleet.stages import verify
+
+    for n in verify.SWEEP_LENGTHS:
+        verify.check_prompt_length(n, 256)  # raises for a length that cannot write L2

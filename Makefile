@@ -27,6 +27,10 @@ test: install tools
 fuzz: install tools
 	KVFLEET_FUZZ_LONG=1 $(PY) -m pytest -q tests/fuzz -p no:randomly
 
+# The whole fault matrix: every mutating step under 5xx, 409, latency, network failure and SIGKILL.
+faults: install tools
+	KVFLEET_FAULTS=1 $(PY) -m pytest -q tests/faults -p no:randomly
+
 # A local Airflow service (api-server, scheduler, dag-processor, triggerer) against the sandbox and the embedded
 # PostgreSQL, all on 127.0.0.1; prints the URL and the login. `make down` stops everything it started.
 up: install tools

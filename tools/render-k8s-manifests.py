@@ -71,7 +71,8 @@ def render(inv: Inventory, cluster_name: str, source: str) -> dict[str, str]:
     files["curvine/values-install.yaml"] = _header(src, """
 Values of the FIRST `helm install curvine` only (DOMAIN.md stage 3): the three format flags are true so that the
 master formats its metadata/journal and the workers their cache dirs on their very first start. kvfleet passes
-these as --set flags; the file is for a team that installs by hand:
+these as a values file it writes (-f), never --set (helm splits --set values on commas); this file is for a team
+that installs by hand:
   helm install curvine curvine/curvine -n curvine --create-namespace --version VERSION -f values-install.yaml
 then, as soon as every Curvine pod is Running, IMMEDIATELY apply values-safe.yaml (see there).""") + _dump(
         _nested(cv.install_values(cluster)))

@@ -121,10 +121,28 @@ def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]
             "slots": leases.release_all(_slot_prefix(run_key), _slot_holder(run_key, cluster))}
 
 
+# Run-conf keys that are not Params: the AWS connection (run-for-real.md) and the fault drill of the tests.
+EXTRA_CONF_KEYS = frozenset({"aws_conn_id", "_drill_fail_after_scale_down"})
+
+
+def refuse_unknown_conf(params: dict[str, Any]) -> None:
+    """A typo in the run conf (``{"wave_szie": 1}``) must not run a full rollout with the defaults: refuse
+    unknown keys before anything changes, naming the known ones."""
+    from kvfleet.airflow.params import rollout_params
+
+    known = set(rollout_params()) | EXTRA_CONF_KEYS
+    unknown = sorted(str(k)[:60] for k in params if k not in known)
+    if unknown:
+        raise PermanentError(f"run conf: unknown key(s) {', '.join(repr(k) for k in unknown[:10])}; the known keys "
+                             f"are {', '.join(sorted(known - {'_drill_fail_after_scale_down'}))}. Fix the spelling "
+                             "or drop the key; nothing was changed.")
+
+
 @permanent_fails_fast
 def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store."""
     info = run_info()
+    refuse_unknown_conf(params)
     inv = scoped_inventory(params)
     verify.check_prompt_length(int(params.get("prompt_tokens") or 2000), inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=params.get("wave_size"), canary=params.get("canary", True))

@@ -70,3 +70,27 @@ def summarize(results: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
     verdicts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("pass", "degraded", "fail", "unverifiable")}
     History().end_run(info.run_key, "success", {"verdicts": verdicts, "lobs": sorted(by_lob)})
     return verdicts
+
+
+@permanent_fails_fast
+def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The L2 advisor for one cluster (read-only), recorded as a step so `kvfleet audit` and the kvfleet page
+    can show it; the scale-out DAG's detection reads the capacity recommendation from here."""
+    from kvfleet.stages import advise
+
+    ctx = stage_context(cluster, params)
+    try:
+        report = advise.advise_cluster(ctx)
+    finally:
+        ctx.close()
+    doc = report.as_dict()
+    for e in report.endpoints:
+        log.info("%s %s: %s (%s)", cluster, e.endpoint, e.verdict, " | ".join(e.arithmetic))
+    if report.capacity:
+        log.info("%s capacity: %s %s", cluster, report.capacity.recommendation, " | ".join(report.capacity.arithmetic))
+    if ctx.history is not None and ctx.step_key is not None:
+        ctx.record(f"advise:{cluster}", "advise", "reported",
+                   verdicts={e.endpoint: e.verdict for e in report.endpoints},
+                   capacity=doc["capacity"], errors=report.errors)
+    return {"cluster": cluster, "verdicts": {e.endpoint: e.verdict for e in report.endpoints},
+            "capacity": (report.capacity.recommendation if report.capacity else None)}

@@ -3,7 +3,9 @@
 Called from ``dags/kvfleet_drift_check.py``. The per-cluster task never fails because its cluster is unreachable:
 ``stages.drift.check`` records that as a ``cluster_unreachable`` finding and returns, so one dead API server does
 not hide the drift of the others. The summary prints the open findings per LOB and cluster from the history
-store (the same rows ``kvfleet audit drift --open`` shows) and the advice of this run.
+store (the same rows ``kvfleet audit drift --open`` shows) and the advice of this run. A remediation that was
+refused or failed fails the summary after it is recorded, so the run is red in Airflow (and ``failed`` in the
+history, closed by ``kvfleet.airflow.run_status``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from kvfleet.airflow.context import run_info
 from kvfleet.airflow.errors import permanent_fails_fast
 from kvfleet.airflow.rollout import scoped_inventory, stage_context
+from kvfleet.errors import PermanentError
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import drift
 
@@ -69,6 +72,7 @@ def render_open(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@permanent_fails_fast
 def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
     info = run_info()
     results = [r for r in results or [] if r]
@@ -88,8 +92,18 @@ def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
         "remediations": sum(len(r["remediations"]) for r in results),
         "advice": advice,
     }
-    history.end_run(info.run_key, "success", summary)
+    bad = [f"{r['cluster']}: {m['action']} {m['outcome']} ({_why(m)})" for r in results
+           for m in r["remediations"] if m["outcome"] in ("refused", "failed")]
+    summary["remediations_not_done"] = bad
+    history.end_run(info.run_key, "failed" if bad else "success", summary)
+    if bad:
+        raise PermanentError(f"{len(bad)} drift remediation(s) refused or failed: " + "; ".join(bad)[:2000])
     return summary
+
+
+def _why(remediation: dict[str, Any]) -> str:
+    detail = remediation.get("detail") or {}
+    return str(detail.get("reason") or detail.get("error") or "no reason recorded")[:300]
 
 
 def _count(items: Any) -> dict[str, int]:

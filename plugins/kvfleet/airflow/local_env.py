@@ -2,14 +2,15 @@
 
 Airflow reads its configuration from the environment at import time, so callers build this mapping first,
 export it, and only then import Airflow. Airflow's metadata lives in the embedded server's ``airflow``
-database (SQLite would forbid parallel tasks); kvfleet's history in the ``kvfleet`` database.
+database (SQLite would forbid parallel tasks); kvfleet's history in the ``kvfleet`` database, written by the
+writer role and migrated by the owner role (``kvfleet.history.db``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kvfleet.history.db import AIRFLOW_DB, HISTORY_DB, EmbeddedPostgres, project_root
+from kvfleet.history.db import AIRFLOW_DB, HISTORY_DB, OWNER_ROLE, WRITER_ROLE, EmbeddedPostgres, project_root
 
 
 def airflow_env(airflow_home: Path, pg: EmbeddedPostgres, dags_folder: Path | None = None) -> dict[str, str]:
@@ -29,5 +30,8 @@ def airflow_env(airflow_home: Path, pg: EmbeddedPostgres, dags_folder: Path | No
         "AIRFLOW__CORE__MAX_MAP_LENGTH": "1024",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        "KVFLEET_HISTORY_URL": pg.url(HISTORY_DB),
+        # The history as production runs it: tasks write as the writer role (no TRUNCATE, no DDL, no trigger
+        # control on the audit log); migrations run as the owner.
+        "KVFLEET_HISTORY_URL": pg.url(HISTORY_DB, WRITER_ROLE),
+        "KVFLEET_HISTORY_OWNER_URL": pg.url(HISTORY_DB, OWNER_ROLE),
     }

@@ -72,6 +72,17 @@ class WaveGateOperator(HITLOperator):
         info = run_info(dict(context))
         History().record_step(info.step_key, StepEvent(
             step=f"gate_response:{self.task_id}", stage="gate", outcome=result, cluster=wave.get("cluster"),
-            detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves")}), actor=who or "timeout")
+            detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves"),
+                    # The HITL trigger's event: timedout (no answer, the default was taken), when and by whom.
+                    "timedout": bool(event.get("timedout", not who)), "responded_at": _iso(event.get("responded_at")),
+                    "responded_by": dict(by) if isinstance(by, dict) and by else None}),
+            actor=who or "timeout")
         return {"decision": result, "reason": f"{chosen} by {who or 'timeout default'}", "cluster": wave.get("cluster"),
                 "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}
+
+
+def _iso(value: Any) -> str | None:
+    """The trigger's ``responded_at`` (a datetime, or its string form after serialization) as ISO 8601."""
+    if value is None:
+        return None
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)

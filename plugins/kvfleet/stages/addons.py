@@ -73,10 +73,12 @@ def _ensure_one(ctx: StageContext, eks: str, name: str) -> str:
         ctx.plan(STAGE, action, diff="; ".join(diffs))
         return "planned"
     ctx.say(f"stage 2: {action} ({'; '.join(diffs)})")
-    if live is None:
-        ctx.hyperpod.create_addon(eks, name, spec.version, config, RESOLVE_ON_CREATE)
-    else:
-        ctx.hyperpod.update_addon(eks, name, spec.version, config, RESOLVE_ON_UPDATE)
+    with ctx.write_ahead("create_addon" if live is None else "update_addon",
+                         f"EKS add-on {eks}/{name} {spec.version or '(default version)'}"):
+        if live is None:
+            ctx.hyperpod.create_addon(eks, name, spec.version, config, RESOLVE_ON_CREATE)
+        else:
+            ctx.hyperpod.update_addon(eks, name, spec.version, config, RESOLVE_ON_UPDATE)
     ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
     return "changed"
 

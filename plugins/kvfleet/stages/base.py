@@ -9,15 +9,16 @@ the exact action it would take (``ctx.plan``) instead of acting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from kvfleet.fleet.inventory import Cluster, Inventory
-from kvfleet.history.repo import History, StepEvent, StepKey
+from kvfleet.history.repo import History, StepEvent, StepKey, WriteAhead
 
 log = logging.getLogger("kvfleet")
 
@@ -117,6 +118,18 @@ class StageContext:
                                                               cluster=self.cluster.name, endpoint=endpoint, lob=lob,
                                                               detail=detail), actor=self.actor)
         return Outcome(stage, self.cluster.name, outcome, detail, endpoint)
+
+    @contextlib.contextmanager
+    def write_ahead(self, action: str, target: str, *, endpoint: str | None = None) -> Iterator[WriteAhead | None]:
+        """Wrap one mutating call: an intent row before it and an outcome row after it (``History.write_ahead``).
+        Yields the handle (set ``result`` / ``detail`` for a precise outcome), or None — and records nothing —
+        in a dry run or without a history store or run identity."""
+        if self.dry_run or self.history is None or self.step_key is None:
+            yield None
+            return
+        with self.history.write_ahead(self.step_key, action, target, cluster=self.cluster.name, endpoint=endpoint,
+                                      actor=self.actor) as wa:
+            yield wa
 
     def close(self) -> None:
         if "helm" in self.__dict__:

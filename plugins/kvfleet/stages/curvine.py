@@ -178,7 +178,8 @@ def _ensure_csi(ctx: StageContext) -> str:
     if ctx.dry_run:
         ctx.plan(STAGE, planned_command(ctx, args))
         return "planned"
-    ctx.helm.run(*args, what="helm install curvine-csi")
+    with ctx.write_ahead("helm_install", f"release {spec.namespace}/{C.CURVINE_CSI_RELEASE} {spec.version}"):
+        ctx.helm.run(*args, what="helm install curvine-csi")
     return "changed"
 
 
@@ -214,14 +215,17 @@ def first_install(ctx: StageContext) -> dict[str, Any]:
     ctx.say("stage 3: installing Curvine with the format flags TRUE (first start only)")
     window_error: BaseException | None = None
     try:
-        ctx.helm.run(*args, what="helm install curvine")
+        with ctx.write_ahead("helm_install", f"release {spec.namespace}/{C.CURVINE_RELEASE} {spec.version} "
+                             "(format flags true)"):
+            ctx.helm.run(*args, what="helm install curvine")
         wait_curvine_running(ctx)
     except BaseException as exc:  # the flip below must still be attempted
         window_error = exc
         ctx.say(f"warning: stage 3 install window failed ({str(exc)[:500]}); flipping the flags anyway")
     finally:
         ctx.say("stage 3: flipping the format flags to false (--reuse-values)")
-        ctx.helm.run(*flip, what="helm upgrade curvine (format flags false)")
+        with ctx.write_ahead("helm_upgrade", f"release {spec.namespace}/{C.CURVINE_RELEASE} format flags false"):
+            ctx.helm.run(*flip, what="helm upgrade curvine (format flags false)")
     if window_error is not None:
         raise window_error
     return {"install": "changed"}
@@ -267,7 +271,9 @@ def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
     if ctx.dry_run:
         ctx.plan(STAGE, planned_command(ctx, args))
         return "planned"
-    ctx.helm.run(*args, what="helm upgrade curvine (fix format-flag hazard)")
+    with ctx.write_ahead("helm_upgrade", f"release {spec.namespace}/{C.CURVINE_RELEASE} fix format-flag hazard "
+                         f"({', '.join(set_flags)})"):
+        ctx.helm.run(*args, what="helm upgrade curvine (fix format-flag hazard)")
     return "changed"
 
 

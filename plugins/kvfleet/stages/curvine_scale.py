@@ -314,7 +314,9 @@ def _scale_locked(ctx: StageContext, req: ScaleRequest, state: PoolState, target
                   command: str, diff: str, decision: dict[str, Any]) -> Outcome:
     before = stage3.capacity_snapshot(ctx, STAGE, "before")
     ctx.say(f"scaling Curvine workers {state.replicas} -> {target}: {command}\n{diff}")
-    ctx.helm.run(*args, what=f"helm upgrade curvine worker.replicas={target}")
+    with ctx.write_ahead("helm_upgrade", f"release {ctx.cluster.curvine.namespace}/{C.CURVINE_RELEASE} "
+                         f"worker.replicas {state.replicas} -> {target}"):
+        ctx.helm.run(*args, what=f"helm upgrade curvine worker.replicas={target}")
     master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
     want = {f"{C.CURVINE_WORKER_STS}-{i}" for i in range(target)}
 

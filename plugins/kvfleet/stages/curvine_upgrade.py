@@ -342,7 +342,8 @@ def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason
         return {"to": target, "planned": True}
     ctx.say(f"rolling back Curvine from revision {failed_revision} to revision {target} (its stored values have "
             f"every format flag false){': ' + reason if reason else ''}")
-    ctx.helm.rollback(C.CURVINE_RELEASE, ns, target)
+    with ctx.write_ahead("helm_rollback", f"release {ns}/{C.CURVINE_RELEASE} revision {failed_revision} -> {target}"):
+        ctx.helm.rollback(C.CURVINE_RELEASE, ns, target)
     values = ctx.helm.values(C.CURVINE_RELEASE, ns)
     if cv.flags_set(values):  # the target was checked; this guards against a release edited meanwhile
         raise PermanentError(f"after the rollback on {ctx.cluster.name} the release has {cv.flags_set(values)} set: "
@@ -433,7 +434,9 @@ def _upgrade_locked(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[s
     failure: Exception | None = None
     checks: dict[str, Any] = {}
     try:
-        ctx.helm.run(*pre.args, what=f"helm upgrade curvine to {req.version}")
+        with ctx.write_ahead("helm_upgrade", f"release {ctx.cluster.curvine.namespace}/{C.CURVINE_RELEASE} "
+                             f"revision {pre.revision} {pre.chart_version} -> {req.version}"):
+            ctx.helm.run(*pre.args, what=f"helm upgrade curvine to {req.version}")
         stage3.wait_rolled_out(ctx, req.timeout_s)
         checks = post_checks(ctx, before, files, req)
     except KvfleetError as exc:

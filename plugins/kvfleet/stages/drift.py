@@ -232,7 +232,8 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
             # Only this kind is in scope: what could not be observed stays as it was.
             result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in result.findings], run_key,
                                                     scope_kinds=["cluster_unreachable"])
-        ctx.record(f"drift_check:{cl.name}", STAGE, "failed", reachable=False, error=str(exc)[:500])
+        # Not a failure of the run: the finding says it (and one dead API server must not turn the check red).
+        ctx.record(f"drift_check:{cl.name}", STAGE, "unreachable", reachable=False, error=str(exc)[:500])
         return result
     findings = rules.classify(ctx.inventory, cl.name, obs)
     result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started, run_key=run_key)
@@ -251,8 +252,29 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
     chosen = selected_for_remediation(ctx, findings, remediate)
     if chosen:
         result.remediations = remediate_findings(ctx, chosen, findings, holder=run_key, now=now)
+        _resolve_remediated(ctx, result, now + timedelta(seconds=time.monotonic() - started))
     _advise(ctx, result, now)
     return result
+
+
+def _resolve_remediated(ctx: StageContext, result: DriftResult, now: datetime) -> None:
+    """Observe again after remediating: what a remediation changed and is no longer seen is resolved now
+    (``remediated``), instead of staying open until the next check."""
+    fixed = {fp for r in result.remediations if r["outcome"] == "changed" for fp in r["findings"]}
+    if not fixed or ctx.history is None or ctx.dry_run:
+        return
+    try:
+        obs = observe(ctx, now)
+    except Exception as exc:  # the findings stay open; the next check resolves them
+        log.warning("[%s] drift check could not observe again after remediating: %s", ctx.cluster.name, exc)
+        result.sync["remediated_resolved"] = 0
+        return
+    still = {f.fingerprint for f in rules.classify(ctx.inventory, ctx.cluster.name, obs)}
+    gone = sorted(fixed - still)
+    result.sync["remediated_resolved"] = ctx.history.resolve_remediated(ctx.cluster.name, gone, result.run_key)
+    result.sync["remediated_still_seen"] = len(fixed & still)
+    ctx.say(f"drift: after remediation, {len(gone)} finding(s) no longer seen (resolved), "
+            f"{len(fixed & still)} still seen")
 
 
 def _record_snapshot(ctx: StageContext, obs: rules.ClusterObservation, now: datetime) -> None:

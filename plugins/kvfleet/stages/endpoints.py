@@ -84,12 +84,14 @@ def apply_iec(ctx: StageContext, ep: Endpoint) -> str:
         call(ctx.kube.core.create_namespace, {"metadata": {"name": ep.namespace, "labels": {
             C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {ep.namespace}")
     if live is None:
-        call(ctx.kube.custom.create_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace, C.IEC_PLURAL,
-             desired, what=f"create InferenceEndpointConfig {ep.key}")
+        with ctx.write_ahead("create_iec", f"InferenceEndpointConfig {ep.key}", endpoint=ep.key):
+            call(ctx.kube.custom.create_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace,
+                 C.IEC_PLURAL, desired, what=f"create InferenceEndpointConfig {ep.key}")
     else:
         patch = {"metadata": {"labels": desired["metadata"]["labels"]}, "spec": desired["spec"]}
-        call(ctx.kube.custom.patch_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace, C.IEC_PLURAL,
-             ep.name, patch, what=f"update InferenceEndpointConfig {ep.key}")
+        with ctx.write_ahead("update_iec", f"InferenceEndpointConfig {ep.key}", endpoint=ep.key):
+            call(ctx.kube.custom.patch_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace,
+                 C.IEC_PLURAL, ep.name, patch, what=f"update InferenceEndpointConfig {ep.key}")
     ctx.say(f"stage 4: applied InferenceEndpointConfig {ep.key}")
     return "changed"
 
@@ -153,8 +155,10 @@ def _needs_overlay(ctx: StageContext, ep: Endpoint) -> bool:
 
 
 def _scale(ctx: StageContext, ep: Endpoint, replicas: int) -> None:
-    call(ctx.kube.apps.patch_namespaced_deployment_scale, ep.name, ep.namespace, {"spec": {"replicas": replicas}},
-         what=f"scale {ep.key} to {replicas}")
+    with ctx.write_ahead("scale_down" if replicas == 0 else "scale_up", f"Deployment {ep.key} replicas={replicas}",
+                         endpoint=ep.key):
+        call(ctx.kube.apps.patch_namespaced_deployment_scale, ep.name, ep.namespace,
+             {"spec": {"replicas": replicas}}, what=f"scale {ep.key} to {replicas}")
 
 
 def _wait_pods(ctx: StageContext, eps: list[Endpoint], want: dict[str, int], new_env: bool) -> None:
@@ -266,8 +270,9 @@ def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str,
         if fail_after_scale_down:  # fault injection for tests and drills: dies between pause and restore
             raise RuntimeError("injected failure after scale-to-0 (fault drill)")
         for ep in eps:
-            call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patches[ep.key],
-                 what=f"patch {ep.key}")
+            with ctx.write_ahead("patch_deployment", f"Deployment {ep.key}", endpoint=ep.key):
+                call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patches[ep.key],
+                     what=f"patch {ep.key}")
             states[ep.key] = "patched"
             bad = [v.text() for v in overlay_violations(_deployment(ctx, ep)["spec"]["template"]["spec"], ep.name,
                                                         ctx.inventory.settings)]

@@ -111,11 +111,12 @@ def pause(ctx: StageContext, holder: str) -> int:
                 "carrying on with that pause")
     restore_to = int(state["restore_to"] or state["replicas"] or 1)
     now = state["paused_at"] or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
-         {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"] or holder,
-                                       C.PAUSED_AT_ANNOTATION: now,
-                                       C.PAUSED_REPLICAS_ANNOTATION: str(restore_to)}},
-          "spec": {"replicas": 0}}, what="pause the inference operator")
+    with ctx.write_ahead("pause_operator", f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} by {holder}"):
+        call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
+             {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"] or holder,
+                                           C.PAUSED_AT_ANNOTATION: now,
+                                           C.PAUSED_REPLICAS_ANNOTATION: str(restore_to)}},
+              "spec": {"replicas": 0}}, what="pause the inference operator")
     ctx.say(f"operator paused (scaled to 0 by {holder}; will restore to {restore_to})")
     wait_for(lambda: (pause_state(ctx)["ready"] == 0, f"ready {pause_state(ctx)['ready']}"),
              timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
@@ -132,10 +133,12 @@ def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) 
     if holder is not None and not same_run(state["paused_by"], holder):
         return {"restored": False, "reason": f"paused by {state['paused_by']}, not {holder}", **state}
     replicas = int(state["restore_to"] or 1)
-    call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
-         {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: None, C.PAUSED_AT_ANNOTATION: None,
-                                       C.PAUSED_REPLICAS_ANNOTATION: None}},
-          "spec": {"replicas": replicas}}, what="restore the inference operator")
+    with ctx.write_ahead("restore_operator", f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} paused by "
+                         f"{state['paused_by']} to {replicas}"):
+        call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
+             {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: None, C.PAUSED_AT_ANNOTATION: None,
+                                           C.PAUSED_REPLICAS_ANNOTATION: None}},
+              "spec": {"replicas": replicas}}, what="restore the inference operator")
     started = time.monotonic()
     if wait:
         wait_for(lambda: (pause_state(ctx)["ready"] >= 1, f"ready {pause_state(ctx)['ready']}"),

@@ -106,10 +106,12 @@ def reconcile(ctx: StageContext) -> Outcome:
         hp = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                        progress=ctx.say)
     ctx.say(f"stage 1: {action}")
-    if tiered_ok:
-        _update_node_recovery(ctx, node_recovery)
-    else:
-        ctx.hyperpod.update_tiered_storage(cl.name, mode, percent, node_recovery)
+    with ctx.write_ahead("update_cluster", f"HyperPod cluster {cl.name}: "
+                         + ("" if tiered_ok else f"TieredStorageConfig {desired}, ") + f"NodeRecovery {node_recovery}"):
+        if tiered_ok:
+            _update_node_recovery(ctx, node_recovery)
+        else:
+            ctx.hyperpod.update_tiered_storage(cl.name, mode, percent, node_recovery)
     after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                       progress=ctx.say)
     if after.node_recovery is not None and after.node_recovery != node_recovery:

@@ -31,7 +31,7 @@ KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _cases(pairs: list[tuple[str, str]], *marks: pytest.MarkDecorator) -> list[object]:
-    out = []
+    out: list[object] = []
     for step, fault in pairs:
         extra = [pytest.mark.xfail(strict=True, reason=KNOWN[(step, fault)])] if (step, fault) in KNOWN else []
         out.append(pytest.param(step, fault, marks=[*marks, *extra], id=f"{step}-{fault}"))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import urllib3
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -62,11 +63,25 @@ def api_error(exc: ApiException, what: str) -> Exception:
     return PermanentError(text)
 
 
+# A connection dropped without an answer, refused, reset or timed out: the API server may or may not have applied
+# a write, so the reconciler observes again on retry (every stage is idempotent). Temporary, never a raw traceback.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError, urllib3.exceptions.TimeoutError,
+    ConnectionError, TimeoutError)
+
+
+def network_error(exc: BaseException, what: str) -> TemporaryError:
+    return TemporaryError(f"{what}: the Kubernetes API did not answer ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); retrying observes the live state again", delay=5)
+
+
 def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
     except ApiException as exc:
         raise api_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
+    except NETWORK_ERRORS as exc:
+        raise network_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
 
 
 def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -76,6 +91,8 @@ def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         if exc.status == 404:
             return None
         raise api_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
+    except NETWORK_ERRORS as exc:
+        raise network_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
 
 
 class ClusterAccess:

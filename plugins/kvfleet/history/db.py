@@ -27,6 +27,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 # The path helpers live in the leaf module kvfleet.paths (clients and the sandbox use them too); re-exported
 # here for callers that import them from the history.
@@ -240,6 +241,13 @@ def migration_url() -> str:
     return owner_url() or history_url()
 
 
+def _same_database(a: str, b: str) -> bool:
+    """Two URLs of one database (a writer and an owner role): same host, port and database name."""
+    ua, ub = make_url(a), make_url(b)
+    return ((ua.host, ua.port, ua.database, ua.query.get("host"))
+            == (ub.host, ub.port, ub.database, ub.query.get("host")))
+
+
 def get_engine(url: str | None = None) -> Engine:
     """The engine for the history database, with its schema migrated to head (as the owner when the URL is
     the configured writer's and an owner URL is known)."""
@@ -253,6 +261,13 @@ def get_engine(url: str | None = None) -> Engine:
     from kvfleet.history.migrate import ensure_schema
 
     owner = None if explicit else owner_url()
+    if owner and owner != url and not _same_database(owner, url):
+        # e.g. an owner URL inherited from another environment while the writer is the embedded server
+        fallback = None if _configured_url() else embedded().url(HISTORY_DB, OWNER_ROLE)
+        log.warning("the history owner URL points at another database than the writer's: ignoring it (%s); set "
+                    "KVFLEET_HISTORY_OWNER_URL beside KVFLEET_HISTORY_URL",
+                    "using the embedded owner" if fallback else "migrating with the writer's URL")
+        owner = fallback
     if owner and owner != url:
         owner_engine = create_engine(owner)
         try:

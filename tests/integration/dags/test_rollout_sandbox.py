@@ -120,7 +120,10 @@ def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_
                                                                        lock_wait_minutes=0.02))
     assert dr.state == "failed"
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    assert [s["stage"] for s in history.steps(run_key)] == ["plan"]  # nothing changed on the cluster
+    steps = history.steps(run_key)
+    # nothing changed on the cluster: the plan, then only the failure of the task that waited for the lease
+    assert steps[0]["stage"] == "plan" and all(s["step"].startswith("error:") for s in steps[1:]), steps
+    assert history.run(run_key)["status"] == "failed"
     assert history.lock_of("c-patch")["holder"] == "kvfleet_curvine_upgrade/other-run"
 
 
@@ -163,5 +166,5 @@ def test_bad_params_are_refused_before_any_change(dagbag, history, sandbox_proce
         dag.test(run_conf=conf(small_fleet, approval="sometimes"))
     sandbox_process.admin("/reset-requests", {})
     dr = dag.test(run_conf=conf(small_fleet, clusters=["c-nope"]))
-    assert dr.state == "failed" and history.run(f"kvfleet_rollout/{dr.run_id}") is None
+    assert dr.state == "failed" and history.run(f"kvfleet_rollout/{dr.run_id}")["status"] == "refused"
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}

@@ -146,16 +146,18 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
     (action,) = fixed.remediations
     assert (action["action"], action["outcome"]) == ("patch_endpoints", "changed")
     assert set(action["kinds"]) == {"patch_lost_to_reconcile", "operator_l2_url"}
-    assert {r["remediation"]["action"] for r in _open(drift_history)} == {"patch_endpoints"}
     mutated = _mutating(converged, PROD)["k8s"]
     assert ("patch", "deployments", ep.namespace, ep.name) in mutated
     assert not any(v == "delete" for v, *_ in mutated)  # a patch, never a rollback or a re-create
-
-    after = _check(drift_ctx, drift_history)
-    assert after.findings == [] and after.sync["resolved"] == 3
+    # the run observed again after remediating and resolved what it fixed (issue 16): nothing stays open
+    assert _open(drift_history) == []
     resolved = [r for r in drift_history.query("drift_since", cutoff=datetime.now(UTC) - timedelta(hours=1))
                 if r["endpoint"] == ep.key]
-    assert len(resolved) == 3 and all(r["resolved_at"] and r["remediation"] for r in resolved)
+    assert len(resolved) == 3 and all(r["resolved_at"] and r["resolution"] == "remediated"
+                                      and r["remediation_action"] == "patch_endpoints" for r in resolved)
+
+    after = _check(drift_ctx, drift_history)
+    assert after.findings == [] and after.sync["resolved"] == 0
 
 
 
@@ -210,7 +212,7 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
     assert values["worker"]["replicas"] == spec.worker_replicas  # --reuse-values kept the rest
 
     after = _check(drift_ctx, drift_history)
-    assert after.findings == [] and after.sync["resolved"] == 1  # the flag; the loss was resolved by `fixed`
+    assert after.findings == [] and after.sync["resolved"] == 0  # the flag and the loss were resolved by `fixed`
 
 
 def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(

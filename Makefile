@@ -40,7 +40,7 @@ down:
 	bash tools/down.sh
 
 lint: install
-	$(VENV)/bin/ruff check plugins dags tests bench
+	$(VENV)/bin/ruff check plugins sandbox dags tests bench
 	$(VENV)/bin/mypy
 
 bench: install tools
@@ -48,19 +48,19 @@ bench: install tools
 
 install: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml sandbox/pyproject.toml
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	@if command -v uv >/dev/null 2>&1; then \
 		echo "installing from requirements.lock with uv"; \
 		[ -x $(PY) ] || uv venv -q --python $(PYTHON) $(VENV); \
 		VIRTUAL_ENV=$(VENV) uv pip install -q -r requirements.lock && \
-		VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e .; \
+		VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e . -e ./sandbox; \
 	else \
 		echo "installing from requirements.lock with pip (install uv to make this ~10x faster)"; \
 		[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
 		$(PY) -m pip install -q --upgrade pip && \
 		$(PY) -m pip install -q -r requirements.lock && \
-		$(PY) -m pip install -q --no-deps -e .; \
+		$(PY) -m pip install -q --no-deps -e . -e ./sandbox; \
 	fi
 	@touch $(STAMP)
 

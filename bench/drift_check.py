@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoints-per-cluster", type=int, default=100)
     args = ap.parse_args(argv)
 
-    from kvfleet.sandbox.runtime import start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}{os.pathsep}{os.environ['PATH']}"
     os.environ.setdefault("KVFLEET_POLL_SECONDS", "0.05")

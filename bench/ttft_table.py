@@ -16,7 +16,7 @@ What it does, like the blog and like vLLM's own benchmark:
 - runs the 4-turn conversation (530 → 2,114 tokens, 32 output tokens per turn) on ml.g6e.4xlarge: turn time is
   the end-to-end request time (to ``[DONE]``), because the published totals include decode. Cold: every turn sent
   to pod A as a conversation it has never seen. Warm: pod A plays the conversation once (writing every turn to
-  L2), then pod B replays it and every turn is a 100 % LMCache hit (see ``kvfleet.sandbox.ttft_model``).
+  L2), then pod B replays it and every turn is a 100 % LMCache hit (see ``kvfleet_sandbox.ttft_model``).
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def start(state_dir: Path, noise: float | None = None, seed: int | None = None
     """The sandbox runtime with only the vLLM controller; returns (stop, g5 endpoint, g6e endpoint)."""
     from kubernetes import client
 
-    from kvfleet.sandbox.runtime import eks_token, start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import eks_token, start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     settings = SandboxSettings()
     if noise is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.util
 import json
 import logging
 import os
@@ -476,18 +477,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--user", default=getpass.getuser(), help="respond: recorded as the responder")
     g.set_defaults(func=cmd_gate)
 
-    try:
-        from kvfleet.sandbox.cli import add_sandbox_parser
-    except ImportError:  # the sandbox ships with the package; this only guards partial installs
-        pass
-    else:
-        add_sandbox_parser(sub)
+    sb = sub.add_parser("sandbox", help="the digital twin (up, down, status): runs `kvfleet-sandbox`, a separate "
+                        "distribution that production installs do not carry", add_help=False)
+    sb.add_argument("sandbox_args", nargs=argparse.REMAINDER)
+    sb.set_defaults(func=cmd_sandbox)
 
     dm = sub.add_parser("demo", help="start the sandbox and embedded PostgreSQL, run kvfleet_rollout, print results")
     dm.add_argument("--fleet", default=DEFAULT_FLEET)
     dm.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
     dm.set_defaults(func=lambda ns: __import__("kvfleet.demo", fromlist=["run"]).run(ns))
     return p
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """Hand `kvfleet sandbox ...` to the twin's own command: kvfleet never imports the twin. The process is replaced
+    (exec), so the PID, the signals and the exit status are the twin's, as if `kvfleet-sandbox` had been run."""
+    if importlib.util.find_spec("kvfleet_sandbox") is None:
+        print("kvfleet sandbox: the twin is not installed in this environment (it is the separate distribution "
+              "kvfleet-sandbox: `pip install -e ./sandbox` in a checkout)", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "kvfleet_sandbox", *args.sandbox_args])
 
 
 def _logs_to_stderr() -> None:
@@ -502,6 +513,9 @@ def _logs_to_stderr() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _logs_to_stderr()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sandbox"]:  # everything after `sandbox`, --help included, belongs to the twin's command
+        return cmd_sandbox(argparse.Namespace(sandbox_args=argv[1:]))
     args = build_parser().parse_args(argv)
     # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
     # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.

@@ -54,11 +54,11 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def _sandbox_env(stack: ExitStack, fleet: Path, root: Path, keep: bool) -> dict[str, str]:
     """Start the sandbox as its own process (`kvfleet sandbox up`), as a user would, and read what it exports.
     kvfleet never imports the sandbox: it reaches it through the env file only, and stops it with `down`."""
-    if importlib.util.find_spec("kvfleet.sandbox") is None:
+    if importlib.util.find_spec("kvfleet_sandbox") is None:
         print("    (sandbox not available in this build: the rollout only plans)")
         return {}
     state = root / "sandbox"
-    sandbox_cli = [sys.executable, "-m", "kvfleet.sandbox.cli"]
+    sandbox_cli = [sys.executable, "-m", "kvfleet_sandbox.cli"]
     env = dict(os.environ)
     _run([*sandbox_cli, "up", "--fleet", str(fleet), "--state-dir", str(state), "--timeout", "120"], env)
     if keep:

@@ -1,6 +1,6 @@
 """The sandbox's stand-in Curvine charts create the same kinds of object as the real ones (issue 13 §2, §4).
 
-Real `helm template` of plugins/kvfleet/sandbox/charts/{curvine,curvine-csi} is checked against the recorded facts
+Real `helm template` of sandbox/kvfleet_sandbox/charts/{curvine,curvine-csi} is checked against the recorded facts
 (tests/conformance/facts/curvine_charts.yaml): the runtime chart's ServiceAccount, Role and RoleBinding and its
 pre-upgrade hook Job, the CSI chart's ServiceAccounts and ClusterRoles/ClusterRoleBindings with upstream's rules,
 upstream's worker placement (no node selector, preferred anti-affinity unless `required`) and no format_journal.
@@ -23,7 +23,7 @@ from kvfleet.clients.helm import helm_binary, split_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = yaml.safe_load((Path(__file__).parent / "facts" / "curvine_charts.yaml").read_text())
-STAND_INS = ROOT / "plugins" / "kvfleet" / "sandbox" / "charts"
+STAND_INS = ROOT / "sandbox" / "kvfleet_sandbox" / "charts"
 DEFAULT_UPSTREAM = ROOT.parent / "shared" / "reference" / "upstream" / "curvine-helm"
 NAMESPACE = "curvine"
 

@@ -50,8 +50,8 @@ def bare_twin(tmp_path: Path):  # type: ignore[no-untyped-def]
     identity (EKS-style bearer token, so kvfleet's RBAC applies)."""
     from kubernetes import client
 
-    from kvfleet.sandbox.runtime import eks_token, start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import eks_token, start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     sandbox = start_sandbox(Path(__file__).resolve().parents[2] / "fleet.example.yaml", tmp_path / "sb",
                             SandboxSettings(), controllers=())

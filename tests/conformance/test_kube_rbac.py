@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.sandbox.kube import KubeApiServer, KubeStore
-from kvfleet.sandbox.kube.auth import TOKEN_PREFIX, Authenticator, UserInfo, presigned_token
-from kvfleet.sandbox.kube.tls import make_tls
+from kvfleet_sandbox.kube import KubeApiServer, KubeStore
+from kvfleet_sandbox.kube.auth import TOKEN_PREFIX, Authenticator, UserInfo, presigned_token
+from kvfleet_sandbox.kube.tls import make_tls
 
 FACTS = yaml.safe_load((Path(__file__).parent / "facts" / "kube_rbac.yaml").read_text())
 ROOT = Path(__file__).resolve().parents[2]

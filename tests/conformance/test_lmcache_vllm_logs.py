@@ -1,6 +1,6 @@
 """Conformance: the twin's LMCache/vLLM log lines against the recorded upstream facts
 (facts/lmcache_vllm_logs.yaml), and kvfleet's parser against the twin's lines. No server is started: the lines come
-from the twin's own formatting functions (``kvfleet.sandbox.controllers._lmcache``)."""
+from the twin's own formatting functions (``kvfleet_sandbox.controllers._lmcache``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kvfleet.fleet import lmcache_log
-from kvfleet.sandbox.controllers import _lmcache as lm
+from kvfleet_sandbox.controllers import _lmcache as lm
 
 FACTS = yaml.safe_load((Path(__file__).parent / "facts" / "lmcache_vllm_logs.yaml").read_text())
 IDS = FACTS["vllm"]["request_ids"]

@@ -15,7 +15,7 @@ import yaml
 from botocore.exceptions import ClientError
 
 from kvfleet.clients.aws_prereqs import READ_OPS
-from kvfleet.sandbox.aws import AwsEmulator
+from kvfleet_sandbox.aws import AwsEmulator
 
 SHEET = yaml.safe_load((Path(__file__).parent / "facts" / "moto_coverage.yaml").read_text())
 EBS_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"

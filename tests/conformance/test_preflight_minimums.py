@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from kvfleet.fleet import constants as C
-from kvfleet.sandbox import aws_prereqs as seed
 from kvfleet.stages import preflight
+from kvfleet_sandbox import aws_prereqs as seed
 
 SHEET = yaml.safe_load((Path(__file__).parent / "facts" / "preflight_minimums.yaml").read_text())
 

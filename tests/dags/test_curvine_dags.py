@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.sandbox.runtime import Sandbox, start_sandbox
-from kvfleet.sandbox.twin import SandboxSettings
 from kvfleet.stages import curvine
 from kvfleet.stages.base import StageContext
+from kvfleet_sandbox.runtime import Sandbox, start_sandbox
+from kvfleet_sandbox.twin import SandboxSettings
 
 pytestmark = pytest.mark.e2e
 

@@ -22,8 +22,8 @@ def test_schedule_and_params(dagbag) -> None:  # type: ignore[no-untyped-def]
 
 def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(dagbag, history, example_fleet, tmp_path,
                                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from kvfleet.sandbox.runtime import start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     sandbox = start_sandbox(example_fleet, tmp_path / "sb", SandboxSettings(time_scale=0.005))
     try:

@@ -34,9 +34,9 @@ DOCKERFILE = ROOT / "Dockerfile"
 ENV_EXAMPLE = ROOT / ".env.example"
 K8S = ROOT / "k8s"
 TOOLS = ROOT / ".tools" / "bin"
-IEC_CRD = ROOT / "plugins" / "kvfleet" / "sandbox" / "data" / (
+IEC_CRD = ROOT / "sandbox" / "kvfleet_sandbox" / "data" / (
     "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml")
-CURVINE_CHART = ROOT / "plugins" / "kvfleet" / "sandbox" / "charts" / "curvine"
+CURVINE_CHART = ROOT / "sandbox" / "kvfleet_sandbox" / "charts" / "curvine"
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
                     "airflow-worker")
 HELM_VALUES = ("curvine/values-install.yaml", "curvine/values-safe.yaml")
@@ -314,7 +314,7 @@ def _manifests() -> list[Path]:
 
 @pytest.fixture(scope="module")
 def kyverno_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from kvfleet.sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.runtime import start_sandbox
 
     fleet = ROOT / "fleet.example.yaml"
     sandbox = start_sandbox(fleet, tmp_path_factory.mktemp("k8s-dry-run"), controllers=("kyverno",))

@@ -15,7 +15,7 @@ import boto3
 import pytest
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.sandbox.runtime import port_refuses
+from kvfleet_sandbox.runtime import port_refuses
 
 pytestmark = pytest.mark.e2e
 

@@ -36,8 +36,8 @@ def fault_env(pg, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:  #
 
     from kvfleet.history.db import dispose_engines, get_engine
     from kvfleet.history.repo import History
-    from kvfleet.sandbox.runtime import start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     pg.ensure_database(name)

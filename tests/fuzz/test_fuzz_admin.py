@@ -20,7 +20,7 @@ import fuzzgen
 import pytest
 
 from kvfleet.fleet.inventory import parse_inventory
-from kvfleet.sandbox.runtime import Sandbox, start_sandbox
+from kvfleet_sandbox.runtime import Sandbox, start_sandbox
 
 SEEDS = json.loads((Path(__file__).resolve().parents[2] / "tests" / "data" / "fuzz_seeds.json").read_text())
 CLUSTER = "c1"

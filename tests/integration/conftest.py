@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kvfleet.fleet.inventory import Inventory
-from kvfleet.sandbox.runtime import Sandbox, eks_token, start_sandbox
-from kvfleet.sandbox.twin import SandboxSettings
+from kvfleet_sandbox.runtime import Sandbox, eks_token, start_sandbox
+from kvfleet_sandbox.twin import SandboxSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_FLEET = ROOT / "fleet.example.yaml"

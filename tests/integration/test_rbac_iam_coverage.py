@@ -40,8 +40,8 @@ import yaml
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.endpoint_spec import kyverno_policy
 from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
-from kvfleet.sandbox.runtime import start_sandbox
-from kvfleet.sandbox.twin import SandboxSettings
+from kvfleet_sandbox.runtime import start_sandbox
+from kvfleet_sandbox.twin import SandboxSettings
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kvfleet.sandbox import ttft_model as tm
+from kvfleet_sandbox import ttft_model as tm
 
 G5 = tm.PROFILES["ml.g5.4xlarge"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.history.repo import History
-from kvfleet.sandbox.runtime import Sandbox
 from kvfleet.stages.base import StageContext
+from kvfleet_sandbox.runtime import Sandbox
 
 CLUSTER = "ml-cv"
 NS = "curvine"

@@ -10,9 +10,9 @@ from opskit import CLUSTER, NS, wait
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
-from kvfleet.sandbox.chart_repo import CRASHLOOP_WORKER
 from kvfleet.stages import curvine_upgrade as up
 from kvfleet.stages.curvine_upgrade import UpgradeRequest
+from kvfleet_sandbox.chart_repo import CRASHLOOP_WORKER
 
 pytestmark = pytest.mark.integration
 

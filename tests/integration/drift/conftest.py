@@ -18,8 +18,8 @@ from kvfleet.stages.base import StageContext, Timeouts
 
 @pytest.fixture(scope="module")
 def drift_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from kvfleet.sandbox.runtime import start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     inv = small_inventory()
     sandbox = start_sandbox(inv, tmp_path_factory.mktemp("drift-sandbox"), SandboxSettings(time_scale=0.005))

@@ -68,8 +68,8 @@ def _counted_check(sandbox, inv: Inventory):  # type: ignore[no-untyped-def]
 
 
 def test_request_counts_do_not_grow_with_endpoints(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from kvfleet.sandbox.runtime import start_sandbox
-    from kvfleet.sandbox.twin import SandboxSettings
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
 
     big = fleet_of(200)
     small = dataclasses.replace(big, endpoints=big.endpoints[:10])

@@ -1,7 +1,7 @@
 """Preflight and NodeRecovery against the twin: the process environment points kvfleet's clients at the sandbox
 exactly as the Airflow connections would in production (AWS endpoint, credentials); nothing else differs.
 
-``prepared`` is the example fleet's sandbox with every prerequisite of ``kvfleet.sandbox.aws_prereqs`` created
+``prepared`` is the example fleet's sandbox with every prerequisite of ``kvfleet_sandbox.aws_prereqs`` created
 (idempotent, so it holds whether or not the sandbox's start-up already seeded them)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from preflightkit import CLUSTER
 
 from kvfleet.fleet.inventory import Inventory, load_inventory
-from kvfleet.sandbox.aws_prereqs import seed_prerequisites
 from kvfleet.stages.base import StageContext, Timeouts
+from kvfleet_sandbox.aws_prereqs import seed_prerequisites
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import warnings
 import pytest
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.sandbox.aws_prereqs import seed_prerequisites
 from kvfleet.stages import preflight
 from kvfleet.stages.base import StageContext
+from kvfleet_sandbox.aws_prereqs import seed_prerequisites
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from preflightkit import CLUSTER, aws_client
 
-from kvfleet.sandbox.aws_prereqs import EBS_CSI_POLICY_ARN, EBS_CSI_ROLE
 from kvfleet.stages import preflight
+from kvfleet_sandbox.aws_prereqs import EBS_CSI_POLICY_ARN, EBS_CSI_ROLE
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_refuse_if_missing_raises_with_every_fix(prepared, make_ctx) -> None:
 
 
 def test_seeding_is_idempotent(prepared, inventory, make_ctx) -> None:
-    from kvfleet.sandbox.aws_prereqs import seed_prerequisites
+    from kvfleet_sandbox.aws_prereqs import seed_prerequisites
 
     seed_prerequisites(prepared.aws, inventory.clusters)  # the runtime may already have seeded: nothing changes
     trust = aws_client(prepared, "iam").get_role(RoleName=EXEC_ROLE)["Role"]["AssumeRolePolicyDocument"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kube_manifests import TLS, TOKEN, TOOLS, admin_authenticator
 
-from kvfleet.sandbox.kube import KubeApiServer, KubeStore
+from kvfleet_sandbox.kube import KubeApiServer, KubeStore
 
 
 @pytest.fixture

@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from kvfleet.sandbox.kube.auth import Authenticator, UserInfo
-from kvfleet.sandbox.kube.tls import make_tls
+from kvfleet_sandbox.kube.auth import Authenticator, UserInfo
+from kvfleet_sandbox.kube.tls import make_tls
 
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / ".tools" / "bin"
 CHARTS = Path(__file__).resolve().parent / "charts"
-IEC_CRD = REPO / "plugins" / "kvfleet" / "sandbox" / "data" / \
+IEC_CRD = REPO / "sandbox" / "kvfleet_sandbox" / "data" / \
     "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"
 # The emulator's admin (system:masters) in these tests: a static bearer token, like the sandbox's own admin.
 # EKS-shaped tokens and RBAC are tested in test_kube_rbac.py and tests/conformance/test_kube_rbac.py.

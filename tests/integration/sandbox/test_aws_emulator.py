@@ -1,4 +1,4 @@
-"""The sandbox's AWS emulator, driven only through real boto3 clients (kvfleet.sandbox.aws).
+"""The sandbox's AWS emulator, driven only through real boto3 clients (kvfleet_sandbox.aws).
 
 Every answer is parsed by botocore itself, and :func:`assert_output_shape` then checks the parsed answer
 against the operation's output shape with botocore's validator (required members, types), because the parser
@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 
 from kvfleet.fleet.constants import OPERATOR_ADDON
-from kvfleet.sandbox.aws import AwsEmulator
+from kvfleet_sandbox.aws import AwsEmulator
 
 pytestmark = pytest.mark.integration
 

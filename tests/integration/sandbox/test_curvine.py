@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from kube_manifests import TOOLS
 
-from kvfleet.sandbox.chart_repo import ChartRepository, acquire_shared, release_shared
-from kvfleet.sandbox.runtime import Sandbox
-from kvfleet.sandbox.twin import ClusterTwin
+from kvfleet_sandbox.chart_repo import ChartRepository, acquire_shared, release_shared
+from kvfleet_sandbox.runtime import Sandbox
+from kvfleet_sandbox.twin import ClusterTwin
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import yaml
 from kube_manifests import IEC_CRD, TOKEN, admin_authenticator, iec
 from kubernetes import client, watch
 
-from kvfleet.sandbox.kube import ApiError, ProxyResponse
+from kvfleet_sandbox.kube import ApiError, ProxyResponse
 
 pytestmark = pytest.mark.integration
 IEC = ("inference.sagemaker.aws.amazon.com", "v1", "inferenceendpointconfigs")
@@ -221,7 +221,7 @@ def test_pod_proxy_streams_chunks_as_they_are_produced(kube, api):
 def test_stop_ends_open_watches_and_closes_the_port(api):
     import socket
 
-    from kvfleet.sandbox.kube import KubeApiServer, KubeStore
+    from kvfleet_sandbox.kube import KubeApiServer, KubeStore
     store = KubeStore("other")
     server = KubeApiServer(store, authenticator=admin_authenticator())
     server.start()

@@ -9,7 +9,7 @@ import yaml
 from kube_manifests import DEPLOYMENT, IEC_CRD, TOKEN, iec
 from kubernetes import client
 
-from kvfleet.sandbox.kube import ApiError, KubeStore
+from kvfleet_sandbox.kube import ApiError, KubeStore
 
 pytestmark = pytest.mark.integration
 SMP = "application/strategic-merge-patch+json"

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from kvfleet.fleet.constants import OPERATOR_ADDON
-from kvfleet.sandbox.runtime import Sandbox
+from kvfleet_sandbox.runtime import Sandbox
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

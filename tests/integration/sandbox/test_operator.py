@@ -24,7 +24,7 @@ from kvfleet.fleet.constants import (
     OPERATOR_L2_URL,
     OPERATOR_NAMESPACE,
 )
-from kvfleet.sandbox.runtime import Sandbox
+from kvfleet_sandbox.runtime import Sandbox
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

@@ -21,8 +21,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.sandbox.runtime import Sandbox, port_refuses
-from kvfleet.sandbox.twin import gpus_per_instance
+from kvfleet_sandbox.runtime import Sandbox, port_refuses
+from kvfleet_sandbox.twin import gpus_per_instance
 
 ROOT = Path(__file__).resolve().parents[3]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
@@ -318,7 +318,7 @@ def test_a_failing_controller_stops_everything_started(sandbox_factory, monkeypa
         started.append(twin.aws.port)
         raise RuntimeError("controller bug")
 
-    module = types.ModuleType("kvfleet.sandbox.controllers.broken")
+    module = types.ModuleType("kvfleet_sandbox.controllers.broken")
     module.attach = attach  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     with pytest.raises(RuntimeError, match="controller bug"):

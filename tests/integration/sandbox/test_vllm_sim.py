@@ -19,8 +19,8 @@ from kubernetes import client
 
 from kvfleet.fleet import lmcache_log
 from kvfleet.fleet.constants import L2_URL, OPERATOR_L2_URL
-from kvfleet.sandbox.controllers import vllm
-from kvfleet.sandbox.twin import Clock, ClusterTwin, SandboxSettings
+from kvfleet_sandbox.controllers import vllm
+from kvfleet_sandbox.twin import Clock, ClusterTwin, SandboxSettings
 
 pytestmark = pytest.mark.integration
 NS = "default"

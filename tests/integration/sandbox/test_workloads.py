@@ -15,7 +15,7 @@ import boto3
 import pytest
 from kubernetes import client
 
-from kvfleet.sandbox.runtime import Sandbox
+from kvfleet_sandbox.runtime import Sandbox
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

@@ -232,6 +232,31 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
     assert {".git", ".venv", ".env", "tests"} <= ignored
 
 
+def test_the_production_image_carries_no_twin(tmp_path: Path) -> None:
+    """The image installs kvfleet from what the Dockerfile copies (pyproject.toml, README.md, plugins/): build that
+    wheel the same way and look inside. The twin is the separate distribution kvfleet-sandbox (sandbox/), which the
+    Dockerfile never copies and .dockerignore keeps out of the build context."""
+    import zipfile
+
+    text = re.sub(r"^#.*$", "", DOCKERFILE.read_text(), flags=re.M)
+    assert "sandbox" not in text
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert "sandbox" in ignored
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "plugins", src / "plugins", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("kvfleet-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("kvfleet/stages/") for n in names)
+    assert [n for n in names if "sandbox" in n.split("/")[0] or n.startswith("kvfleet_sandbox")] == []
+    assert [n for n in names if n.startswith("kvfleet/") and "sandbox" in n] == []
+
+
 def test_dags_parse_with_the_image_environment_and_no_network(tmp_path: Path) -> None:
     probe = r"""
 import glob, runpy, socket, sys

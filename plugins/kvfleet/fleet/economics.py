@@ -160,7 +160,7 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
     if t.sweep:
         curve, curve_name = tuple(sorted(t.sweep)), "measured sweep"
     else:
-        curve = (profiles or PROFILES).get(t.instance_type) or PUBLISHED_G5
+        curve = tuple((profiles or PROFILES).get(t.instance_type) or PUBLISHED_G5)
         curve_name = f"published curve for {t.instance_type}" if known else "published ml.g5.4xlarge curve"
         if not known:
             assumptions.append(f"no published curve for {t.instance_type!s:.40}: the ml.g5.4xlarge curve is used")

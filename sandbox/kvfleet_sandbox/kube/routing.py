@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kvfleet_sandbox.kube import discovery, patching, protobuf
+from kvfleet_sandbox.kube import discovery, patching, protobuf, services
 from kvfleet_sandbox.kube.errors import ApiError, not_found
 from kvfleet_sandbox.kube.label_selectors import field_matcher, label_matcher
 from kvfleet_sandbox.kube.rbac import Attributes, acting_as, forbidden
@@ -30,6 +30,7 @@ from kvfleet_sandbox.kube.store import RequestRecord, WatchEvent
 if TYPE_CHECKING:
     from kvfleet_sandbox.kube.server import KubeApiServer, _Handler
 
+PROXY_METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS")  # proxyMethods of the pod and service proxy
 _VERB_BY_METHOD = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
@@ -421,15 +422,24 @@ class Request:
         return int(named[0]["containerPort"])
 
     def proxy(self) -> None:
+        """``pods/{name}[:port]/proxy/...`` to that pod, or ``services/{id}/proxy/...`` to one Ready endpoint of the
+        Service (``services.resolve``); both end in the store's pod-proxy handlers."""
+        if self.req.command not in PROXY_METHODS:
+            raise ApiError(405, "MethodNotAllowed", f"{self.req.command} is not supported by the proxy subresource")
         raw = self.route.name or ""
-        name, _, port = raw.partition(":")
-        pod = self._pod(name)
-        headers = {k: v for k, v in self.req.headers.items()}
-        resp = self.store.pod_proxy(self.route.namespace, name, self._port(pod, port or None), self.req.command,
+        if self.rtype.key == ("", "services"):
+            backend = services.resolve(self.store, self.route.namespace or "default", raw)
+            name, port_number = backend.pod, backend.port
+            unreachable = f'error trying to reach service: pod "{name}" does not answer on port {port_number}'
+        else:
+            name, _, port = raw.partition(":")
+            port_number = self._port(self._pod(name), port or None)
+            unreachable = f'no endpoints available for pod "{name}": no handler serves this pod'
+        headers = dict(self.req.headers.items())
+        resp = self.store.pod_proxy(self.route.namespace, name, port_number, self.req.command,
                                     "/" + self.route.rest, self.query, headers, self.body)
         if resp is None:
-            raise ApiError(503, "ServiceUnavailable",
-                           f'no endpoints available for pod "{name}": no handler serves this pod')
+            raise ApiError(503, "ServiceUnavailable", unreachable)
         if isinstance(resp.body, bytes | bytearray):
             self.req.send_bytes(resp.status, bytes(resp.body), resp.headers)
             return

@@ -146,8 +146,8 @@ def test_cluster_level_kinds(inv) -> None:  # type: ignore[no-untyped-def]
     obs.curvine_live_workers = 1
     obs.policy = None
     found = rules.classify(inv, STAGE, obs)
-    assert kinds(found) == ["addon_not_active", "curvine_workers_mismatch", "format_flag_set", "policy_missing",
-                            "tiered_storage_mismatch"]
+    assert kinds(found) == ["addon_missing", "addon_not_active", "curvine_workers_mismatch", "format_flag_set",
+                            "policy_missing", "tiered_storage_mismatch"]
     flag = next(f for f in found if f.kind == "format_flag_set")
     assert (flag.field, flag.expected, flag.actual, flag.severity) == ("cluster.formatMaster", "false", "true",
                                                                         "critical")
@@ -228,3 +228,41 @@ def test_remediation_plan_groups_by_action() -> None:
     assert [x.kind for x in plan["restore_operator"]] == ["operator_paused"]
     assert [x.kind for x in plan["flip_format_flags"]] == ["format_flag_set"]
     assert [x.kind for x in plan["patch_endpoints"]] == ["patch_lost_to_reconcile", "operator_l2_url"]
+
+
+def test_overloaded_kinds_are_split_so_a_query_by_kind_tells_the_truth(inv) -> None:  # type: ignore[no-untyped-def]
+    """Issue 21: one kind per condition (a missing add-on, a wrong version, a missing operator, a missing
+    release, an unreadable master, a changed policy are each their own kind)."""
+    cl = inv.cluster(PROD)
+    addons = {n: {"status": "ACTIVE", "version": "v1", "diffs": []} for n in C.ADDON_ORDER}
+    addons["metrics-server"] = None
+    addons["cert-manager"] = {"status": "DEGRADED", "version": "v1", "diffs": []}
+    (pinned,) = [a for a in cl.addons if a.version]  # the example pins the operator add-on's version
+    addons[pinned.name] = {"status": "ACTIVE", "version": "v0", "diffs": ["version v0"]}
+    addons["aws-fsx-csi-driver"] = {"status": "ACTIVE", "version": "v1", "diffs": ["configurationValues differ"]}
+    found = {(f.kind, f.object_ref) for f in rules.addon_findings(cl, addons)}
+    assert found == {("addon_missing", "EksAddon/metrics-server"), ("addon_not_active", "EksAddon/cert-manager"),
+                     ("addon_version_mismatch", f"EksAddon/{pinned.name}"),
+                     ("addon_config_mismatch", "EksAddon/aws-fsx-csi-driver")}
+    (op,) = rules.operator_findings(cl, inv, None, NOW, None)
+    assert op.kind == "operator_missing"
+    (rel,) = rules.curvine_findings(cl, None, None, "release not found")
+    assert rel.kind == "curvine_release_missing" and rel.severity == "high"
+    (unread,) = rules.curvine_findings(cl, {"cluster": {}}, None, "master API: timeout")
+    assert unread.kind == "curvine_master_unreadable" and unread.actual == "unknown: master API: timeout"
+    (mismatch,) = rules.curvine_findings(cl, {"cluster": {}}, cl.curvine.worker_replicas + 1, None)
+    assert mismatch.kind == "curvine_workers_mismatch"
+    changed = kyverno_policy(inv.settings)
+    changed["spec"]["background"] = True
+    assert [f.kind for f in rules.policy_findings(cl, inv, changed)] == ["policy_changed"]
+    assert [f.kind for f in rules.policy_findings(cl, inv, None)] == ["policy_missing"]
+    plan = rules.remediation_plan(rules.policy_findings(cl, inv, changed) + rules.policy_findings(cl, inv, None))
+    assert [f.kind for f in plan["ensure_policy"]] == ["policy_changed", "policy_missing"]
+
+
+def test_patchable_kinds_are_the_overlay_kinds_and_the_blocking_ones_are_the_crs() -> None:
+    from kvfleet.fleet import overlay
+
+    assert rules.PATCHABLE == overlay.VIOLATION_KINDS
+    assert not rules.PATCHABLE & rules.NOT_PATCHABLE
+    assert (rules.PATCHABLE | rules.NOT_PATCHABLE | rules.POLICY_KINDS) <= rules.KINDS

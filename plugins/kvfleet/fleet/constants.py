@@ -8,19 +8,25 @@ from __future__ import annotations
 
 from typing import Final
 
-# --- LMCache / L2 -----------------------------------------------------------------------------------
-CHUNK_SIZE: Final = 256  # LMCache stores a block only past a full 256-token chunk
-L2_MOUNT_PATH: Final = "/mnt/curvine"
-L2_URL: Final = "fs://localhost:0/mnt/curvine/l2cache/"  # host:port are placeholders fs:// ignores
-L2_SERDE: Final = "naive"  # cachegen has a zip serialization bug in the fs connector
-PYTHONHASHSEED: Final = "0"  # LMCache keys derive from Python hashes; pods must agree
-OPERATOR_L2_URL: Final = "sagemaker-hyperpod://$(NODE_IP):9200"  # node-local ai-toolkit daemon
-L2_VOLUME_NAME: Final = "curvine-l2"
+# The L2 overlay's names and defaults are defined once, in fleet.overlay (the one desired value of issue 15);
+# they are re-exported here for the twin (which may import only this module) and for older callers.
+from kvfleet.fleet.overlay import CURVINE_PVC as CURVINE_PVC
+from kvfleet.fleet.overlay import ENV_CHUNK_SIZE as ENV_CHUNK_SIZE
+from kvfleet.fleet.overlay import ENV_HASHSEED as ENV_HASHSEED
+from kvfleet.fleet.overlay import ENV_REMOTE_SERDE as ENV_REMOTE_SERDE
+from kvfleet.fleet.overlay import ENV_REMOTE_URL as ENV_REMOTE_URL
+from kvfleet.fleet.overlay import L2_MOUNT_PATH as L2_MOUNT_PATH
+from kvfleet.fleet.overlay import L2_SERDE as L2_SERDE
+from kvfleet.fleet.overlay import L2_URL as L2_URL
+from kvfleet.fleet.overlay import L2_VOLUME_NAME as L2_VOLUME_NAME
+from kvfleet.fleet.overlay import OPERATOR_L2_SCHEME as OPERATOR_L2_SCHEME
+from kvfleet.fleet.overlay import PYTHONHASHSEED as PYTHONHASHSEED
 
-ENV_REMOTE_URL: Final = "LMCACHE_REMOTE_URL"
-ENV_REMOTE_SERDE: Final = "LMCACHE_REMOTE_SERDE"
-ENV_HASHSEED: Final = "PYTHONHASHSEED"
-ENV_CHUNK_SIZE: Final = "LMCACHE_CHUNK_SIZE"
+# --- LMCache / L2 -----------------------------------------------------------------------------------
+# The overlay's names (env, mount path, volume, claim, defaults): fleet.overlay, re-exported above.
+CHUNK_SIZE: Final = 256  # LMCache stores a block only past a full 256-token chunk
+OPERATOR_L2_URL: Final = f"{OPERATOR_L2_SCHEME}$(NODE_IP):9200"  # node-local ai-toolkit daemon
+# Read by the twin's LMCache model only (the operator renders them; kvfleet never sets them).
 ENV_LOCAL_CPU: Final = "LMCACHE_LOCAL_CPU"
 ENV_MAX_LOCAL_CPU_SIZE: Final = "LMCACHE_MAX_LOCAL_CPU_SIZE"
 
@@ -70,7 +76,6 @@ CURVINE_RELEASE: Final = "curvine"
 CURVINE_CSI_RELEASE: Final = "curvine-csi"
 CURVINE_CHART_VERSION: Final = "0.3.2-alpha"
 CURVINE_STORAGE_CLASS: Final = "curvine-sc"
-CURVINE_PVC: Final = "curvine-l2-pvc"
 FORMAT_FLAGS: Final = ("formatMaster", "formatWorker", "formatJournal")  # under `cluster.`
 CURVINE_MASTER_STS: Final = "curvine-master"
 CURVINE_WORKER_STS: Final = "curvine-worker"

@@ -25,8 +25,17 @@ from typing import Any
 
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.curvine_values import flags_of
-from kvfleet.fleet.endpoint_spec import cr_differences, kyverno_policy, l2_violations, render_iec
+from kvfleet.fleet.endpoint_spec import (
+    OVERLAY_KINDS,
+    cr_differences,
+    kyverno_policy,
+    l2_violations,
+    pod_is_live,
+    render_iec,
+)
 from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory
+
+__all__ = ["pod_is_live"]  # re-exported: the one definition lives in fleet.endpoint_spec
 
 # Severity says what the drift costs: critical = data loss waiting for a restart; high = the cache (or the
 # fleet's ability to change it) is broken now; medium = wrong but working; low = bookkeeping.
@@ -42,19 +51,32 @@ SEVERITY: dict[str, str] = {
     "serde_mismatch": "high",  # from the shared l2_violations rule: cachegen breaks the fs connector
     "pvc_unbound": "high",
     "operator_paused": "high",
-    "addon_not_active": "high",
-    "policy_missing": "high",
+    "operator_missing": "high",  # the operator's controller Deployment is absent: nothing renders endpoints
+    "addon_missing": "high",  # a managed EKS add-on is not installed
+    "addon_not_active": "high",  # installed, but its status is not ACTIVE
+    "addon_version_mismatch": "high",
+    "addon_config_mismatch": "high",
+    "policy_missing": "high",  # kyverno mode, and kvfleet's ClusterPolicy is absent
+    "policy_changed": "high",  # present, but its spec is not kvfleet's
+    "curvine_release_missing": "high",  # no Curvine release: no L2 at all
     "endpoint_missing": "high",
     "cluster_unreachable": "high",
     "stale_pods": "medium",
     "cr_mismatch": "medium",
     "tiered_storage_mismatch": "medium",
     "curvine_workers_mismatch": "medium",
+    "curvine_master_unreadable": "medium",  # the release is there, its master API could not be read
     "endpoint_unmanaged": "low",
 }
 KINDS = frozenset(SEVERITY)
-# Fixed by stage 4's batched safe patch (l2_patch replaces the URL, removes duplicates, adds volume and mount).
-PATCHABLE = frozenset({"patch_lost_to_reconcile", "operator_l2_url", "duplicate_l2_url"})
+# Fixed by stage 4's batched safe patch: every kind of the overlay's violations (fleet.overlay; the property tests
+# prove the patch fixes each of them).
+PATCHABLE = OVERLAY_KINDS
+# Endpoint drift that makes the batched patch pointless: the CR itself is wrong or absent, and the operator would
+# re-render from it. Such endpoints are reported and left to a rollout (stages.drift).
+NOT_PATCHABLE = frozenset({"cr_mismatch", "endpoint_missing"})
+# Fixed by stage 4's ensure_kyverno_policy (kyverno mode).
+POLICY_KINDS = frozenset({"policy_missing", "policy_changed"})
 # How often patch_lost_to_reconcile may recur on a patch-mode cluster before kyverno mode is advised.
 ADVICE_THRESHOLD = 3
 ADVICE_WINDOW = timedelta(days=7)
@@ -156,11 +178,6 @@ def parse_time(raw: str | None) -> datetime | None:
 # ---- endpoints ----------------------------------------------------------------------------------------------
 
 
-def pod_is_live(pod: Mapping[str, Any]) -> bool:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return not meta.get("deletionTimestamp") and status.get("phase") in ("Running", "Pending", None)
-
-
 def pod_matches_template(pod: Mapping[str, Any], template_spec: Mapping[str, Any], container: str) -> bool:
     """Whether a pod runs what its Deployment's template says now, on the fields drift cares about: the vLLM
     container's image, env and mounts, and the pod's volumes. (A pod keeps the spec it was created with, so a
@@ -255,17 +272,17 @@ def addon_findings(cl: Cluster, addons: Mapping[str, Mapping[str, Any] | None]) 
         live = addons.get(name)
         ref = f"EksAddon/{name}"
         if live is None:
-            out.append(Finding("addon_not_active", cl.name, ref, "status", "ACTIVE", "not installed"))
+            out.append(Finding("addon_missing", cl.name, ref, "status", "ACTIVE", "not installed"))
             continue
         if live.get("status") != "ACTIVE":
             out.append(Finding("addon_not_active", cl.name, ref, "status", "ACTIVE", str(live.get("status"))))
         spec = cl.addon(name)
         for diff in live.get("diffs") or []:
             if diff.startswith("version") and spec.version:
-                out.append(Finding("addon_not_active", cl.name, ref, "addonVersion", spec.version,
+                out.append(Finding("addon_version_mismatch", cl.name, ref, "addonVersion", spec.version,
                                    str(live.get("version"))))
             elif diff.startswith("configurationValues"):
-                out.append(Finding("addon_not_active", cl.name, ref, "configurationValues",
+                out.append(Finding("addon_config_mismatch", cl.name, ref, "configurationValues",
                                    "as in the inventory", "differs"))
     return out
 
@@ -277,7 +294,7 @@ def operator_findings(cl: Cluster, inv: Inventory, operator: Mapping[str, Any] |
     name = ((operator or {}).get("metadata") or {}).get("name") or C.OPERATOR_DEPLOYMENT
     ref = f"Deployment/{C.OPERATOR_NAMESPACE}/{name}"
     if operator is None:
-        return [Finding("addon_not_active", cl.name, f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}",
+        return [Finding("operator_missing", cl.name, f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}",
                         "metadata", "the operator's controller Deployment (add-on or Helm name)", "absent")]
     ann = (operator.get("metadata") or {}).get("annotations") or {}
     replicas = int((operator.get("spec") or {}).get("replicas") or 0)
@@ -320,14 +337,16 @@ def curvine_findings(cl: Cluster, values: Mapping[str, Any] | None, live_workers
                      error: str | None) -> list[Finding]:
     ref = f"HelmRelease/{cl.curvine.namespace}/{C.CURVINE_RELEASE}"
     if values is None:
-        return [Finding("curvine_workers_mismatch", cl.name, ref, "release", "deployed", error or "absent")]
+        return [Finding("curvine_release_missing", cl.name, ref, "release", "deployed", error or "absent")]
     out = [Finding("format_flag_set", cl.name, ref, f"cluster.{flag}", "false", "true")
            for flag, on in flags_of(values).items() if on]
     want = cl.curvine.worker_replicas
-    if live_workers != want:
-        actual = str(live_workers) if live_workers is not None else f"unknown: {error or 'master API unreadable'}"
-        out.append(Finding("curvine_workers_mismatch", cl.name, f"CurvineMaster/{cl.curvine.namespace}/"
-                           f"{C.CURVINE_MASTER_STS}-0", "live_workers", str(want), actual))
+    master = f"CurvineMaster/{cl.curvine.namespace}/{C.CURVINE_MASTER_STS}-0"
+    if live_workers is None:
+        out.append(Finding("curvine_master_unreadable", cl.name, master, "live_workers", str(want),
+                           f"unknown: {error or 'master API unreadable'}"))
+    elif live_workers != want:
+        out.append(Finding("curvine_workers_mismatch", cl.name, master, "live_workers", str(want), str(live_workers)))
     return out
 
 
@@ -337,7 +356,7 @@ def policy_findings(cl: Cluster, inv: Inventory, policy: Mapping[str, Any] | Non
     if policy is None:
         return [Finding("policy_missing", cl.name, ref, "metadata", "present (kyverno mode)", "absent")]
     if policy.get("spec") != desired["spec"]:
-        return [Finding("policy_missing", cl.name, ref, "spec", "kvfleet's policy unchanged", "changed")]
+        return [Finding("policy_changed", cl.name, ref, "spec", "kvfleet's policy unchanged", "changed")]
     return []
 
 
@@ -383,9 +402,12 @@ def kyverno_advice(cl: Cluster, patch_losses: int) -> str | None:
 
 def remediation_plan(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
     """What the drift reconciler can fix with the rollout's own reconcilers, by action; the rest is reported."""
-    plan: dict[str, list[Finding]] = {"restore_operator": [], "flip_format_flags": [], "patch_endpoints": []}
+    plan: dict[str, list[Finding]] = {"restore_operator": [], "flip_format_flags": [], "patch_endpoints": [],
+                                      "ensure_policy": []}
     for f in findings:
-        if f.kind == "operator_paused":
+        if f.kind in POLICY_KINDS:
+            plan["ensure_policy"].append(f)
+        elif f.kind == "operator_paused":
             plan["restore_operator"].append(f)
         elif f.kind == "format_flag_set":
             plan["flip_format_flags"].append(f)

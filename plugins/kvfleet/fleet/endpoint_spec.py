@@ -1,23 +1,24 @@
-"""The desired state of one endpoint: its InferenceEndpointConfig, the L2 overlay of its Deployment, and the
-rules a Deployment and its pods must satisfy for cross-pod L2 sharing to work.
+"""The desired state of one endpoint: its InferenceEndpointConfig, and the rules a Deployment and its pods must
+satisfy for cross-pod L2 sharing to work.
 
-Pure. Used by stage 4 (render, patch, verify), stage 5 (env pre-check) and the drift check (same rules, one
-function: ``l2_violations``), so "what correct looks like" is written once.
+Pure. Used by stage 4 (render, patch, verify), stage 5 and the drift check, so "what correct looks like" is
+written once. The L2 overlay of the rendered Deployment (URL, serde, seed, volume, mount) is ONE value,
+``fleet.overlay.desired_overlay``; ``l2_violations``, ``overlay_violations``, ``l2_patch`` and ``kyverno_policy``
+here are thin derivations of it, kept under their names for stage 4's callers.
 
-Sources: DOMAIN.md stage 4 and FACTS.md §2.3 — LMCACHE_REMOTE_URL must be exactly one entry with the fs:// path
-(the operator injects its own ``sagemaker-hyperpod://`` entry, whose index varies by operator version), serde
-``naive``, ``PYTHONHASHSEED=0``, and the Curvine PVC mounted at /mnt/curvine. The URL is kept out of the CR:
-declaring it there produces a duplicate entry.
+Sources: DOMAIN.md stage 4 and FACTS.md §2.3. The L2 URL is kept out of the CR: declaring it there produces a
+duplicate entry beside the one the operator injects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import overlay as ov
 from kvfleet.fleet.inventory import Endpoint, Settings
+from kvfleet.fleet.overlay import Violation as Violation
 
 # Fields of the CR that the operator refuses to change on an existing endpoint (CRD descriptions, cited in
 # tests/conformance/facts/inference_endpoint_config.yaml: "Once set, the enabled field cannot be modified";
@@ -29,17 +30,6 @@ NOT_ADDABLE_SECTIONS = ("intelligentRoutingSpec",)
 IMMUTABLE_DEFAULTS: dict[str, Any] = {"intelligentRoutingSpec.enabled": False}
 
 
-@dataclass(frozen=True)
-class Violation:
-    kind: str  # a drift kind: duplicate_l2_url, operator_l2_url, patch_lost_to_reconcile, hash_seed_missing, ...
-    field: str
-    expected: str
-    actual: str
-
-    def text(self) -> str:
-        return f"{self.kind}: {self.field} expected {self.expected!r}, found {self.actual!r}"
-
-
 def managed_labels(ep: Endpoint) -> dict[str, str]:
     labels = {C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE, C.LOB_LABEL: ep.lob}
     if ep.l2:
@@ -48,7 +38,7 @@ def managed_labels(ep: Endpoint) -> dict[str, str]:
 
 
 def worker_env(ep: Endpoint, settings: Settings) -> list[dict[str, str]]:
-    """The worker env kvfleet declares in the CR (never LMCACHE_REMOTE_URL: see module docstring)."""
+    """The worker env kvfleet declares in the CR (never the L2 URL: see module docstring)."""
     env = {
         C.ENV_REMOTE_SERDE: settings.serde,
         C.ENV_HASHSEED: settings.hash_seed,
@@ -148,97 +138,37 @@ def immutable_changes(live_spec: Mapping[str, Any], desired_spec: Mapping[str, A
 
 def vllm_container_index(deployment: Mapping[str, Any]) -> int:
     """The operator names the vLLM container after the Deployment and puts it first (FACTS.md §2.3)."""
-    containers = _get(deployment, "spec.template.spec.containers") or []
-    name = _get(deployment, "metadata.name")
-    for i, c in enumerate(containers):
-        if c.get("name") == name:
-            return i
-    return 0
+    return ov.find_container(_get(deployment, "spec.template.spec") or {}, str(_get(deployment, "metadata.name")))[0]
+
+
+def pod_is_live(pod: Mapping[str, Any]) -> bool:
+    """THE definition of a live pod, whose spec must carry the overlay: not terminating, and Running, Pending or
+    not yet given a phase. Stage 4's checks and the drift check both count these."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return not meta.get("deletionTimestamp") and status.get("phase") in ("Running", "Pending", None)
 
 
 def l2_violations(pod_spec: Mapping[str, Any], container_name: str, settings: Settings,
                   pvc_name: str = C.CURVINE_PVC) -> list[Violation]:
     """Every way a pod spec (a Deployment template or a running pod) breaks cross-pod L2 sharing."""
-    containers = pod_spec.get("containers") or []
-    container = next((c for c in containers if c.get("name") == container_name), containers[0] if containers else {})
-    env = container.get("env") or []
-    urls = [e.get("value") for e in env if e.get("name") == C.ENV_REMOTE_URL]
-    out: list[Violation] = []
-    field = f"containers[{container.get('name')}].env"
-    if len(urls) > 1:
-        out.append(Violation("duplicate_l2_url", f"{field}[{C.ENV_REMOTE_URL}]", f"1 entry = {settings.l2_url}",
-                             f"{len(urls)} entries: {', '.join(map(str, urls))}"))
-    if urls and any(str(u).startswith("sagemaker-hyperpod://") for u in urls):
-        out.append(Violation("operator_l2_url", f"{field}[{C.ENV_REMOTE_URL}]", settings.l2_url,
-                             ", ".join(map(str, urls))))
-    elif len(urls) == 1 and urls[0] != settings.l2_url:
-        out.append(Violation("patch_lost_to_reconcile", f"{field}[{C.ENV_REMOTE_URL}]", settings.l2_url, str(urls[0])))
-    elif not urls:
-        out.append(Violation("patch_lost_to_reconcile", f"{field}[{C.ENV_REMOTE_URL}]", settings.l2_url, "absent"))
-    envmap = _env_map(env)
-    seed = envmap.get(C.ENV_HASHSEED)
-    if seed != settings.hash_seed:
-        out.append(Violation("hash_seed_missing", f"{field}[{C.ENV_HASHSEED}]", settings.hash_seed, str(seed)))
-    serde = envmap.get(C.ENV_REMOTE_SERDE)
-    if serde != settings.serde:
-        out.append(Violation("serde_mismatch", f"{field}[{C.ENV_REMOTE_SERDE}]", settings.serde, str(serde)))
-    vol = next((v for v in pod_spec.get("volumes") or [] if v.get("name") == C.L2_VOLUME_NAME), None)
-    claim = _get(vol, "persistentVolumeClaim.claimName") if vol else None
-    if claim != pvc_name:
-        out.append(Violation("patch_lost_to_reconcile", f"volumes[{C.L2_VOLUME_NAME}]", f"pvc {pvc_name}",
-                             f"pvc {claim}" if vol else "absent"))
-    mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") == C.L2_VOLUME_NAME]
-    if not any(m.get("mountPath") == C.L2_MOUNT_PATH for m in mounts):
-        out.append(Violation("patch_lost_to_reconcile", f"containers[{container.get('name')}].volumeMounts",
-                             f"{C.L2_VOLUME_NAME} at {C.L2_MOUNT_PATH}",
-                             ", ".join(str(m.get("mountPath")) for m in mounts) or "absent"))
-    return out
+    return ov.violations(ov.overlay_for(container_name, settings, pvc_name), pod_spec)
 
 
-# What the L2 overlay (patch or Kyverno) is responsible for; seed and serde come from the CR's worker env.
-OVERLAY_KINDS = frozenset({"duplicate_l2_url", "operator_l2_url", "patch_lost_to_reconcile"})
+# What the L2 overlay (patch or Kyverno) is responsible for: every kind of l2_violations.
+OVERLAY_KINDS = ov.VIOLATION_KINDS
 
 
 def overlay_violations(pod_spec: Mapping[str, Any], container_name: str, settings: Settings,
                        pvc_name: str = C.CURVINE_PVC) -> list[Violation]:
-    return [v for v in l2_violations(pod_spec, container_name, settings, pvc_name) if v.kind in OVERLAY_KINDS]
+    """Kept for stage 4's callers: the overlay is all of l2_violations now (the patch fixes every kind)."""
+    return l2_violations(pod_spec, container_name, settings, pvc_name)
 
 
 def l2_patch(deployment: Mapping[str, Any], settings: Settings, pvc_name: str = C.CURVINE_PVC) -> list[dict[str, Any]]:
-    """ONE JSON patch that leaves exactly one LMCACHE_REMOTE_URL (the fs:// URL, replacing the operator's entry
-    wherever it sits), and adds the Curvine volume and mount if missing. ``test`` ops guard the indexes, so a
-    concurrent re-render makes the patch fail instead of corrupting the env list. Empty when nothing to do."""
-    idx = vllm_container_index(deployment)
-    base = f"/spec/template/spec/containers/{idx}"
-    spec = _get(deployment, "spec.template.spec") or {}
-    container = (spec.get("containers") or [{}])[idx]
-    env = list(container.get("env") or [])
-    ops: list[dict[str, Any]] = []
-    url_idx = [i for i, e in enumerate(env) if e.get("name") == C.ENV_REMOTE_URL]
-    # Remove duplicates from the end so earlier indexes stay valid, then set the first one.
-    for i in reversed(url_idx[1:]):
-        ops += [{"op": "test", "path": f"{base}/env/{i}/name", "value": C.ENV_REMOTE_URL},
-                {"op": "remove", "path": f"{base}/env/{i}"}]
-    if url_idx:
-        first = url_idx[0]
-        if env[first].get("value") != settings.l2_url or "valueFrom" in env[first] or len(url_idx) > 1:
-            ops += [{"op": "test", "path": f"{base}/env/{first}/name", "value": C.ENV_REMOTE_URL},
-                    {"op": "replace", "path": f"{base}/env/{first}",
-                     "value": {"name": C.ENV_REMOTE_URL, "value": settings.l2_url}}]
-    else:
-        path = f"{base}/env/-" if env else f"{base}/env"
-        value: Any = {"name": C.ENV_REMOTE_URL, "value": settings.l2_url}
-        ops.append({"op": "add", "path": path, "value": value if env else [value]})
-    if not any(v.get("name") == C.L2_VOLUME_NAME for v in spec.get("volumes") or []):
-        vol = {"name": C.L2_VOLUME_NAME, "persistentVolumeClaim": {"claimName": pvc_name}}
-        ops.append({"op": "add", "path": "/spec/template/spec/volumes/-" if spec.get("volumes")
-                    else "/spec/template/spec/volumes", "value": vol if spec.get("volumes") else [vol]})
-    mounts = container.get("volumeMounts") or []
-    if not any(m.get("name") == C.L2_VOLUME_NAME and m.get("mountPath") == C.L2_MOUNT_PATH for m in mounts):
-        mount = {"name": C.L2_VOLUME_NAME, "mountPath": C.L2_MOUNT_PATH}
-        ops.append({"op": "add", "path": f"{base}/volumeMounts/-" if mounts else f"{base}/volumeMounts",
-                    "value": mount if mounts else [mount]})
-    return ops
+    """ONE JSON patch that puts the overlay on the Deployment (``fleet.overlay.json_patch``); empty exactly when
+    its template has no ``l2_violations``."""
+    name = str(_get(deployment, "metadata.name"))
+    return ov.json_patch(ov.overlay_for(name, settings, pvc_name), deployment)
 
 
 def pvc_manifest(namespace: str, storage_class: str, size: str = "100Gi", name: str = C.CURVINE_PVC) -> dict[str, Any]:
@@ -255,8 +185,9 @@ def pvc_manifest(namespace: str, storage_class: str, size: str = "100Gi", name: 
 def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC,
                    name: str = "kvfleet-curvine-l2") -> dict[str, Any]:
     """The ClusterPolicy of `kyverno` mode: on every admission of a Deployment labelled tiered-kv/l2=curvine,
-    inject the fs:// URL (env merges by name, so it replaces the operator's entry), the volume and the mount
-    into the vLLM container — the one named after the Deployment, selected with a conditional anchor."""
+    inject the overlay (``fleet.overlay.kyverno_mutation``) into the vLLM container — the one named after the
+    Deployment, selected with a conditional anchor."""
+    overlay = ov.overlay_for(ov.KYVERNO_CONTAINER, settings, pvc_name)
     return {
         "apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy",
         "metadata": {"name": name, "labels": {C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE},
@@ -269,16 +200,7 @@ def kyverno_policy(settings: Settings, pvc_name: str = C.CURVINE_PVC,
                 "name": "curvine-l2",
                 "match": {"any": [{"resources": {"kinds": ["Deployment"],
                                                  "selector": {"matchLabels": {C.L2_LABEL: "curvine"}}}}]},
-                "mutate": {"patchStrategicMerge": {"spec": {"template": {"spec": {
-                    "containers": [{
-                        "(name)": "{{request.object.metadata.name}}",
-                        "env": [{"name": C.ENV_REMOTE_URL, "value": settings.l2_url},
-                                {"name": C.ENV_REMOTE_SERDE, "value": settings.serde},
-                                {"name": C.ENV_HASHSEED, "value": settings.hash_seed}],
-                        "volumeMounts": [{"name": C.L2_VOLUME_NAME, "mountPath": C.L2_MOUNT_PATH}],
-                    }],
-                    "volumes": [{"name": C.L2_VOLUME_NAME, "persistentVolumeClaim": {"claimName": pvc_name}}],
-                }}}}},
+                "mutate": {"patchStrategicMerge": ov.kyverno_mutation(overlay)},
             }],
         },
     }

@@ -15,8 +15,10 @@ add-on. Never one GET per endpoint. Lists are read as raw JSON (``_preload_conte
 pods into client models and back is most of the cost otherwise.
 
 Remediation (off by default; the run's ``remediate`` Param, or per LOB ``remediate_drift``) never rolls back:
-- ``patch_lost_to_reconcile`` / ``operator_l2_url`` / ``duplicate_l2_url``: stage 4's ``reconcile_wave`` on
-  the affected endpoints, one batched safe patch (one operator pause) for all of them;
+- the L2 overlay's kinds (``fleet.drift.PATCHABLE``: ``patch_lost_to_reconcile``, ``operator_l2_url``,
+  ``duplicate_l2_url``, ``hash_seed_missing``, ``serde_mismatch``): stage 4's ``reconcile_wave`` on the affected
+  endpoints, one batched safe patch (one operator pause) for all of them; an endpoint whose CR is wrong or
+  absent too (``fleet.drift.NOT_PATCHABLE``) is refused and left to a rollout;
 - ``operator_paused``: ``operator_pause.restore`` of a pause kvfleet made; a controller scaled to 0 outside
   kvfleet is reported, never undone (the same rule as ``operator_pause.pause``). A pause whose pauser is
   **dead** (the run named in the pause annotation holds no live lease on the cluster: its task stopped
@@ -24,7 +26,7 @@ Remediation (off by default; the run's ``remediate`` Param, or per LOB ``remedia
   without the pause threshold, and restored under a lease taken over from the dead holder; the remediation
   records whom it restored the operator from and why that holder was judged dead;
 - ``format_flag_set``: stage 3's ``reconcile``, which flips the flags false with ``--reuse-values``;
-- ``policy_missing``: stage 4's ``ensure_kyverno_policy``.
+- ``policy_missing`` / ``policy_changed``: stage 4's ``ensure_kyverno_policy``.
 Every remediation is written on its findings' history rows and as a step event (audit log).
 
 Curvine data-loss watch: every check reads the master's file count and capacity and compares them with the
@@ -63,9 +65,9 @@ STAGE = "drift"
 MANAGED = f"{C.MANAGED_BY_LABEL}={C.MANAGED_BY_VALUE}"
 REQUEST_TIMEOUT = 20
 OPERATOR_ZERO_WATCH = "operator_zero_replicas"
-# Drift on an endpoint that the batched patch cannot fix (the CR or the seed itself is wrong): the patch would
-# be refused after scale-down, so such endpoints are reported and left to a rollout.
-NOT_PATCHABLE = frozenset({"hash_seed_missing", "serde_mismatch", "cr_mismatch", "endpoint_missing"})
+# Drift on an endpoint that the batched patch cannot fix (the CR is wrong or absent): one definition, in
+# fleet.drift, beside PATCHABLE.
+NOT_PATCHABLE = rules.NOT_PATCHABLE
 
 
 @dataclass
@@ -321,8 +323,8 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     """Fix what the rollout's reconcilers can fix, under the cluster lease; record each action on its findings.
     ``now`` is the check's clock: a lease whose holder died is judged (and taken over) at that time."""
     plan = rules.remediation_plan(chosen)
-    policy = [f for f in chosen if f.kind == "policy_missing"]
-    if not any(plan.values()) and not policy:
+    policy = plan["ensure_policy"]
+    if not any(plan.values()):
         return []
     base_now, base_mono = now or datetime.now(UTC), time.monotonic()
     lease: Any = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
@@ -338,7 +340,7 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     try:
         lease.__enter__()
     except GateRefused as exc:  # a rollout or an upgrade holds the cluster: report now, fix on a later check
-        fixable = [f for group in plan.values() for f in group] + policy
+        fixable = [f for group in plan.values() for f in group]
         return [_record(ctx, "all", fixable, "deferred", {"reason": str(exc)[:500]})]
     try:
         if plan["restore_operator"]:
@@ -388,7 +390,7 @@ def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings
     out = []
     for key in sorted(k for k in by_ep if k in blocked):
         out.append(_record(ctx, "patch_endpoints", by_ep[key], "refused", {
-            "reason": "the CR or the worker env is wrong too; the batched patch cannot fix it: run kvfleet_rollout "
+            "reason": "the CR is wrong or absent too; the batched patch cannot fix it: run kvfleet_rollout "
                       f"for {ctx.cluster.name}:{key}"}))
     eps = [declared[k] for k in sorted(by_ep) if k not in blocked and k in declared]
     if eps:

@@ -309,8 +309,8 @@ def test_inventory_against_the_live_fleet(converged, drift_ctx) -> None:  # type
     assert got == {
         ("tiered_storage_mismatch", f"HyperPodCluster/{PROD}", "TieredStorageConfig"):
             ("Mode=Enable,InstanceMemoryAllocationPercentage=30", "Mode=Enable,InstanceMemoryAllocationPercentage=20"),
-        ("addon_not_active", "EksAddon/cert-manager", "addonVersion"): ("v9.9.9-eksbuild.1", got[
-            ("addon_not_active", "EksAddon/cert-manager", "addonVersion")][1]),
+        ("addon_version_mismatch", "EksAddon/cert-manager", "addonVersion"): ("v9.9.9-eksbuild.1", got[
+            ("addon_version_mismatch", "EksAddon/cert-manager", "addonVersion")][1]),
         ("curvine_workers_mismatch", f"CurvineMaster/curvine/{C.CURVINE_MASTER_STS}-0", "live_workers"): ("3", "2"),
         ("cr_mismatch", "InferenceEndpointConfig/support/support-chat", "spec.replicas"): ("3", "2"),
         ("endpoint_missing", "InferenceEndpointConfig/fresh/fresh-endpoint", "metadata"):
@@ -327,7 +327,7 @@ def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged,
                                                                        drift_history) -> None:  # type: ignore[no-untyped-def]
     # The kyverno-mode cluster was never rolled out: its check reports, among the rest, the missing policy.
     stage_first = _check(drift_ctx, drift_history, STAGE)
-    assert {"policy_missing", "endpoint_missing", "addon_not_active", "tiered_storage_mismatch"} <= \
+    assert {"policy_missing", "endpoint_missing", "addon_missing", "tiered_storage_mismatch"} <= \
         {f.kind for f in stage_first.findings}
     stage_open = len(_open(drift_history, STAGE))
     assert stage_open == len(stage_first.findings)

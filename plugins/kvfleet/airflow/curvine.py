@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info
-from kvfleet.airflow.errors import permanent_fails_fast
 from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet.inventory import Inventory
@@ -70,7 +70,7 @@ def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60, l2_check=params.get("l2_check") or "file")
 
 
-@permanent_fails_fast
+@task_boundary
 def open_upgrade(params: dict[str, Any]) -> list[str]:
     refused: GateRefused | None = None
     try:
@@ -86,6 +86,7 @@ def open_upgrade(params: dict[str, Any]) -> list[str]:
     return clusters
 
 
+@task_boundary
 def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
     """Which path leads to the upgrade: the human approval, or straight on."""
     mode = params.get("approval") or "auto"
@@ -98,7 +99,7 @@ def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
     return NO_APPROVAL_TASK
 
 
-@permanent_fails_fast
+@task_boundary
 def preflight_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Every gate, read-only, and the exact command and values diff (the whole run when dry_run)."""
     ctx = stage_context(cluster, params)
@@ -112,7 +113,7 @@ def preflight_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
             "chart_version": out.detail.get("chart_version")}
 
 
-@permanent_fails_fast
+@task_boundary
 def upgrade_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     if params.get("dry_run"):
         return {"cluster": cluster, "outcome": "planned"}
@@ -126,6 +127,7 @@ def upgrade_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
             "to_revision": d.get("to_revision"), "flags": d.get("flags")}
 
 
+@task_boundary
 def summarize(results: list[dict[str, Any]] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
     rows = [r for r in results or [] if r]
@@ -150,7 +152,7 @@ def scale_request(params: dict[str, Any]) -> ScaleRequest:
                         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60)
 
 
-@permanent_fails_fast
+@task_boundary
 def open_scale(params: dict[str, Any]) -> list[str]:
     req = scale_request(params)
     clusters, _info, _history = _open(params, curvine_scale.STAGE, {
@@ -158,7 +160,7 @@ def open_scale(params: dict[str, Any]) -> list[str]:
     return clusters
 
 
-@permanent_fails_fast
+@task_boundary
 def scale_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, params)
     try:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info
-from kvfleet.airflow.errors import permanent_fails_fast
 from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.history.repo import History, StepEvent
@@ -30,7 +30,7 @@ def _params(params: dict[str, Any]) -> dict[str, Any]:
             "aws_conn_id": params.get("aws_conn_id")}
 
 
-@permanent_fails_fast
+@task_boundary
 def open_run(params: dict[str, Any]) -> list[str]:
     info = run_info()
     inv = scoped_inventory(_params(params))
@@ -43,7 +43,7 @@ def open_run(params: dict[str, Any]) -> list[str]:
     return [c.name for c in inv.clusters]
 
 
-@permanent_fails_fast
+@task_boundary
 def check_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, _params(params))
     try:
@@ -72,7 +72,7 @@ def render_open(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@permanent_fails_fast
+@task_boundary
 def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
     info = run_info()
     results = [r for r in results or [] if r]

@@ -28,10 +28,10 @@ import logging
 import time
 from typing import Any
 
+from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info
-from kvfleet.airflow.errors import permanent_fails_fast
 from kvfleet.clients.kube import install_sigterm_handler, sleep_or_stop
-from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.errors import LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
@@ -109,7 +109,7 @@ def _slot(history: History, run_key: str, cluster: str, limit: int, wait_s: floa
                 leases.park(name, holder, PARKED_LEASE_TTL_S)
                 return name
         if time.monotonic() - started > wait_s:
-            raise GateRefused(f"no parallelism slot free for {cluster} after {wait_s:.0f}s "
+            raise LeaseWaitTimeout(f"no parallelism slot free for {cluster} after {wait_s:.0f}s "
                               f"(max_parallel_clusters={limit})")
         say(f"waiting for one of {limit} parallel cluster slots")
         sleep_or_stop(min(poll_seconds() * 5, 10), f"[{cluster}] parallelism slot wait")
@@ -138,7 +138,7 @@ def refuse_unknown_conf(params: dict[str, Any]) -> None:
                              "or drop the key; nothing was changed.")
 
 
-@permanent_fails_fast
+@task_boundary
 def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store."""
     info = run_info()
@@ -162,7 +162,7 @@ def cluster_names(plan: dict[str, Any]) -> list[str]:
     return [c["cluster"] for c in plan["clusters"]]
 
 
-@permanent_fails_fast
+@task_boundary
 def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, params)
     info = run_info()
@@ -247,7 +247,7 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
                                   for k, v in results.items()}}
 
 
-@permanent_fails_fast
+@task_boundary
 def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
                   params: dict[str, Any]) -> dict[str, Any]:
     """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster."""
@@ -297,6 +297,7 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
         ctx.close()
 
 
+@task_boundary
 def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
     when ``cluster_stages`` or a wave failed, was skipped or aborted, or its worker died between pause and
@@ -319,7 +320,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
         ctx.close()
 
 
-@permanent_fails_fast
+@task_boundary
 def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
     history = History()

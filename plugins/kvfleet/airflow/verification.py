@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info
-from kvfleet.airflow.errors import permanent_fails_fast
 from kvfleet.airflow.rollout import scoped_inventory, stage_context
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import verify
@@ -19,7 +19,7 @@ from kvfleet.stages import verify
 log = logging.getLogger(__name__)
 
 
-@permanent_fails_fast
+@task_boundary
 def open_run(params: dict[str, Any]) -> list[str]:
     info = run_info()
     inv = scoped_inventory(params)
@@ -32,7 +32,7 @@ def open_run(params: dict[str, Any]) -> list[str]:
     return sorted({e.cluster for e in inv.endpoints})
 
 
-@permanent_fails_fast
+@task_boundary
 def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     ctx = stage_context(cluster, params)
     out = []
@@ -53,6 +53,7 @@ def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]
     return out
 
 
+@task_boundary
 def summarize(results: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
     info = run_info()
     rows = [r for per_cluster in results or [] for r in per_cluster]
@@ -72,7 +73,7 @@ def summarize(results: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
     return verdicts
 
 
-@permanent_fails_fast
+@task_boundary
 def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """The L2 advisor for one cluster (read-only), recorded as a step so `kvfleet audit` and the kvfleet page
     can show it; the scale-out DAG's detection reads the capacity recommendation from here."""

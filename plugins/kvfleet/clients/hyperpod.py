@@ -20,7 +20,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from kvfleet.errors import PermanentError, TemporaryError
+from kvfleet.errors import ConvergenceTimeout, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class HyperPodClient:
                 raise PermanentError(f"HyperPod cluster {name} is {cluster.status}: "
                                      f"{cluster.failure_message or 'no FailureMessage'}")
             if elapsed > timeout_s:
-                raise TemporaryError(f"HyperPod cluster {name} still {cluster.status} after {timeout_s:.0f}s")
+                raise ConvergenceTimeout(f"HyperPod cluster {name} still {cluster.status} after {timeout_s:.0f}s")
             progress(f"HyperPod {name}: {cluster.status}, waiting for InService ({elapsed:.0f}s)")
             time.sleep(poll_s)
 
@@ -236,7 +236,7 @@ class HyperPodClient:
                                    for i in ((state or {}).get("health") or {}).get("issues", []))
                 raise PermanentError(f"EKS add-on {addon} on {cluster} is {status}: {issues or 'no health issues'}")
             if elapsed > timeout_s:
-                raise TemporaryError(f"EKS add-on {addon} on {cluster} still {status} after {timeout_s:.0f}s")
+                raise ConvergenceTimeout(f"EKS add-on {addon} on {cluster} still {status} after {timeout_s:.0f}s")
             progress(f"add-on {addon}: {status}, waiting for ACTIVE ({elapsed:.0f}s)")
             time.sleep(poll_s)
 

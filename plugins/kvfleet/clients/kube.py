@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kvfleet.errors import KvfleetError, PermanentError, TemporaryError
+from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -259,8 +259,9 @@ def sleep_or_stop(seconds: float, what: str) -> None:
 
 def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s: float = 2.0, what: str,
              progress: Callable[[str], None] = log.info) -> str:
-    """Poll ``check`` (returns done, observed-state text) until done; TemporaryError on timeout, with the
-    last observed state. Logs progress with elapsed time."""
+    """Poll ``check`` (returns done, observed-state text) until done; ``ConvergenceTimeout`` (temporary: the task
+    is retried and observes again, see ``kvfleet.errors``) on timeout, with the last observed state. A check
+    that sees a terminal failure raises a PermanentError itself. Logs progress with elapsed time."""
     started = time.monotonic()
     last_logged = -1e9
     while True:
@@ -272,7 +273,7 @@ def wait_for(check: Callable[[], tuple[bool, str]], *, timeout_s: float, poll_s:
             progress(f"{what}: {state} ({elapsed:.1f}s)")
             return state
         if elapsed > timeout_s:
-            raise TemporaryError(f"{what}: not done after {timeout_s:.0f}s; last observed: {state}")
+            raise ConvergenceTimeout(f"{what}: not done after {timeout_s:.0f}s; last observed: {state}")
         if elapsed - last_logged >= 10:
             progress(f"{what}: waiting ({elapsed:.0f}s): {state}")
             last_logged = elapsed

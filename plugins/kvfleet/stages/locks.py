@@ -13,7 +13,8 @@ Every exit path of a task releases what it took or parks it for a later task of 
 teardown releases it in the end (`kvfleet.airflow.rollout`).
 
 A run that cannot get the lease waits up to ``wait_s`` (ending promptly on SIGTERM), then fails naming the
-holder, its purpose and since when.
+holder, its purpose and since when: ``LeaseWaitTimeout``, permanent (``wait_s`` is the user's patience; a retry
+would multiply it — one meaning per kind of wait, ``kvfleet.errors``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from kvfleet.clients.kube import sleep_or_stop
-from kvfleet.errors import GateRefused
+from kvfleet.errors import LeaseWaitTimeout
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, HolderAlive, Leases, utcnow
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class ClusterLock:
                 return self
             waited = time.monotonic() - started
             if waited >= self.wait_s:
-                raise GateRefused(
+                raise LeaseWaitTimeout(
                     f"cluster {self.cluster} is locked by {row.get('holder')} ({row.get('purpose')}) since "
                     f"{row.get('acquired_at')}, lease {row.get('state', 'active')}, last heartbeat "
                     f"{row.get('heartbeat_at')}, expires {row.get('expires_at')}; waited {waited:.0f}s. Wait for "

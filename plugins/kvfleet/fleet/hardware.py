@@ -1,7 +1,8 @@
 """GPU hardware of the SageMaker instance types kvfleet knows: GPUs per node and memory per GPU, with sources.
 
-Pure. Used by the inventory's GPU-capacity check (``kvfleet validate``) and available to a model-fit check
-(issue 22 §5: weights + KV room against the GPU memory of one replica).
+Pure. Used by the inventory's GPU-capacity check (``kvfleet validate``), by stage 4's choice of an update
+strategy (``spare_gpus``: is there room for one more pod?), and available to a model-fit check (issue 22 §5:
+weights + KV room against the GPU memory of one replica).
 
 Sources (one per family; the SageMaker ``ml.`` type has the hardware of the EC2 type of the same name):
 
@@ -25,7 +26,7 @@ Issue 22 §5 names the per-GPU figures g5 24 GB, g6e 48 GB, p5 80 GB; they agree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,55 @@ INSTANCE_GPUS: Final[dict[str, GpuShape]] = {
 # What kvfleet's InferenceEndpointConfig asks per replica (endpoint_spec.render_iec: nvidia.com/gpu limit 1).
 GPUS_PER_REPLICA: Final = 1
 
-# Extra GPUs the L2 injection strategy needs while it changes a wave. `patch` follows the blog's sequence:
-# scale the Deployment to 0 *before* patching, so no pod of the old and the new spec run side by side (FACTS
-# §2.3, "maxSurge deadlock") and the headroom is 0. `kyverno` lets the operator re-render; the operator's own
-# Deployment strategy decides, and kvfleet does not surge either. A rolling update with maxSurge would add
-# replicas × GPUS_PER_REPLICA of the largest endpoint in a wave here.
+# Extra GPUs the L2 injection strategy needs while it changes a wave, beyond the endpoints' replicas. `patch`
+# mode never asks for GPUs that are not spare: scale-to-zero and rolling (maxSurge 0) free a GPU before a new
+# pod needs it (FACTS §2.3, "maxSurge deadlock"), and stage 4 picks surge only when the live nodes have a spare
+# GPU for each surging endpoint (``spare_gpus``; issue 15 §2). `kyverno` lets the operator re-render with its
+# own Deployment strategy. So the headroom declared here stays 0 for both.
 PATCH_HEADROOM_GPUS: Final = {"patch": 0, "kyverno": 0}
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+
+def _gpus(resources: dict[str, Any] | None) -> int:
+    try:
+        return int(str((resources or {}).get(GPU_RESOURCE, 0)))
+    except ValueError:
+        return 0
+
+
+def _pod_gpus(pod: dict[str, Any]) -> int:
+    """A pod's GPU request (a container without a request asks for its limit, as the API server defaults)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        total += _gpus(res.get("requests")) or _gpus(res.get("limits"))
+    return total
+
+
+def _schedulable(node: dict[str, Any]) -> bool:
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or [])
+    return ready and not (node.get("spec") or {}).get("unschedulable")
+
+
+def spare_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> int:
+    """How many more one-GPU pods the scheduler could place: per Ready, schedulable node, allocatable GPUs minus
+    the requests of the pods bound to it (never below 0), summed, less the GPUs Pending unbound pods wait for.
+    ``nodes`` and ``pods`` are API objects as dicts (camelCase)."""
+    free = {}
+    for n in nodes:
+        if _schedulable(n):
+            free[str(n["metadata"]["name"])] = _gpus((n.get("status") or {}).get("allocatable"))
+    waiting = 0
+    for p in pods:
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        node = (p.get("spec") or {}).get("nodeName")
+        if node is None:
+            waiting += _pod_gpus(p)
+        elif node in free:
+            free[node] -= _pod_gpus(p)
+    return max(0, sum(max(0, f) for f in free.values()) - waiting)
 
 
 def gpu_shape(instance_type: str) -> GpuShape | None:

@@ -77,6 +77,12 @@ RESERVED_ENV: Final = {
     C.ENV_CHUNK_SIZE: "kvfleet sets it from settings.chunk_size; set that instead",
 }
 L2_MODES = ("patch", "kyverno")
+# How stage 4's patch mode changes a rendered Deployment (issue 15 §2; plan.choose_strategy decides `auto`).
+UPDATE_STRATEGIES = ("auto", "rolling", "surge", "scale-to-zero")
+UPDATE_STRATEGY_HELP: Final = ("auto (the default: rolling with 2 or more replicas, surge when a GPU is spare, "
+                               "else scale-to-zero), rolling (maxSurge 0, maxUnavailable 1: N-1 keep serving), "
+                               "surge (maxSurge 1, maxUnavailable 0: needs one spare GPU per endpoint), "
+                               "scale-to-zero (the seed's sequence: an outage while the patch lasts)")
 LMCACHE_LOG_FORMATS = ("0.3.9", "0.5.6")
 
 
@@ -135,6 +141,7 @@ class Cluster:
     # value is kept and sent back (the service refuses tiered storage without NodeRecovery).
     node_recovery_declared: bool = False
     l2_injection: str = "patch"
+    update_strategy: str = "auto"  # the default of its endpoints (an endpoint's own value wins)
     production: bool = False
     ebs_storage_class: str = "ebs-sc"
     curvine: CurvineSpec = field(default_factory=CurvineSpec)
@@ -162,6 +169,7 @@ class Endpoint:
     image: str = "lmcache/vllm-openai:v0.3.9"
     model_id: str = "Qwen/Qwen2-7B-Instruct"
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    update_strategy: str | None = None  # None: the cluster's
 
     @property
     def key(self) -> str:
@@ -208,6 +216,15 @@ class Inventory:
 
     def endpoints_of(self, cluster: str) -> tuple[Endpoint, ...]:
         return tuple(e for e in self.endpoints if e.cluster == cluster)
+
+    def update_strategy(self, ep: Endpoint) -> tuple[str, str]:
+        """(the strategy asked for an endpoint, where it is set): its own value wins over its cluster's."""
+        if ep.update_strategy is not None:
+            return ep.update_strategy, "endpoint"
+        try:
+            return self.cluster(ep.cluster).update_strategy, "cluster"
+        except KeyError:
+            return "auto", "default"
 
     def select(
         self,
@@ -390,6 +407,15 @@ class _Reader:
         value = self.text(raw, key, path, default)
         if value and not SIZE.fullmatch(value):
             self.problem(f"{path}.{key}", f"{show(value)} is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti")
+            return default
+        return value
+
+    def update_strategy(self, raw: dict[str, Any], path: str, default: str | None) -> str | None:
+        value = raw.get("update_strategy", default)
+        if value is not None and (not isinstance(value, str) or value not in UPDATE_STRATEGIES):
+            self.problem(f"{path}.update_strategy", f"{show(value)} is not an update strategy; allowed: "
+                         f"{UPDATE_STRATEGY_HELP}. Set one of {', '.join(UPDATE_STRATEGIES)}, or remove the key "
+                         "for auto")
             return default
         return value
 
@@ -619,7 +645,7 @@ def _addons(r: _Reader, raw: Any, path: str) -> tuple[AddonSpec, ...]:
 def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
     path = f"clusters.{name}"
     r.unknown_keys(raw, {"name", "region", "tiered_storage", "node_recovery", "gpu_nodes", "l2_injection",
-                         "production", "ebs_storage_class", "curvine", "addons"}, path)
+                         "update_strategy", "production", "ebs_storage_class", "curvine", "addons"}, path)
     r.name(name, f"{path}.name", HYPERPOD_NAME, "HyperPod cluster name")
     region = r.text(raw, "region", path)
     if region and not REGION.fullmatch(region):
@@ -642,6 +668,7 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
         gpu_node_count=r.integer(gpu, "count", f"{path}.gpu_nodes", 0, 1, 10000),
         gpu_instance_type=r.text(gpu, "instance_type", f"{path}.gpu_nodes", "ml.g6e.4xlarge"),
         l2_injection=r.choice(raw, "l2_injection", path, "patch", L2_MODES),
+        update_strategy=r.update_strategy(raw, path, "auto") or "auto",
         production=r.boolean(raw, "production", path, False),
         ebs_storage_class=r.storage_class(raw, "ebs_storage_class", path, "ebs-sc"),
         curvine=_curvine(r, r.mapping(raw.get("curvine"), f"{path}.curvine"), f"{path}.curvine"),
@@ -697,7 +724,7 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
     # Index plus name: the same name may legally appear on two clusters, so the name alone is ambiguous.
     path = f"endpoints[{i}]" if name.startswith("#") else f"endpoints[{i}]({_key(name)})"
     r.unknown_keys(raw, {"name", "namespace", "lob", "cluster", "model", "instance_type", "replicas",
-                         "routing", "l1", "l2", "image", "model_id", "env"}, path)
+                         "routing", "l1", "l2", "image", "model_id", "env", "update_strategy"}, path)
     ep = Endpoint(
         name=r.text(raw, "name", path),
         namespace=r.text(raw, "namespace", path, "default"),
@@ -712,6 +739,7 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
         image=r.text(raw, "image", path, Endpoint.image, max_len=512),
         model_id=r.text(raw, "model_id", path, Endpoint.model_id),
         extra_env=_env(r, raw.get("env"), f"{path}.env"),
+        update_strategy=r.update_strategy(raw, path, None),
     )
     r.name(ep.name, f"{path}.name", DNS_LABEL, "Kubernetes object name")
     r.name(ep.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
@@ -779,6 +807,20 @@ def _cross_checks(r: _Reader, inv_lobs: dict[str, Lob], clusters: dict[str, Clus
                 "will be 'unverifiable'. Add a node or set l2: false."
             )
     _gpu_capacity(r, clusters, unique)
+    _strategy_checks(r, clusters, unique)
+
+
+def _strategy_checks(r: _Reader, clusters: dict[str, Cluster], endpoints: list[tuple[str, Endpoint]]) -> None:
+    """`rolling` keeps N-1 replicas serving: with one replica that is 0, which no strategy but scale-to-zero may
+    cause. Refused here when the inventory already says so (the stage refuses it again on the live count)."""
+    for path, ep in endpoints:
+        cluster = clusters.get(ep.cluster)
+        asked = ep.update_strategy or (cluster.update_strategy if cluster else "auto")
+        if asked == "rolling" and ep.replicas < 2:
+            where = "" if ep.update_strategy else f" (from clusters.{ep.cluster}.update_strategy)"
+            r.problem(f"{path}.update_strategy", f"rolling{where} with replicas {ep.replicas}: a rolling update "
+                      "keeps N-1 replicas serving, which is 0 here; set update_strategy: surge (needs a spare GPU) "
+                      "or scale-to-zero on this endpoint, or raise replicas to 2")
 
 
 def gpu_demand(cluster: Cluster, endpoints: list[Endpoint] | tuple[Endpoint, ...]) -> tuple[int, int]:
@@ -810,6 +852,19 @@ def _gpu_capacity(r: _Reader, clusters: dict[str, Cluster], endpoints: list[tupl
                       f"{-(-needed // shape.gpus)}")
 
 
+def _lobs(r: _Reader, raw: Any) -> dict[str, Lob]:
+    lobs: dict[str, Lob] = {}
+    lob_items = _named_items(r, raw, "lobs")
+    _unique(r, lob_items, "lobs", "line of business")
+    for name, body in lob_items:
+        r.unknown_keys(body, {"name", "description", "remediate_drift"}, f"lobs.{name}")
+        r.name(name, f"lobs.{name}", DNS_LABEL, "line-of-business name")
+        lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000,
+                                                 allow_empty=True),
+                                  r.boolean(body, "remediate_drift", f"lobs.{name}", False)))
+    return lobs
+
+
 def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
     """Parse and validate an inventory text. Raises ``InventoryError`` listing every problem."""
     r = _Reader(source)
@@ -826,15 +881,7 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
     raw = r.mapping(raw, "(top level)")
     r.unknown_keys(raw, {"settings", "lobs", "clusters", "endpoints"}, "")
     settings = _settings(r, r.mapping(raw.get("settings"), "settings"))
-    lobs: dict[str, Lob] = {}
-    lob_items = _named_items(r, raw.get("lobs"), "lobs")
-    _unique(r, lob_items, "lobs", "line of business")
-    for name, body in lob_items:
-        r.unknown_keys(body, {"name", "description", "remediate_drift"}, f"lobs.{name}")
-        r.name(name, f"lobs.{name}", DNS_LABEL, "line-of-business name")
-        lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000,
-                                                 allow_empty=True),
-                                  r.boolean(body, "remediate_drift", f"lobs.{name}", False)))
+    lobs = _lobs(r, raw.get("lobs"))
     cluster_items = _named_items(r, raw.get("clusters"), "clusters")
     _unique(r, cluster_items, "clusters", "cluster")
     clusters: dict[str, Cluster] = {}

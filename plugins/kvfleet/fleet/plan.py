@@ -8,6 +8,15 @@ Shape of a plan, per cluster (clusters sorted by name):
 - wave 0, the *canary*: one endpoint per line of business on that cluster (the first by namespace/name);
 - then waves of at most ``wave_size`` endpoints, in (LOB, namespace, name) order.
 Waves are per cluster because the operator pause they need is cluster-wide (ARCHITECTURE.md).
+
+Each endpoint of a wave also gets its update strategy (issue 15 §2) and the reason, from
+:func:`choose_strategy`, the one judge used here (GPU room from the inventory: declared nodes × GPUs per node
+minus every endpoint's replicas) and by stage 4 (GPU room observed live: the nodes' allocatable GPUs minus what
+pods request). ``auto`` is ``rolling`` with 2 or more replicas (maxSurge 0, maxUnavailable 1 while the operator is
+paused: N-1 keep serving, and no pod needs a GPU that is not freed first — no maxSurge deadlock), ``surge`` for one
+replica when a GPU is spare (maxSurge 1, maxUnavailable 0), else ``scale-to-zero``, the seed's sequence. An asked
+strategy that would take an endpoint to 0 replicas (rolling with one) or wait for a GPU that is not there (surge
+without a spare one) is refused, never silently changed.
 """
 
 from __future__ import annotations
@@ -15,9 +24,73 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvfleet.fleet.inventory import Endpoint, Inventory
+from kvfleet.fleet.inventory import Endpoint, Inventory, gpu_demand
 
 CLUSTER_STAGES = ("tiered_storage", "operator_addons", "curvine")
+
+# The temporary Deployment strategies (Kubernetes' RollingUpdate fields), restored to the original afterwards.
+ROLLING: dict[str, Any] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+SURGE: dict[str, Any] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+# What the API server defaults a Deployment's strategy to (restored when the live object shows none).
+DEFAULT_STRATEGY: dict[str, Any] = {"type": "RollingUpdate",
+                                    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """How one endpoint's Deployment is changed, and why. ``refused``: the asked strategy cannot be used safely
+    here (the reason says what to do); the endpoint is then left untouched."""
+
+    strategy: str  # rolling | surge | scale-to-zero
+    reason: str
+    refused: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"strategy": self.strategy, "why": self.reason}
+        return out if self.refused is None else {**out, "refused": self.refused}
+
+
+def choose_strategy(asked: str, replicas: int, spare_gpus: int, where: str = "endpoint") -> StrategyChoice:
+    """The one judge of issue 15 §2. ``asked``: auto | rolling | surge | scale-to-zero (``where`` it is set, for
+    the reason); ``spare_gpus``: GPUs the scheduler could still place a pod on (each replica asks for one)."""
+    if asked == "scale-to-zero":
+        return StrategyChoice("scale-to-zero", f"asked ({where} update_strategy)")
+    if asked == "rolling":
+        if replicas < 2:
+            return StrategyChoice("rolling", f"asked ({where} update_strategy)",
+                                  refused=f"rolling with {replicas} replica(s) would leave 0 serving; set "
+                                  "update_strategy: surge (needs a spare GPU) or scale-to-zero")
+        return StrategyChoice("rolling", f"asked ({where} update_strategy): {replicas - 1} of {replicas} keep serving")
+    if asked == "surge":
+        if spare_gpus < 1:
+            return StrategyChoice("surge", f"asked ({where} update_strategy)",
+                                  refused="surge needs one spare GPU for the extra pod and none is free (the "
+                                  "maxSurge deadlock); set update_strategy: rolling (2+ replicas) or scale-to-zero, "
+                                  "or add a GPU node")
+        return StrategyChoice("surge", f"asked ({where} update_strategy): {spare_gpus} spare GPU(s), all "
+                              f"{replicas} keep serving")
+    if replicas >= 2:
+        return StrategyChoice("rolling", f"auto: {replicas} replicas, maxSurge 0 / maxUnavailable 1 keeps "
+                              f"{replicas - 1} serving")
+    if replicas == 1 and spare_gpus >= 1:
+        return StrategyChoice("surge", f"auto: 1 replica and {spare_gpus} spare GPU(s), so one more pod fits "
+                              "(maxSurge 1 / maxUnavailable 0)")
+    if replicas == 0:
+        return StrategyChoice("scale-to-zero", "auto: 0 replicas, nothing serves")
+    return StrategyChoice("scale-to-zero", "auto: 1 replica and no spare GPU: scale-to-zero, the seed's sequence "
+                          "(an outage while the patch lasts); add a GPU or a replica to avoid it")
+
+
+def choose_wave_strategies(asked: list[tuple[str, str, int, str]], spare_gpus: int) -> dict[str, StrategyChoice]:
+    """One choice per endpoint of a wave, from (key, asked, replicas, where): the endpoints of a wave change at
+    once, so each surge takes one of the spare GPUs from the next."""
+    out: dict[str, StrategyChoice] = {}
+    for key, strategy, replicas, where in asked:
+        choice = choose_strategy(strategy, replicas, spare_gpus, where)
+        if choice.strategy == "surge" and choice.refused is None:
+            spare_gpus -= 1
+        out[key] = choice
+    return out
 
 
 @dataclass(frozen=True)
@@ -26,6 +99,7 @@ class Wave:
     index: int
     kind: str  # "canary" | "wave"
     endpoints: tuple[Endpoint, ...]
+    strategies: tuple[StrategyChoice, ...] = ()  # one per endpoint, same order (planned from the inventory)
 
     @property
     def wave_id(self) -> str:
@@ -37,7 +111,9 @@ class Wave:
             "index": self.index,
             "kind": self.kind,
             "endpoints": [
-                {"ref": e.ref, "namespace": e.namespace, "name": e.name, "lob": e.lob} for e in self.endpoints
+                {"ref": e.ref, "namespace": e.namespace, "name": e.name, "lob": e.lob,
+                 **({"update_strategy": self.strategies[i].as_dict()} if self.strategies else {})}
+                for i, e in enumerate(self.endpoints)
             ],
         }
 
@@ -78,6 +154,18 @@ def _order(e: Endpoint) -> tuple[str, str, str]:
     return (e.lob, e.namespace, e.name)
 
 
+def _with_strategies(inventory: Inventory, waves: tuple[Wave, ...], spare_gpus: int) -> tuple[Wave, ...]:
+    out = []
+    for w in waves:
+        asked = []
+        for e in w.endpoints:
+            strategy, where = inventory.update_strategy(e)
+            asked.append((e.key, strategy, e.replicas, where))
+        chosen = choose_wave_strategies(asked, spare_gpus)
+        out.append(Wave(w.cluster, w.index, w.kind, w.endpoints, tuple(chosen[e.key] for e in w.endpoints)))
+    return tuple(out)
+
+
 def plan_cluster_waves(endpoints: list[Endpoint], cluster: str, wave_size: int, canary: bool) -> tuple[Wave, ...]:
     ordered = sorted(endpoints, key=_order)
     waves: list[Wave] = []
@@ -101,7 +189,10 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
     clusters = []
     for cluster in sorted(inventory.clusters, key=lambda c: c.name):
         eps = list(inventory.endpoints_of(cluster.name))
-        clusters.append(ClusterPlan(cluster.name, CLUSTER_STAGES, plan_cluster_waves(eps, cluster.name, size, canary)))
+        needed, available = gpu_demand(cluster, eps)
+        waves = _with_strategies(inventory, plan_cluster_waves(eps, cluster.name, size, canary),
+                                 max(0, available - needed))
+        clusters.append(ClusterPlan(cluster.name, CLUSTER_STAGES, waves))
     return Plan(inventory.source, size, canary, tuple(clusters))
 
 
@@ -114,6 +205,12 @@ def render_plan_text(plan: Plan) -> str:
         for w in c.waves:
             refs = ", ".join(f"{e.namespace}/{e.name} [{e.lob}]" for e in w.endpoints)
             lines.append(f"  {w.wave_id} ({w.kind}): {refs}")
+            for e, s in zip(w.endpoints, w.strategies, strict=False):
+                lines.append(f"    {e.namespace}/{e.name}: {s.strategy} — {s.reason}"
+                             + (f"; REFUSED: {s.refused}" if s.refused else ""))
         if not c.waves:
             lines.append("  no endpoints in scope")
+        else:
+            lines.append("  (update strategies judged on the inventory's GPUs; stage 4 judges again on the live "
+                         "nodes, and `plan --diff` shows that)")
     return "\n".join(lines)

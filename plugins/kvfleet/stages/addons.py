@@ -12,6 +12,9 @@ resolveConflicts policy:
 - on **update**, ``PRESERVE``: a platform team's own changes to add-on resources survive a version or config
   change kvfleet makes.
 Then verify that the operator's controller Deployment is Ready and that the InferenceEndpointConfig CRD is served.
+
+Each create or update is a typed action (``fleet.actions.CreateAddon``/``UpdateAddon``) that ``stages.executor``
+applies with its write-ahead record, or renders in a dry run.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 
 from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
+from kvfleet.stages import executor, operator_pause
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
 STAGE = "operator_addons"
@@ -61,39 +66,39 @@ def _ensure_one(ctx: StageContext, eks: str, name: str) -> str:
         if live and live.get("status") != "ACTIVE":
             ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
         return "unchanged"
-    version_arg = f" --addon-version {spec.version}" if spec.version else ""
-    config_arg = f" --configuration-values '{json.dumps(config, sort_keys=True)}'" if config else ""
-    if live is None:
-        action = (f"aws eks create-addon --cluster-name {eks} --addon-name {name}{version_arg}{config_arg} "
-                  f"--resolve-conflicts {RESOLVE_ON_CREATE}")
-    else:
-        action = (f"aws eks update-addon --cluster-name {eks} --addon-name {name}{version_arg}{config_arg} "
-                  f"--resolve-conflicts {RESOLVE_ON_UPDATE}")
+    action = addon_action(eks, name, live, spec.version, config, "; ".join(diffs))
+    if not ctx.dry_run:
+        ctx.say(f"stage 2: {action.equivalent()} ({'; '.join(diffs)})")
+    executor.run(ctx, STAGE, [action])
     if ctx.dry_run:
-        ctx.plan(STAGE, action, diff="; ".join(diffs))
         return "planned"
-    ctx.say(f"stage 2: {action} ({'; '.join(diffs)})")
-    with ctx.write_ahead("create_addon" if live is None else "update_addon",
-                         f"EKS add-on {eks}/{name} {spec.version or '(default version)'}"):
-        if live is None:
-            ctx.hyperpod.create_addon(eks, name, spec.version, config, RESOLVE_ON_CREATE)
-        else:
-            ctx.hyperpod.update_addon(eks, name, spec.version, config, RESOLVE_ON_UPDATE)
     ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
     return "changed"
 
 
+def addon_action(eks: str, name: str, live: dict[str, Any] | None, version: str | None,
+                 config: dict[str, Any] | None, diff: str) -> CreateAddon | UpdateAddon:
+    """Create what is missing (OVERWRITE), update what differs (PRESERVE)."""
+    conf = canonical(config) if config is not None else None
+    if live is None:
+        return CreateAddon(eks, name, version, conf, RESOLVE_ON_CREATE, diff=diff)
+    return UpdateAddon(eks, name, version, conf, RESOLVE_ON_UPDATE, diff=diff)
+
+
 def verify_operator(ctx: StageContext) -> str:
+    """The operator's controller is Ready (found wherever it is installed: ``operator_pause.find_controller``,
+    the add-on's name, the Helm chart's name or its labels) and the InferenceEndpointConfig CRD is served."""
     kube = ctx.kube
 
     def check() -> tuple[bool, str]:
-        dep = get_or_none(kube.apps.read_namespaced_deployment, C.OPERATOR_DEPLOYMENT, C.OPERATOR_NAMESPACE)
-        if dep is None:
+        found = operator_pause.find_controller(kube)
+        if found is None:
             return False, "controller Deployment not created yet"
+        name, dep = found
         ready = getattr(dep.status, "ready_replicas", None) or 0
         crd = get_or_none(kube.apiext.read_custom_resource_definition, C.IEC_CRD_NAME)
-        served = bool(crd) and any(v.name == C.IEC_VERSION and v.served for v in crd.spec.versions)
-        return ready >= 1 and served, f"controller ready {ready}, CRD {C.IEC_CRD_NAME} served={served}"
+        served = crd is not None and any(v.name == C.IEC_VERSION and v.served for v in crd.spec.versions)
+        return ready >= 1 and served, f"controller {name} ready {ready}, CRD {C.IEC_CRD_NAME} served={served}"
 
     return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
                     what=f"[{ctx.cluster.name}] inference operator", progress=ctx.progress)

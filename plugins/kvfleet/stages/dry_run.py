@@ -1,10 +1,13 @@
 """`kvfleet plan --diff`: what a rollout would change, per cluster and endpoint, observed from the live fleet
 without Airflow — the same reconcilers as the DAG, in dry-run mode (observe, diff, print; change nothing).
 
-Output: the AWS calls with their parameters, the helm commands with values, and the CR and Deployment patches as
-unified diffs, in plan order. A change the rollout would refuse (stage 4's ``immutable_changes``: an immutable CR
-field changed, or intelligentRoutingSpec added to an existing endpoint, which the operator rejects) is printed as
-REFUSED with the reason and how to proceed, and the command exits 2.
+Output, in plan order: the typed actions the stages computed (``fleet.actions``; the very list
+``stages.executor`` applies in a real run, each printed as its kubectl/aws equivalent and marked so), with the CR
+and ClusterPolicy diffs; the helm commands of the Curvine stage (which plans its own lines); and per endpoint
+the update strategy it gets and why (issue 15 §2). A change the rollout would refuse (stage 4's
+``immutable_changes``: an immutable CR field changed, or intelligentRoutingSpec added to an existing endpoint,
+which the operator rejects; an update strategy unsafe on the live cluster) is printed as REFUSED with the reason
+and how to proceed, and the command exits 2.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from kvfleet.fleet.actions import EQUIVALENT_MARK, Action, CreateAddon, UpdateAddon, UpdateCluster
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.fleet.plan import Plan
-from kvfleet.stages import addons, curvine, endpoints, tiered_storage
-from kvfleet.stages.base import PlannedAction, StageContext
+from kvfleet.stages import addons, curvine, endpoints, executor, tiered_storage
+from kvfleet.stages.base import Outcome, StageContext
+
+CLUSTER_ACTIONS = (UpdateCluster, CreateAddon, UpdateAddon)  # stages 1 and 2
 
 
 @dataclass(frozen=True)
@@ -29,25 +35,83 @@ class Refusal:
     reason: str
 
 
-def cluster_diff(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str | None = None,
-                 refusals: list[Refusal] | None = None) -> list[PlannedAction]:
-    """The planned actions of one cluster; refused endpoint changes are appended to ``refusals`` when given."""
+@dataclass(frozen=True)
+class ClusterDiff:
+    """One cluster's dry run: the typed actions the stages computed (the executor's journal, in order), the
+    lines a human needs besides them (the update strategy of each endpoint and why, what cannot be computed
+    yet), and the refusals. The Curvine stage (helm) still plans its own lines: they are ``helm_lines``."""
+
+    cluster: str
+    actions: tuple[Action, ...]
+    helm_lines: tuple[tuple[str, str, str | None], ...]  # (target, command, diff) from stages.curvine
+    notes: tuple[tuple[str, str], ...]  # (target, text)
+    refusals: tuple[Refusal, ...]
+
+
+def _notes_and_refusals(cluster: str, outcomes: list[Outcome]) -> tuple[list[tuple[str, str]], list[Refusal]]:
+    notes: list[tuple[str, str]] = []
+    refusals: list[Refusal] = []
+    for o in outcomes:
+        target = f"{cluster}:{o.endpoint}"
+        if o.outcome == "refused":
+            refusals.append(Refusal(cluster, o.endpoint or "?", str(o.detail.get("reason", ""))))
+        strategy = o.detail.get("update_strategy")
+        if strategy:
+            notes.append((target, f"update strategy {strategy['strategy']}: {strategy['why']}"))
+        if o.detail.get("note"):
+            notes.append((target, str(o.detail["note"])))
+    return notes, refusals
+
+
+def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str | None = None) -> ClusterDiff:
+    """Run every stage of one cluster in dry-run mode against the live cluster; nothing is changed."""
     ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), dry_run=True, aws_conn_id=aws_conn_id,
                        progress=lambda msg: None)
+    notes: list[tuple[str, str]] = []
+    refusals: list[Refusal] = []
     try:
         for stage in (tiered_storage, addons, curvine):
             stage.reconcile(ctx)
         if any(p.stage == addons.STAGE for p in ctx.planned):
-            ctx.plan(endpoints.STAGE, "then stage 4 on every endpoint of the plan (the operator is not there yet)")
-            return ctx.planned
-        for wave in plan.waves_of(cluster):
-            outcomes = endpoints.reconcile_wave(ctx, list(wave.endpoints), holder="dry-run")
-            if refusals is not None:
-                refusals.extend(Refusal(cluster, o.endpoint or "?", str(o.detail.get("reason", "")))
-                                for o in outcomes if o.outcome == "refused")
-        return ctx.planned
+            notes.append((cluster, "then stage 4 on every endpoint of the plan (the operator is not there yet)"))
+        else:
+            for wave in plan.waves_of(cluster):
+                more_notes, more_refusals = _notes_and_refusals(
+                    cluster, endpoints.reconcile_wave(ctx, list(wave.endpoints), holder="dry-run"))
+                notes += more_notes
+                refusals += more_refusals
+        journal = executor.journal(ctx)
+        helm = tuple((p.endpoint or cluster, p.action, p.diff) for p in ctx.planned if p.stage == curvine.STAGE)
+        return ClusterDiff(cluster, tuple(journal), helm, tuple(notes), tuple(refusals))
     finally:
         ctx.close()
+
+
+def _print_cluster(d: ClusterDiff, out: Any) -> int:
+    changes = sum(1 for a in d.actions if a.mutating) + len(d.helm_lines)
+    print(f"=== cluster {d.cluster}: {changes} change(s)", file=out)
+    # Stages 1, 2 and 4 first, then Curvine's helm commands: the order the actions are applied in, except that
+    # stage 3 (helm, planned by stages.curvine itself) runs between stage 2 and stage 4.
+    stage4 = [a for a in d.actions if not isinstance(a, CLUSTER_ACTIONS)]
+    for a in [a for a in d.actions if a not in stage4]:
+        _print_action(d.cluster, a, out)
+    for target, command, diff in d.helm_lines:
+        print(f"[{target}] {command}", file=out)
+        for line in (diff or "").splitlines():
+            print(f"    {line}", file=out)
+    for a in stage4:
+        _print_action(d.cluster, a, out)
+    for target, text in d.notes:
+        print(f"[{target}] note: {text}", file=out)
+    for r in d.refusals:
+        print(f"[{r.endpoint}] REFUSED: {r.reason}", file=out)
+    return changes
+
+
+def _print_action(cluster: str, a: Action, out: Any) -> None:
+    print(f"[{a.endpoint or cluster}] {EQUIVALENT_MARK} {a.equivalent()}", file=out)
+    for line in (a.diff or "").splitlines():
+        print(f"    {line}", file=out)
 
 
 def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
@@ -55,20 +119,16 @@ def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
     logging.getLogger("kvfleet").setLevel(logging.WARNING)
     total = 0
     refusals: list[Refusal] = []
+    print(f"Lines marked {EQUIVALENT_MARK} are the kubectl/aws commands equivalent to the API calls kvfleet would "
+          "make (it calls the APIs, not these commands).", file=out)
     for cp in plan.clusters:
-        before = len(refusals)
-        actions = cluster_diff(inv, plan, cp.cluster, refusals=refusals)
-        total += len(actions)
-        print(f"=== cluster {cp.cluster}: {len(actions)} change(s)", file=out)
-        for a in actions:
-            print(f"[{a.endpoint or cp.cluster}] {a.action}", file=out)
-            for line in (a.diff or "").splitlines():
-                print(f"    {line}", file=out)
-        for r in refusals[before:]:
-            print(f"[{r.endpoint}] REFUSED: {r.reason}", file=out)
+        d = observe_cluster(inv, plan, cp.cluster)
+        total += _print_cluster(d, out)
+        refusals += d.refusals
     print(f"\n{total} change(s) in total; nothing was changed (dry run)", file=out)
     if refusals:
-        print(f"{len(refusals)} endpoint change(s) would be refused (see REFUSED above): revert those endpoints in "
-              "the inventory, or delete and recreate them deliberately", file=out)
+        print(f"{len(refusals)} endpoint change(s) would be refused (see REFUSED above, each says what to do): "
+              "revert those endpoints in the inventory, change their update_strategy, or delete and recreate them "
+              "deliberately", file=out)
         return 2
     return 0

@@ -4,26 +4,35 @@
    by the controller), refusing changes to immutable fields; wait for the rendered Deployment and
    ``DeploymentComplete``.
 2. Put the L2 overlay on the rendered Deployments:
-   - ``patch`` mode — the blog's safe sequence, batched per wave because the operator is one controller per
-     cluster: pause the operator once -> scale the wave's Deployments to 0 -> one JSON patch each -> verify the
-     rendered objects -> scale back -> wait until every pod is Ready with the new env -> restore the operator.
-     Every patch is computed and checked (server dry run) before the pause: an endpoint without a valid patch
-     is refused and never scaled down. The pause is inside the protected region; on any failure after a
-     scale-down every endpoint is scaled back to its recorded replicas BEFORE the operator is restored. The
-     restore runs in ``finally`` here and again as an Airflow teardown (another process, after a crash), and
-     the drift check restores an operator whose pauser died (``stages.drift``);
+   - ``patch`` mode — batched per wave because the operator is one controller per cluster: pause the operator
+     once, change every Deployment of the wave with its update strategy (issue 15 §2, chosen by
+     ``fleet.plan.choose_strategy`` on the live GPU room):
+       * ``rolling`` (2+ replicas): strategy maxSurge 0 / maxUnavailable 1 -> the JSON patch -> the Deployment
+         controller replaces the pods one at a time, N-1 keep serving -> the original strategy back;
+       * ``surge`` (a spare GPU): maxSurge 1 / maxUnavailable 0, all N keep serving;
+       * ``scale-to-zero`` (the blog's sequence): scale to 0 -> the patch -> scale back;
+     then verify the rendered objects, wait until every pod is Ready with the new env, and only then restore
+     the operator (it re-renders a Deployment that is not fully available). Every patch is computed and
+     checked (server dry run) before the pause: an endpoint without a valid patch, or whose asked strategy is
+     unsafe here (rolling with one replica, surge without a spare GPU), is refused and never touched. The
+     pause is inside the protected region; on any failure inside it every endpoint is put back (recorded
+     replicas, original strategy) BEFORE the operator is restored. The restore runs in ``finally`` here and
+     again as an Airflow teardown (another process, after a crash), and the drift check restores an operator
+     whose pauser died (``stages.drift``);
    - ``kyverno`` mode — ensure the ClusterPolicy, make the operator re-render (a restart annotation starts a
      rollout; a Deployment that is not fully available is re-rendered, through admission), then verify the
      injection is there *after* the re-render. No operator pause is needed in this mode.
 3. Check the Deployment and every running pod against the desired-state rules (``fleet.endpoint_spec``).
 Nothing is touched on an endpoint that already satisfies every rule: a second run makes no mutating call.
+
+Every change is a typed action (``fleet.actions``) computed here and applied by ``stages.executor``, which
+renders the same list in a dry run (`kvfleet plan --diff`).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -31,6 +40,20 @@ import yaml
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import hardware
+from kvfleet.fleet.actions import (
+    Action,
+    ApplyClusterPolicy,
+    ApplyEndpointConfig,
+    PatchDeployment,
+    RerenderDeployment,
+    Scale,
+    SetRolloutStrategy,
+    WaitPods,
+    WaveItem,
+    canonical,
+    patch_wave_actions,
+)
 from kvfleet.fleet.endpoint_spec import (
     cr_differences,
     immutable_changes,
@@ -41,7 +64,8 @@ from kvfleet.fleet.endpoint_spec import (
     render_iec,
 )
 from kvfleet.fleet.inventory import Endpoint
-from kvfleet.stages import operator_pause
+from kvfleet.fleet.plan import DEFAULT_STRATEGY, ROLLING, SURGE, StrategyChoice, choose_wave_strategies
+from kvfleet.stages import executor, operator_pause
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
 STAGE = "endpoint"
@@ -58,8 +82,9 @@ def _get_iec(ctx: StageContext, ep: Endpoint) -> dict[str, Any] | None:
                        C.IEC_PLURAL, ep.name)
 
 
-def apply_iec(ctx: StageContext, ep: Endpoint) -> str:
-    """Create or update the CR. Returns changed | unchanged | planned; refuses immutable changes."""
+def iec_action(ctx: StageContext, ep: Endpoint) -> ApplyEndpointConfig | None:
+    """The create or update of an endpoint's CR, or None when it already matches. Refuses (PermanentError)
+    a change to an immutable field: the operator rejects it on an existing endpoint."""
     desired = render_iec(ep, ctx.inventory.settings)
     live = _get_iec(ctx, ep)
     if live is not None:
@@ -72,28 +97,22 @@ def apply_iec(ctx: StageContext, ep: Endpoint) -> str:
         labels_ok = all((live["metadata"].get("labels") or {}).get(k) == v
                         for k, v in desired["metadata"]["labels"].items())
         if not diffs and labels_ok:
-            return "unchanged"
-    if ctx.dry_run:
-        before = {"metadata": {"labels": (live or {}).get("metadata", {}).get("labels")},
-                  "spec": (live or {}).get("spec")} if live else None
-        ctx.plan(STAGE, f"{'update' if live else 'create'} InferenceEndpointConfig {ep.namespace}/{ep.name}",
-                 endpoint=ep.ref, diff=_yaml_diff(before, {"metadata": {"labels": desired["metadata"]["labels"]},
-                                                          "spec": desired["spec"]}, ep.name))
-        return "planned"
-    if get_or_none(ctx.kube.core.read_namespace, ep.namespace) is None:
-        call(ctx.kube.core.create_namespace, {"metadata": {"name": ep.namespace, "labels": {
-            C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {ep.namespace}")
-    if live is None:
-        with ctx.write_ahead("create_iec", f"InferenceEndpointConfig {ep.key}", endpoint=ep.key):
-            call(ctx.kube.custom.create_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace,
-                 C.IEC_PLURAL, desired, what=f"create InferenceEndpointConfig {ep.key}")
-    else:
-        patch = {"metadata": {"labels": desired["metadata"]["labels"]}, "spec": desired["spec"]}
-        with ctx.write_ahead("update_iec", f"InferenceEndpointConfig {ep.key}", endpoint=ep.key):
-            call(ctx.kube.custom.patch_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, ep.namespace,
-                 C.IEC_PLURAL, ep.name, patch, what=f"update InferenceEndpointConfig {ep.key}")
-    ctx.say(f"stage 4: applied InferenceEndpointConfig {ep.key}")
-    return "changed"
+            return None
+    before = {"metadata": {"labels": (live or {}).get("metadata", {}).get("labels")},
+              "spec": (live or {}).get("spec")} if live else None
+    patch = {"metadata": {"labels": desired["metadata"]["labels"]}, "spec": desired["spec"]}
+    return ApplyEndpointConfig(ep.ref, ep.namespace, ep.name, live is None, canonical(desired if live is None
+                                                                                       else patch),
+                               diff=_yaml_diff(before, patch, ep.name))
+
+
+def apply_iec(ctx: StageContext, ep: Endpoint) -> str:
+    """Create or update the CR. Returns changed | unchanged | planned; refuses immutable changes."""
+    action = iec_action(ctx, ep)
+    if action is None:
+        return "unchanged"
+    executor.run(ctx, STAGE, [action])
+    return "planned" if ctx.dry_run else "changed"
 
 
 def wait_complete(ctx: StageContext, eps: list[Endpoint]) -> None:
@@ -116,17 +135,15 @@ def wait_complete(ctx: StageContext, eps: list[Endpoint]) -> None:
 
 
 def _deployment(ctx: StageContext, ep: Endpoint) -> dict[str, Any]:
-    dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, ep.name, ep.namespace)
+    dep = executor.read_deployment(ctx, ep.namespace, ep.name)
     if dep is None:
         raise PermanentError(f"{ep.ref}: no Deployment {ep.key} rendered by the operator; never patching a "
                              "Deployment without its InferenceEndpointConfig")
-    return dict(ctx.kube.api_client.sanitize_for_serialization(dep))
+    return dep
 
 
 def _pods(ctx: StageContext, ep: Endpoint) -> list[dict[str, Any]]:
-    pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
-                what=f"pods of {ep.key}").items
-    return [ctx.kube.api_client.sanitize_for_serialization(p) for p in pods]
+    return executor.list_pods(ctx, ep.namespace, ep.name)
 
 
 def endpoint_violations(ctx: StageContext, ep: Endpoint, dep: dict[str, Any] | None = None,
@@ -152,31 +169,6 @@ def _needs_overlay(ctx: StageContext, ep: Endpoint) -> bool:
         return True
     return any(overlay_violations(p["spec"], ep.name, ctx.inventory.settings) for p in _pods(ctx, ep)
                if (p.get("status") or {}).get("phase") in ("Running", "Pending"))
-
-
-def _scale(ctx: StageContext, ep: Endpoint, replicas: int) -> None:
-    with ctx.write_ahead("scale_down" if replicas == 0 else "scale_up", f"Deployment {ep.key} replicas={replicas}",
-                         endpoint=ep.key):
-        call(ctx.kube.apps.patch_namespaced_deployment_scale, ep.name, ep.namespace,
-             {"spec": {"replicas": replicas}}, what=f"scale {ep.key} to {replicas}")
-
-
-def _wait_pods(ctx: StageContext, eps: list[Endpoint], want: dict[str, int], new_env: bool) -> None:
-    def check() -> tuple[bool, str]:
-        waiting = []
-        for ep in eps:
-            pods = [p for p in _pods(ctx, ep) if (p.get("status") or {}).get("phase") != "Succeeded"]
-            ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
-                                            for c in (p.get("status") or {}).get("conditions") or [])]
-            good = [p for p in ready
-                    if not new_env or not overlay_violations(p["spec"], ep.name, ctx.inventory.settings)]
-            if len(pods) != want[ep.key] or len(good) != want[ep.key]:
-                waiting.append(f"{ep.name} {len(good)}/{want[ep.key]} ready" + (" with new env" if new_env else "")
-                               + (f" ({len(pods)} pods)" if len(pods) != want[ep.key] else ""))
-        return not waiting, "; ".join(waiting) or "all pods in place"
-
-    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
-             what=f"[{ctx.cluster.name}] wave pods", progress=ctx.progress)
 
 
 def _validated_patches(ctx: StageContext, eps: list[Endpoint]) -> tuple[dict[str, list[dict[str, Any]]],
@@ -211,94 +203,108 @@ def _validated_patches(ctx: StageContext, eps: list[Endpoint]) -> tuple[dict[str
     return patches, refused
 
 
-def _scale_back(ctx: StageContext, eps: list[Endpoint], replicas: dict[str, int],
-                states: dict[str, str]) -> dict[str, str]:
-    """After a failure past scale-down: every endpoint scaled down goes back to its recorded replicas (before
-    the operator is restored). Returns each endpoint's result (``scaled back to N`` or the error); never raises."""
-    out: dict[str, str] = {}
+def live_spare_gpus(ctx: StageContext) -> int:
+    """GPUs the scheduler could still place a pod on: every Ready, schedulable node's allocatable GPUs minus what
+    its pods request, less what Pending pods are waiting for (one LIST of nodes, one of pods)."""
+    nodes = [ctx.kube.api_client.sanitize_for_serialization(n)
+             for n in call(ctx.kube.core.list_node, what="list nodes (GPU room)").items]
+    pods = [ctx.kube.api_client.sanitize_for_serialization(p)
+            for p in call(ctx.kube.core.list_pod_for_all_namespaces, what="list pods (GPU room)").items]
+    return hardware.spare_gpus(nodes, pods)
+
+
+def _wave_items(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[dict[str, Any]]]
+                ) -> tuple[list[WaveItem], dict[str, StrategyChoice], dict[str, str]]:
+    """Observe each endpoint's Deployment (replicas, strategy) and choose its update strategy on the live GPU
+    room. Returns (items, choices, refused: key -> reason); a refused endpoint is left untouched."""
+    deps = {ep.key: _deployment(ctx, ep) for ep in eps}
+    replicas = {ep.key: int(deps[ep.key]["spec"].get("replicas") or 0) for ep in eps}
+    asked = [(ep.key, *ctx.inventory.update_strategy(ep), replicas[ep.key]) for ep in eps]
+    spare = live_spare_gpus(ctx) if any(a in ("auto", "surge") for _, a, _, _ in asked) else 0
+    choices = choose_wave_strategies([(k, a, n, where) for k, a, where, n in asked], spare)
+    items: list[WaveItem] = []
+    refused: dict[str, str] = {}
     for ep in eps:
-        if states.get(ep.key) not in ("scaled_to_0", "patched"):
+        choice = choices[ep.key]
+        if choice.refused:
+            refused[ep.key] = f"update strategy {choice.strategy}: {choice.refused}"
+            continue
+        temporary = {"rolling": ROLLING, "surge": SURGE}.get(choice.strategy)
+        items.append(WaveItem(ep.ref, ep.namespace, ep.name, replicas[ep.key], choice.strategy,
+                              canonical(patches[ep.key]),
+                              canonical(deps[ep.key]["spec"].get("strategy") or DEFAULT_STRATEGY),
+                              canonical(temporary) if temporary else None))
+        ctx.say(f"stage 4: {ep.key}: {choice.strategy} — {choice.reason}")
+    return items, choices, refused
+
+
+def _recover(ctx: StageContext, items: list[WaveItem], states: dict[str, str]) -> dict[str, str]:
+    """After a failure inside the pause: every scale-to-zero endpoint scaled down goes back to its recorded
+    replicas, every rolling/surge endpoint gets its original strategy back — all before the operator is
+    restored. Returns each endpoint's result; never raises (the others still get theirs)."""
+    out: dict[str, str] = {}
+    for i in items:
+        if i.strategy == "scale-to-zero" and states.get(i.key) in ("scaled_to_0", "patched"):
+            undo: Action = Scale(i.endpoint, i.namespace, i.name, i.replicas)
+            done, failed = f"scaled back to {i.replicas}", f"STILL AT 0: scale back to {i.replicas} failed"
+        elif i.strategy != "scale-to-zero" and states.get(i.key) in ("strategy_set", "patched", "ready"):
+            undo = SetRolloutStrategy(i.endpoint, i.namespace, i.name, i.original_strategy or "{}", restore=True)
+            done, failed = "original strategy back", "strategy not restored"
+        else:
             continue
         try:
-            _scale(ctx, ep, replicas[ep.key])
-            out[ep.key] = f"scaled back to {replicas[ep.key]}"
-        except Exception as exc:  # the others still get theirs
-            out[ep.key] = f"STILL AT 0: scale back to {replicas[ep.key]} failed: {str(exc)[:200]}"
-            ctx.say(f"ENDPOINT AT 0: could not scale {ep.key} back to {replicas[ep.key]}: {exc}")
+            executor.run(ctx, STAGE, [undo])
+            out[i.key] = done
+        except Exception as exc:
+            out[i.key] = f"{failed}: {str(exc)[:200]}"
+            ctx.say(f"{failed.upper()} for {i.key}: {exc}")
     return out
 
 
-def _plan_patch_wave(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[dict[str, Any]]],
-                     replicas: dict[str, int], refused: dict[str, str]) -> dict[str, Any]:
-    if not eps:
-        return {"planned": [], "refused": refused}
-    op = operator_pause.controller_name(ctx)
-    ctx.plan(STAGE, f"kubectl scale deployment {op} -n {C.OPERATOR_NAMESPACE} --replicas=0")
-    for ep in eps:
-        ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas=0", endpoint=ep.ref)
-        ctx.plan(STAGE, f"kubectl patch deployment {ep.name} -n {ep.namespace} --type=json -p "
-                        f"'{json.dumps(patches[ep.key])}'", endpoint=ep.ref)
-        ctx.plan(STAGE, f"kubectl scale deployment {ep.name} -n {ep.namespace} --replicas={replicas[ep.key]}",
-                 endpoint=ep.ref)
-    ctx.plan(STAGE, f"kubectl scale deployment {op} -n {C.OPERATOR_NAMESPACE} --replicas=1"
-                    "   # only after every pod is Ready")
-    return {"planned": [ep.key for ep in eps], "refused": refused}
+def _progress(states: dict[str, str]) -> Callable[[Action], None]:
+    """Follow a wave's actions into each endpoint's state (what ``_recover`` must undo)."""
+    def done(a: Action) -> None:
+        if isinstance(a, Scale):
+            states[f"{a.namespace}/{a.name}"] = "scaled_to_0" if a.replicas == 0 else "scaled_back"
+        elif isinstance(a, SetRolloutStrategy):
+            states[f"{a.namespace}/{a.name}"] = "strategy_restored" if a.restore else "strategy_set"
+        elif isinstance(a, PatchDeployment):
+            states[f"{a.namespace}/{a.name}"] = "patched"
+        elif isinstance(a, WaitPods) and a.new_env:
+            states.update({key: "ready" for key, _ in a.want})
+    return done
 
 
-def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str,
-               fail_after_scale_down: bool = False) -> dict[str, Any]:
-    """The safe sequence, batched: one operator pause for the whole wave, restore guaranteed.
+def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str) -> dict[str, Any]:
+    """The patch sequence, batched: one operator pause for the whole wave, restore guaranteed.
 
-    Every patch is computed and checked before the pause; an endpoint without a valid patch is refused and never
-    scaled. The pause runs inside the protected region (a temporary error while pausing still restores). On any
-    failure after a scale-down, every endpoint goes back to its recorded replicas BEFORE the operator restore."""
+    Every patch is computed and checked before the pause, and every endpoint's update strategy chosen; an
+    endpoint without a valid patch, or whose asked strategy is unsafe here, is refused and never touched. The
+    pause runs inside the protected region (a temporary error while pausing still restores). On any failure
+    inside it, scale-to-zero endpoints go back to their recorded replicas and rolling/surge ones get their
+    original strategy BEFORE the operator restore. The dry run renders the very same action list."""
     patches, refused = _validated_patches(ctx, eps)
-    eps = [ep for ep in eps if ep.key in patches]
-    replicas = {ep.key: (_deployment(ctx, ep)["spec"].get("replicas") or ep.replicas) for ep in eps}
+    items, choices, unsafe = _wave_items(ctx, [ep for ep in eps if ep.key in patches], patches)
+    refused.update(unsafe)
+    strategies = {k: c.as_dict() for k, c in choices.items()}
+    actions = patch_wave_actions(operator_pause.controller_name(ctx), holder, items)
     if ctx.dry_run:
-        return _plan_patch_wave(ctx, eps, patches, replicas, refused)
-    states: dict[str, str] = {ep.key: "pending" for ep in eps}
-    if not eps:
-        return {"states": states, "refused": refused}
+        executor.run(ctx, STAGE, actions)
+        return {"planned": [i.key for i in items], "refused": refused, "strategies": strategies}
+    states: dict[str, str] = {i.key: "pending" for i in items}
+    if not items:
+        return {"states": states, "refused": refused, "strategies": strategies}
     try:
-        operator_pause.pause(ctx, holder)
-        ctx.record(f"operator_pause:{holder}", "operator", "changed", action="paused", holder=holder)
-        for ep in eps:
-            _scale(ctx, ep, 0)
-            states[ep.key] = "scaled_to_0"
-        _wait_pods(ctx, eps, {ep.key: 0 for ep in eps}, new_env=False)
-        if fail_after_scale_down:  # fault injection for tests and drills: dies between pause and restore
-            raise RuntimeError("injected failure after scale-to-0 (fault drill)")
-        for ep in eps:
-            with ctx.write_ahead("patch_deployment", f"Deployment {ep.key}", endpoint=ep.key):
-                call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patches[ep.key],
-                     what=f"patch {ep.key}")
-            states[ep.key] = "patched"
-            bad = [v.text() for v in overlay_violations(_deployment(ctx, ep)["spec"]["template"]["spec"], ep.name,
-                                                        ctx.inventory.settings)]
-            if bad:
-                raise PermanentError(f"{ep.ref}: rendered object still wrong after the patch: {'; '.join(bad)}")
-        for ep in eps:
-            _scale(ctx, ep, replicas[ep.key])
-            states[ep.key] = "scaled_back"
-        _wait_pods(ctx, eps, replicas, new_env=True)
-        for ep in eps:
-            states[ep.key] = "ready"
+        executor.run(ctx, STAGE, actions[:-1], on_done=_progress(states))
     except BaseException as exc:
-        scaled_back = _scale_back(ctx, eps, replicas, states)
-        ctx.record(f"wave_state:{holder}", "endpoint", "failed", states=states, replicas=replicas,
-                   scaled_back=scaled_back, error=str(exc)[:500])
+        recovered = _recover(ctx, items, states)
+        ctx.record(f"wave_state:{holder}", "endpoint", "failed", states=states,
+                   replicas={i.key: i.replicas for i in items}, scaled_back=recovered,
+                   strategies={i.key: i.strategy for i in items}, error=str(exc)[:500])
         raise
     finally:
-        try:
-            result = operator_pause.restore(ctx, holder)
-        except Exception as exc:
-            ctx.record(f"operator_restore:{holder}", "operator", "failed", action="restore failed",
-                       still_paused=True, error=str(exc)[:500])
-            raise PermanentError(f"OPERATOR STILL PAUSED on {ctx.cluster.name}: restore failed: {exc}") from exc
-        if result.get("restored"):
-            ctx.record(f"operator_restore:{holder}", "operator", "changed", action="restored", **result)
-    return {"states": states, "refused": refused}
+        executor.run(ctx, STAGE, actions[-1:])  # RestoreOperator, always last
+    return {"states": states, "refused": refused, "strategies": strategies}
 
 
 def ensure_kyverno_policy(ctx: StageContext) -> str:
@@ -307,34 +313,18 @@ def ensure_kyverno_policy(ctx: StageContext) -> str:
     live = get_or_none(ctx.kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name)
     if live is not None and live.get("spec") == desired["spec"]:
         return "unchanged"
-    if ctx.dry_run:
-        ctx.plan(STAGE, f"kubectl apply -f k8s/kyverno/curvine-l2-policy.yaml   # ClusterPolicy {name}",
-                 diff=_yaml_diff((live or {}).get("spec"), desired["spec"], name))
-        return "planned"
-    if live is None:
-        call(ctx.kube.custom.create_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", desired,
-             what=f"create ClusterPolicy {name}")
-    else:
-        call(ctx.kube.custom.patch_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name,
-             {"spec": desired["spec"]}, what=f"update ClusterPolicy {name}")
-    ctx.say(f"stage 4 (kyverno): ClusterPolicy {name} applied; no operator pause is needed in this mode")
-    return "changed"
+    executor.run(ctx, STAGE, [ApplyClusterPolicy(name, live is None, canonical(desired),
+                                                 diff=_yaml_diff((live or {}).get("spec"), desired["spec"], name))])
+    return "planned" if ctx.dry_run else "changed"
 
 
 def kyverno_wave(ctx: StageContext, eps: list[Endpoint]) -> dict[str, Any]:
-    """Make the operator re-render each Deployment that lacks the injection, then verify it after the re-render."""
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for ep in eps:
-        patch = {"spec": {"template": {"metadata": {"annotations": {"kvfleet.io/rerender-requested-at": stamp}}}}}
-        if ctx.dry_run:
-            ctx.plan(STAGE, f"kubectl patch deployment {ep.name} -n {ep.namespace} -p '{json.dumps(patch)}'   "
-                            "# rollout -> the operator re-renders through Kyverno admission", endpoint=ep.ref)
-            continue
-        call(ctx.kube.apps.patch_namespaced_deployment, ep.name, ep.namespace, patch, what=f"touch {ep.key}")
-    if ctx.dry_run:
-        return {"planned": [ep.key for ep in eps]}
-    _wait_pods(ctx, eps, {ep.key: ep.replicas for ep in eps}, new_env=True)
-    return {"rerendered": [ep.key for ep in eps]}
+    """Make the operator re-render each Deployment that lacks the injection, then verify it after the re-render
+    (no operator pause: the operator's own strategy rolls the pods)."""
+    actions: list[Action] = [RerenderDeployment(ep.ref, ep.namespace, ep.name) for ep in eps]
+    actions.append(WaitPods(tuple((ep.key, ep.replicas) for ep in eps), new_env=True))
+    executor.run(ctx, STAGE, actions)
+    return {"planned" if ctx.dry_run else "rerendered": [ep.key for ep in eps]}
 
 
 def _refuse(ctx: StageContext, eps: list[Endpoint], reasons: dict[str, str]) -> list[Outcome]:
@@ -346,9 +336,7 @@ def _refuse(ctx: StageContext, eps: list[Endpoint], reasons: dict[str, str]) -> 
     return out
 
 
-def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
-                   fail_after_scale_down: bool = False) -> list[Outcome]:
-    operator_pause.require_running(ctx)
+def _apply_crs(ctx: StageContext, eps: list[Endpoint]) -> tuple[dict[str, str], list[Outcome]]:
     results: dict[str, str] = {}
     outcomes: list[Outcome] = []
     for ep in eps:
@@ -358,38 +346,51 @@ def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str,
             outcomes.append(ctx.record(f"endpoint:{ep.key}", STAGE, "refused", endpoint=ep.key, lob=ep.lob,
                                        reason=str(exc)))
             ctx.say(f"REFUSED {ep.ref}: {exc}")
+    return results, outcomes
+
+
+def _put_overlay(ctx: StageContext, ready_eps: list[Endpoint], needs: list[Endpoint], holder: str) -> dict[str, Any]:
+    if needs and ctx.cluster.l2_injection == "kyverno":
+        return {"policy": ensure_kyverno_policy(ctx), **kyverno_wave(ctx, needs)}
+    if needs:
+        return patch_wave(ctx, needs, holder)
+    if ctx.cluster.l2_injection == "kyverno" and any(ep.l2 for ep in ready_eps):
+        return {"policy": ensure_kyverno_policy(ctx)}
+    return {}
+
+
+def _judge(ctx: StageContext, ep: Endpoint, cr: str, overlaid: bool, overlay: dict[str, Any]) -> Outcome:
+    moved = cr in ("changed", "planned") or overlaid
+    remaining = [] if ctx.dry_run else endpoint_violations(ctx, ep)
+    if remaining:
+        # Recorded, not raised: the wave's gate turns a failed endpoint into "stop this cluster's later
+        # waves", and the other endpoints of the wave keep their outcome.
+        ctx.say(f"FAILED {ep.ref}: desired state not reached: {'; '.join(remaining)}")
+        return ctx.record(f"endpoint:{ep.key}", STAGE, "failed", endpoint=ep.key, lob=ep.lob, violations=remaining)
+    detail: dict[str, Any] = {"cr": cr, "overlay": ctx.cluster.l2_injection if overlaid else None}
+    strategy = (overlay.get("strategies") or {}).get(ep.key)
+    if strategy is not None:
+        detail["update_strategy"] = strategy
+    if ctx.dry_run and cr == "planned" and ep.l2 and not overlaid:
+        detail["note"] = (f"then the L2 overlay ({ctx.cluster.l2_injection} mode), computed once the operator has "
+                          "rendered the Deployment")
+    outcome = "planned" if ctx.dry_run and moved else "changed" if moved else "unchanged"
+    return ctx.record(f"endpoint:{ep.key}", STAGE, outcome, endpoint=ep.key, lob=ep.lob, **detail)
+
+
+def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str) -> list[Outcome]:
+    operator_pause.require_running(ctx)
+    results, outcomes = _apply_crs(ctx, eps)
     live_eps = [ep for ep in eps if ep.key in results]
-    if ctx.dry_run and any(r == "planned" for r in results.values()):
-        for ep in live_eps:
-            if results[ep.key] == "planned" and ep.l2:
-                ctx.plan(STAGE, f"then put the L2 overlay on Deployment {ep.key} ({ctx.cluster.l2_injection} mode)",
-                         endpoint=ep.ref)
+    # In a dry run a CR still to be created has no Deployment yet: nothing to observe for the overlay.
     ready_eps = [ep for ep in live_eps if not (ctx.dry_run and results[ep.key] == "planned"
                                                and _get_iec(ctx, ep) is None)]
     if not ctx.dry_run:
         wait_complete(ctx, live_eps)
     needs = [ep for ep in ready_eps if ep.l2 and _needs_overlay(ctx, ep)]
-    overlay: dict[str, Any] = {}
-    if needs and ctx.cluster.l2_injection == "kyverno":
-        overlay["policy"] = ensure_kyverno_policy(ctx)
-        overlay.update(kyverno_wave(ctx, needs))
-    elif needs:
-        overlay.update(patch_wave(ctx, needs, holder, fail_after_scale_down))
-    elif ctx.cluster.l2_injection == "kyverno" and any(ep.l2 for ep in ready_eps):
-        overlay["policy"] = ensure_kyverno_policy(ctx)
+    overlay = _put_overlay(ctx, ready_eps, needs, holder)
     unpatched: dict[str, str] = dict(overlay.get("refused") or {})
     outcomes += _refuse(ctx, [ep for ep in live_eps if ep.key in unpatched], unpatched)
-    for ep in (ep for ep in live_eps if ep.key not in unpatched):
-        moved = results[ep.key] in ("changed", "planned") or ep in needs
-        remaining = [] if ctx.dry_run else endpoint_violations(ctx, ep)
-        if remaining:
-            # Recorded, not raised: the wave's gate turns a failed endpoint into "stop this cluster's later
-            # waves", and the other endpoints of the wave keep their outcome.
-            ctx.say(f"FAILED {ep.ref}: desired state not reached: {'; '.join(remaining)}")
-            outcomes.append(ctx.record(f"endpoint:{ep.key}", STAGE, "failed", endpoint=ep.key, lob=ep.lob,
-                                       violations=remaining))
-            continue
-        outcome = ("planned" if ctx.dry_run and moved else "changed" if moved else "unchanged")
-        outcomes.append(ctx.record(f"endpoint:{ep.key}", STAGE, outcome, endpoint=ep.key, lob=ep.lob,
-                                   cr=results[ep.key], overlay=ctx.cluster.l2_injection if ep in needs else None))
+    outcomes += [_judge(ctx, ep, results[ep.key], ep in needs, overlay)
+                 for ep in live_eps if ep.key not in unpatched]
     return outcomes

@@ -15,6 +15,10 @@ The controller is found wherever it is installed (issue 13 §3): the EKS add-on 
 (both in ``hyperpod-inference-system``). Lookup: one LIST of that namespace, then either name, else the chart's
 labels (``control-plane`` = either name, or ``app.kubernetes.io/name=hyperpod-inference-operator``); the name
 found is remembered for the context.
+
+A wave's pause and restore are typed actions (``fleet.actions.PauseOperator``/``RestoreOperator``, built by
+:func:`pause_action`/:func:`restore_action`) that ``stages.executor`` applies through :func:`apply_pause` and
+:func:`restore`, or renders in a dry run.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.actions import PauseOperator, RestoreOperator
 from kvfleet.history.leases import run_key_of
 from kvfleet.stages.base import StageContext, poll_seconds
 
@@ -99,9 +104,25 @@ def require_running(ctx: StageContext) -> None:
                           f"({scale_hint(ctx)}).")
 
 
+def pause_action(ctx: StageContext, holder: str) -> PauseOperator:
+    """The pause a wave needs (applied by ``stages.executor``, which calls :func:`apply_pause`)."""
+    return PauseOperator(controller_name(ctx), holder)
+
+
+def restore_action(ctx: StageContext, holder: str) -> RestoreOperator:
+    """The restore that ends a wave's pause (applied by ``stages.executor``, which calls :func:`restore`)."""
+    return RestoreOperator(controller_name(ctx), holder)
+
+
 def pause(ctx: StageContext, holder: str) -> int:
+    """Pause now (outside a stage's action list). Returns the replica count to restore."""
+    return apply_pause(ctx, pause_action(ctx, holder))
+
+
+def apply_pause(ctx: StageContext, action: PauseOperator) -> int:
     """Scale the controller to 0, recording who and when. Returns the replica count to restore. A pause already
     made by the same run (a retry after a temporary error) is carried on; another holder's pause is refused."""
+    holder = action.holder
     state = pause_state(ctx)
     if state["paused_by"] and not same_run(state["paused_by"], holder):
         raise GateRefused(f"the inference operator on {ctx.cluster.name} is already paused by {state['paused_by']} "
@@ -111,7 +132,7 @@ def pause(ctx: StageContext, holder: str) -> int:
                 "carrying on with that pause")
     restore_to = int(state["restore_to"] or state["replicas"] or 1)
     now = state["paused_at"] or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    with ctx.write_ahead("pause_operator", f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} by {holder}"):
+    with ctx.write_ahead(action.kind, f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} by {holder}"):
         call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
              {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: state["paused_by"] or holder,
                                            C.PAUSED_AT_ANNOTATION: now,
@@ -133,7 +154,7 @@ def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) 
     if holder is not None and not same_run(state["paused_by"], holder):
         return {"restored": False, "reason": f"paused by {state['paused_by']}, not {holder}", **state}
     replicas = int(state["restore_to"] or 1)
-    with ctx.write_ahead("restore_operator", f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} paused by "
+    with ctx.write_ahead(RestoreOperator.kind, f"Deployment {C.OPERATOR_NAMESPACE}/{state['name']} paused by "
                          f"{state['paused_by']} to {replicas}"):
         call(ctx.kube.apps.patch_namespaced_deployment, state["name"], C.OPERATOR_NAMESPACE,
              {"metadata": {"annotations": {C.PAUSED_BY_ANNOTATION: None, C.PAUSED_AT_ANNOTATION: None,

@@ -12,18 +12,21 @@ NodeRecovery (issue 22 §3):
   TieredStorageConfig, so the ai-toolkit daemon is left alone); the change is recorded with the value before.
 - **not declared**: the live value is sent back unchanged, as before — a platform team's choice made outside
   kvfleet stays.
+
+The change is one typed action (``fleet.actions.UpdateCluster``) that ``stages.executor`` applies, or renders in a
+dry run; waiting for InService and the daemon check stay here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from kvfleet.clients.hyperpod import TieredStorage, classify, validate_tiered_storage
+from kvfleet.clients.hyperpod import TieredStorage, validate_tiered_storage
 from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.actions import UpdateCluster
+from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
 STAGE = "tiered_storage"
@@ -65,14 +68,6 @@ def node_recovery_target(ctx: StageContext, live: str | None) -> tuple[str, str]
     return live or cl.node_recovery, "live"
 
 
-def _update_node_recovery(ctx: StageContext, value: str) -> None:
-    """UpdateCluster with NodeRecovery alone (the API allows it: only ClusterName is required)."""
-    try:
-        ctx.hyperpod.sagemaker.update_cluster(ClusterName=ctx.cluster.name, NodeRecovery=value)
-    except ClientError as exc:
-        raise classify(exc, f"UpdateCluster {ctx.cluster.name}") from exc
-
-
 def reconcile(ctx: StageContext) -> Outcome:
     cl = ctx.cluster
     mode, percent = cl.tiered_storage_mode, cl.memory_percent
@@ -89,29 +84,21 @@ def reconcile(ctx: StageContext) -> Outcome:
         return ctx.record("tiered_storage", STAGE, "unchanged", mode=mode, memory_percent=percent,
                           node_recovery=node_recovery, node_recovery_source=source)
     before = f"Mode={live.mode},InstanceMemoryAllocationPercentage={live.memory_percent}"
-    action = f"aws sagemaker update-cluster --cluster-name {cl.name}"
-    diff = []
-    if not tiered_ok:
-        action += f" --tiered-storage-config {desired}"
-        diff += [f"- TieredStorageConfig {before}", f"+ TieredStorageConfig {desired}"]
-    action += f" --node-recovery {node_recovery}"
+    diff = [] if tiered_ok else [f"- TieredStorageConfig {before}", f"+ TieredStorageConfig {desired}"]
     if not recovery_ok:
         diff += [f"- NodeRecovery {hp.node_recovery}", f"+ NodeRecovery {node_recovery} (declared in the inventory)"]
+    action = UpdateCluster(cl.name, None if tiered_ok else mode, None if tiered_ok else percent, node_recovery,
+                           diff="\n".join(diff))
     if ctx.dry_run:
-        ctx.plan(STAGE, action, diff="\n".join(diff))
-        return ctx.record("tiered_storage", STAGE, "planned", action=action, before=before,
+        executor.run(ctx, STAGE, [action])
+        return ctx.record("tiered_storage", STAGE, "planned", action=action.equivalent(), before=before,
                           node_recovery_before=hp.node_recovery, node_recovery=node_recovery,
                           node_recovery_source=source)
     if hp.status != "InService":
         hp = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                        progress=ctx.say)
-    ctx.say(f"stage 1: {action}")
-    with ctx.write_ahead("update_cluster", f"HyperPod cluster {cl.name}: "
-                         + ("" if tiered_ok else f"TieredStorageConfig {desired}, ") + f"NodeRecovery {node_recovery}"):
-        if tiered_ok:
-            _update_node_recovery(ctx, node_recovery)
-        else:
-            ctx.hyperpod.update_tiered_storage(cl.name, mode, percent, node_recovery)
+    ctx.say(f"stage 1: {action.equivalent()}")
+    executor.run(ctx, STAGE, [action])
     after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                       progress=ctx.say)
     if after.node_recovery is not None and after.node_recovery != node_recovery:

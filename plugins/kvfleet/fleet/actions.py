@@ -1,0 +1,384 @@
+"""Typed actions: every change a reconciler makes (or waits for), as data.
+
+Called from the stages (``stages.tiered_storage``, ``stages.addons``, ``stages.endpoints``,
+``stages.operator_pause``), which compute a list of actions from what they observed, and from
+``stages.executor``, which either applies each action through the clients (with its write-ahead record) or renders
+it for the dry run (`kvfleet plan --diff`). One list serves both, so the dry run shows exactly the calls the
+rollout makes (issue 21, "Reconcilers return actions"; controller-runtime's dry run runs the same path up to the
+write).
+
+Pure: no I/O. Each action renders the ``kubectl``/``aws`` command that would have the same effect, marked as an
+equivalent (kvfleet itself calls the Kubernetes and AWS APIs, not those commands). Two actions are equal when
+they would make the same call: a human diff travels along (``diff``) but takes no part in equality.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+from kvfleet.fleet import constants as C
+
+EQUIVALENT_MARK: Final = "(equivalent)"
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class UpdateCluster:
+    """HyperPod UpdateCluster: TieredStorageConfig (None: NodeRecovery alone) and NodeRecovery (always sent)."""
+
+    kind: ClassVar[str] = "update_cluster"
+    mutating: ClassVar[bool] = True
+    cluster: str
+    mode: str | None  # None: NodeRecovery only, the ai-toolkit daemon is left alone
+    memory_percent: int | None
+    node_recovery: str
+    diff: str | None = field(default=None, compare=False)
+    endpoint: None = None
+
+    @property
+    def tiered_storage(self) -> str | None:
+        if self.mode is None:
+            return None
+        return f"Mode={self.mode}" + (f",InstanceMemoryAllocationPercentage={self.memory_percent}"
+                                      if self.mode == "Enable" else "")
+
+    def target(self) -> str:
+        ts = f"TieredStorageConfig {self.tiered_storage}, " if self.tiered_storage else ""
+        return f"HyperPod cluster {self.cluster}: {ts}NodeRecovery {self.node_recovery}"
+
+    def equivalent(self) -> str:
+        ts = f" --tiered-storage-config {self.tiered_storage}" if self.tiered_storage else ""
+        return f"aws sagemaker update-cluster --cluster-name {self.cluster}{ts} --node-recovery {self.node_recovery}"
+
+
+@dataclass(frozen=True)
+class CreateAddon:
+    """EKS CreateAddon (resolveConflicts OVERWRITE: a Helm-installed operator's objects are taken over)."""
+
+    kind: ClassVar[str] = "create_addon"
+    mutating: ClassVar[bool] = True
+    eks_cluster: str
+    name: str
+    version: str | None
+    configuration: str | None  # canonical JSON, or None
+    resolve_conflicts: str
+    diff: str | None = field(default=None, compare=False)
+    endpoint: None = None
+
+    def target(self) -> str:
+        return f"EKS add-on {self.eks_cluster}/{self.name} {self.version or '(default version)'}"
+
+    def config(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.configuration)) if self.configuration is not None else None
+
+    def equivalent(self) -> str:
+        return _addon_line("create-addon", self)
+
+
+@dataclass(frozen=True)
+class UpdateAddon:
+    """EKS UpdateAddon (resolveConflicts PRESERVE: a platform team's own changes survive)."""
+
+    kind: ClassVar[str] = "update_addon"
+    mutating: ClassVar[bool] = True
+    eks_cluster: str
+    name: str
+    version: str | None
+    configuration: str | None
+    resolve_conflicts: str
+    diff: str | None = field(default=None, compare=False)
+    endpoint: None = None
+
+    def target(self) -> str:
+        return f"EKS add-on {self.eks_cluster}/{self.name} {self.version or '(default version)'}"
+
+    def config(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.configuration)) if self.configuration is not None else None
+
+    def equivalent(self) -> str:
+        return _addon_line("update-addon", self)
+
+
+def _addon_line(verb: str, a: CreateAddon | UpdateAddon) -> str:
+    version = f" --addon-version {a.version}" if a.version else ""
+    config = f" --configuration-values '{a.configuration}'" if a.configuration is not None else ""
+    return (f"aws eks {verb} --cluster-name {a.eks_cluster} --addon-name {a.name}{version}{config} "
+            f"--resolve-conflicts {a.resolve_conflicts}")
+
+
+@dataclass(frozen=True)
+class ApplyEndpointConfig:
+    """Create (with its namespace when missing) or update an InferenceEndpointConfig; ``body`` is canonical JSON:
+    the whole object on create, ``{metadata: {labels}, spec}`` (a merge patch) on update."""
+
+    kind: ClassVar[str] = "apply_iec"
+    mutating: ClassVar[bool] = True
+    endpoint: str  # the fleet-wide ref, cluster:namespace/name
+    namespace: str
+    name: str
+    create: bool
+    body: str
+    diff: str | None = field(default=None, compare=False)
+
+    def target(self) -> str:
+        return f"InferenceEndpointConfig {self.namespace}/{self.name}"
+
+    def equivalent(self) -> str:
+        return (f"kubectl apply -n {self.namespace} -f -   # {'create' if self.create else 'update'} "
+                f"{C.IEC_KIND} {self.name}")
+
+
+@dataclass(frozen=True)
+class PauseOperator:
+    """Scale the inference operator's controller to 0, annotated with the holder (``stages.operator_pause``)."""
+
+    kind: ClassVar[str] = "pause_operator"
+    mutating: ClassVar[bool] = True
+    controller: str
+    holder: str
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Deployment {C.OPERATOR_NAMESPACE}/{self.controller} by {self.holder}"
+
+    def equivalent(self) -> str:
+        return (f"kubectl annotate deployment {self.controller} -n {C.OPERATOR_NAMESPACE} "
+                f"{C.PAUSED_BY_ANNOTATION}={self.holder} && kubectl scale deployment {self.controller} "
+                f"-n {C.OPERATOR_NAMESPACE} --replicas=0")
+
+
+@dataclass(frozen=True)
+class RestoreOperator:
+    """Scale the controller back to its recorded replicas and clear the pause annotations; waits until Ready."""
+
+    kind: ClassVar[str] = "restore_operator"
+    mutating: ClassVar[bool] = True
+    controller: str
+    holder: str
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Deployment {C.OPERATOR_NAMESPACE}/{self.controller} paused by {self.holder}"
+
+    def equivalent(self) -> str:
+        return (f"kubectl scale deployment {self.controller} -n {C.OPERATOR_NAMESPACE} --replicas=<recorded> "
+                f"&& kubectl annotate deployment {self.controller} -n {C.OPERATOR_NAMESPACE} "
+                f"{C.PAUSED_BY_ANNOTATION}-   # only after every pod is Ready")
+
+
+@dataclass(frozen=True)
+class Scale:
+    kind: ClassVar[str] = "scale"
+    mutating: ClassVar[bool] = True
+    endpoint: str
+    namespace: str
+    name: str
+    replicas: int
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Deployment {self.namespace}/{self.name} replicas={self.replicas}"
+
+    def equivalent(self) -> str:
+        return f"kubectl scale deployment {self.name} -n {self.namespace} --replicas={self.replicas}"
+
+
+@dataclass(frozen=True)
+class PatchDeployment:
+    """One JSON patch (RFC 6902) on a rendered Deployment; ``patch`` is canonical JSON."""
+
+    kind: ClassVar[str] = "patch_deployment"
+    mutating: ClassVar[bool] = True
+    endpoint: str
+    namespace: str
+    name: str
+    patch: str
+    diff: None = None
+
+    def ops(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.patch))
+
+    def target(self) -> str:
+        return f"Deployment {self.namespace}/{self.name}"
+
+    def equivalent(self) -> str:
+        return f"kubectl patch deployment {self.name} -n {self.namespace} --type=json -p '{self.patch}'"
+
+
+@dataclass(frozen=True)
+class SetRolloutStrategy:
+    """Replace a Deployment's ``spec.strategy`` (canonical JSON): the temporary one of a rolling or surge
+    update, or the original one back (``restore``). A strategy change alone starts no rollout."""
+
+    kind: ClassVar[str] = "set_rollout_strategy"
+    mutating: ClassVar[bool] = True
+    endpoint: str
+    namespace: str
+    name: str
+    strategy: str
+    restore: bool = False
+    diff: None = None
+
+    def ops(self) -> list[dict[str, Any]]:
+        return [{"op": "replace", "path": "/spec/strategy", "value": json.loads(self.strategy)}]
+
+    def target(self) -> str:
+        return f"Deployment {self.namespace}/{self.name} strategy {self.strategy}"
+
+    def equivalent(self) -> str:
+        why = "   # the original strategy back" if self.restore else ""
+        return (f"kubectl patch deployment {self.name} -n {self.namespace} --type=json -p "
+                f"'{_compact(self.ops())}'{why}")
+
+
+@dataclass(frozen=True)
+class VerifyRendered:
+    """Read the Deployment back: the L2 overlay is there (and ``strategy``, when given, is the live one)."""
+
+    kind: ClassVar[str] = "verify_rendered"
+    mutating: ClassVar[bool] = False
+    endpoint: str
+    namespace: str
+    name: str
+    strategy: str | None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Deployment {self.namespace}/{self.name}"
+
+    def equivalent(self) -> str:
+        return (f"kubectl get deployment {self.name} -n {self.namespace} -o yaml   # check the L2 overlay"
+                + (" and the strategy" if self.strategy else ""))
+
+
+@dataclass(frozen=True)
+class WaitPods:
+    """Wait until each Deployment has exactly ``want`` pods, all Ready (with the L2 overlay when ``new_env``).
+    ``want`` holds (namespace/name, replicas) pairs in wave order."""
+
+    kind: ClassVar[str] = "wait_pods"
+    mutating: ClassVar[bool] = False
+    want: tuple[tuple[str, int], ...]
+    new_env: bool
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return ", ".join(f"{k}={n}" for k, n in self.want)
+
+    def equivalent(self) -> str:
+        parts = []
+        for key, n in self.want:
+            ns, name = key.split("/", 1)
+            parts.append(f"kubectl rollout status deployment {name} -n {ns}" if n else
+                         f"kubectl wait pods -l app={name} -n {ns} --for=delete")
+        return " && ".join(parts) + ("   # every pod Ready with the L2 overlay" if self.new_env else "")
+
+
+@dataclass(frozen=True)
+class RerenderDeployment:
+    """Kyverno mode: annotate the pod template (a rollout), so the operator re-renders through admission. The
+    timestamp is taken when applied."""
+
+    kind: ClassVar[str] = "rerender_deployment"
+    mutating: ClassVar[bool] = True
+    endpoint: str
+    namespace: str
+    name: str
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Deployment {self.namespace}/{self.name}"
+
+    def equivalent(self) -> str:
+        return (f"kubectl patch deployment {self.name} -n {self.namespace} -p "
+                "'{\"spec\":{\"template\":{\"metadata\":{\"annotations\":{\"kvfleet.io/rerender-requested-at\":"
+                "\"<now>\"}}}}}'   # rollout -> the operator re-renders through Kyverno admission")
+
+
+@dataclass(frozen=True)
+class ApplyClusterPolicy:
+    """Create or update the Kyverno ClusterPolicy that injects the L2 overlay; ``body`` is canonical JSON."""
+
+    kind: ClassVar[str] = "apply_cluster_policy"
+    mutating: ClassVar[bool] = True
+    name: str
+    create: bool
+    body: str  # the whole desired ClusterPolicy; an update sends its spec only
+    diff: str | None = field(default=None, compare=False)
+    endpoint: None = None
+
+    def target(self) -> str:
+        return f"ClusterPolicy {self.name}"
+
+    def equivalent(self) -> str:
+        return f"kubectl apply -f k8s/kyverno/curvine-l2-policy.yaml   # ClusterPolicy {self.name}"
+
+
+Action = (UpdateCluster | CreateAddon | UpdateAddon | ApplyEndpointConfig | PauseOperator | RestoreOperator | Scale
+          | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | RerenderDeployment | ApplyClusterPolicy)
+
+
+def canonical(value: Any) -> str:
+    """The JSON text an action carries for a structured value (sorted keys, no spaces): equal values, equal text."""
+    return _compact(value)
+
+
+def render(action: Action) -> str:
+    """The one line a dry run prints for an action: its command equivalent, marked as such."""
+    return f"{EQUIVALENT_MARK} {action.equivalent()}"
+
+
+@dataclass(frozen=True)
+class WaveItem:
+    """One endpoint of a patch wave, as observed and decided before anything changes."""
+
+    endpoint: str  # ref
+    namespace: str
+    name: str
+    replicas: int  # live spec.replicas, restored by scale-to-zero
+    strategy: str  # rolling | surge | scale-to-zero
+    patch: str  # the L2 JSON patch (canonical JSON), checked by a server dry run
+    original_strategy: str | None = None  # the Deployment's spec.strategy (canonical JSON), restored
+    temporary_strategy: str | None = None  # rolling/surge: the RollingUpdate fields used while patching
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def patch_wave_actions(controller: str, holder: str, items: list[WaveItem]) -> list[Action]:
+    """The patch mode's sequence for one wave, one operator pause for all (DOMAIN.md stage 4, issue 15 §2):
+
+    pause the operator -> rolling/surge endpoints get their temporary strategy -> scale-to-zero endpoints go to
+    0 and their pods are gone -> one JSON patch per endpoint, read back -> scale-to-zero endpoints back to their
+    replicas -> every pod Ready with the overlay (rolling/surge: the Deployment controller replaces the pods
+    while the operator is paused, N-1 or N keep serving) -> the original strategies back, read back -> restore
+    the operator, last: it re-renders a Deployment that is not fully available."""
+    if not items:
+        return []
+    rolled = [i for i in items if i.strategy != "scale-to-zero"]
+    zeroed = [i for i in items if i.strategy == "scale-to-zero"]
+    out: list[Action] = [PauseOperator(controller, holder)]
+    out += [SetRolloutStrategy(i.endpoint, i.namespace, i.name, i.temporary_strategy or "{}") for i in rolled]
+    out += [Scale(i.endpoint, i.namespace, i.name, 0) for i in zeroed]
+    if zeroed:
+        out.append(WaitPods(tuple((i.key, 0) for i in zeroed), new_env=False))
+    for i in items:
+        out += [PatchDeployment(i.endpoint, i.namespace, i.name, i.patch), VerifyRendered(i.endpoint, i.namespace,
+                                                                                          i.name)]
+    out += [Scale(i.endpoint, i.namespace, i.name, i.replicas) for i in zeroed]
+    out.append(WaitPods(tuple((i.key, i.replicas) for i in items), new_env=True))
+    for i in rolled:
+        original = i.original_strategy or "{}"
+        out += [SetRolloutStrategy(i.endpoint, i.namespace, i.name, original, restore=True),
+                VerifyRendered(i.endpoint, i.namespace, i.name, strategy=original)]
+    out.append(RestoreOperator(controller, holder))
+    return out

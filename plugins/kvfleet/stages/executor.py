@@ -1,0 +1,211 @@
+"""The executor: applies the typed actions a stage computed (``fleet.actions``), or renders them in a dry run.
+
+Called from the stages (tiered storage, operator add-ons, endpoints, operator pause). Applying goes through the
+clients, each mutating call wrapped in its write-ahead record (``StageContext.write_ahead``: an intent before,
+an outcome after). Rendering records each action's command equivalent with ``ctx.plan`` (what `kvfleet plan
+--diff` and the rollout's dry run print). Either way the action is appended to the context's journal
+(:func:`journal`), so a test can hold the dry run's list against what a real run applied, action for action.
+
+Sequencing and failure handling stay with the stages: an action either completes or raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from kvfleet.clients.hyperpod import classify
+from kvfleet.clients.kube import call, get_or_none, wait_for
+from kvfleet.errors import PermanentError
+from kvfleet.fleet import actions as A
+from kvfleet.fleet import constants as C
+from kvfleet.fleet.endpoint_spec import overlay_violations
+from kvfleet.stages import operator_pause
+from kvfleet.stages.base import StageContext, poll_seconds
+
+_JOURNAL = "executor.journal"
+
+
+def journal(ctx: StageContext) -> list[A.Action]:
+    """Every action this context applied (or, in a dry run, rendered), in order."""
+    out: list[A.Action] = ctx.memo.setdefault(_JOURNAL, [])
+    return out
+
+
+def run(ctx: StageContext, stage: str, actions: list[A.Action],
+        on_done: Callable[[A.Action], None] | None = None) -> None:
+    """Apply ``actions`` in order (render them in a dry run). ``on_done`` is told of each completed action, so
+    the caller knows how far a sequence got when one raises."""
+    for action in actions:
+        if ctx.dry_run:
+            ctx.plan(stage, action.equivalent(), endpoint=action.endpoint, diff=action.diff)
+        else:
+            _HANDLERS[type(action)](ctx, action)
+        journal(ctx).append(action)
+        if on_done is not None:
+            on_done(action)
+
+
+# ---- reads the handlers and the stages share ----------------------------------------------------------------
+
+
+def read_deployment(ctx: StageContext, namespace: str, name: str) -> dict[str, Any] | None:
+    dep = get_or_none(ctx.kube.apps.read_namespaced_deployment, name, namespace)
+    return None if dep is None else dict(ctx.kube.api_client.sanitize_for_serialization(dep))
+
+
+def list_pods(ctx: StageContext, namespace: str, name: str) -> list[dict[str, Any]]:
+    pods = call(ctx.kube.core.list_namespaced_pod, namespace, label_selector=f"app={name}",
+                what=f"pods of {namespace}/{name}").items
+    return [ctx.kube.api_client.sanitize_for_serialization(p) for p in pods]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+# ---- handlers: one per action type ----------------------------------------------------------------------------
+
+
+def _update_cluster(ctx: StageContext, a: A.UpdateCluster) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        if a.mode is None:  # NodeRecovery alone (the API allows it: only ClusterName is required)
+            try:
+                ctx.hyperpod.sagemaker.update_cluster(ClusterName=a.cluster, NodeRecovery=a.node_recovery)
+            except ClientError as exc:
+                raise classify(exc, f"UpdateCluster {a.cluster}") from exc
+        else:
+            ctx.hyperpod.update_tiered_storage(a.cluster, a.mode, a.memory_percent, a.node_recovery)
+
+
+def _create_addon(ctx: StageContext, a: A.CreateAddon) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        ctx.hyperpod.create_addon(a.eks_cluster, a.name, a.version, a.config(), a.resolve_conflicts)
+
+
+def _update_addon(ctx: StageContext, a: A.UpdateAddon) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        ctx.hyperpod.update_addon(a.eks_cluster, a.name, a.version, a.config(), a.resolve_conflicts)
+
+
+def _apply_iec(ctx: StageContext, a: A.ApplyEndpointConfig) -> None:
+    key = f"{a.namespace}/{a.name}"
+    if get_or_none(ctx.kube.core.read_namespace, a.namespace) is None:
+        call(ctx.kube.core.create_namespace, {"metadata": {"name": a.namespace, "labels": {
+            C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {a.namespace}")
+    body = json.loads(a.body)
+    if a.create:
+        with ctx.write_ahead("create_iec", a.target(), endpoint=key):
+            call(ctx.kube.custom.create_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, a.namespace,
+                 C.IEC_PLURAL, body, what=f"create InferenceEndpointConfig {key}")
+    else:
+        with ctx.write_ahead("update_iec", a.target(), endpoint=key):
+            call(ctx.kube.custom.patch_namespaced_custom_object, C.IEC_GROUP, C.IEC_VERSION, a.namespace,
+                 C.IEC_PLURAL, a.name, body, what=f"update InferenceEndpointConfig {key}")
+    ctx.say(f"stage 4: applied InferenceEndpointConfig {key}")
+
+
+def _pause(ctx: StageContext, a: A.PauseOperator) -> None:
+    operator_pause.apply_pause(ctx, a)
+    ctx.record(f"operator_pause:{a.holder}", "operator", "changed", action="paused", holder=a.holder)
+
+
+def _restore(ctx: StageContext, a: A.RestoreOperator) -> None:
+    try:
+        result = operator_pause.restore(ctx, a.holder)
+    except Exception as exc:
+        ctx.record(f"operator_restore:{a.holder}", "operator", "failed", action="restore failed",
+                   still_paused=True, error=str(exc)[:500])
+        raise PermanentError(f"OPERATOR STILL PAUSED on {ctx.cluster.name}: restore failed: {exc}") from exc
+    if result.get("restored"):
+        ctx.record(f"operator_restore:{a.holder}", "operator", "changed", action="restored", **result)
+
+
+def _scale(ctx: StageContext, a: A.Scale) -> None:
+    key = f"{a.namespace}/{a.name}"
+    with ctx.write_ahead("scale_down" if a.replicas == 0 else "scale_up", a.target(), endpoint=key):
+        call(ctx.kube.apps.patch_namespaced_deployment_scale, a.name, a.namespace,
+             {"spec": {"replicas": a.replicas}}, what=f"scale {key} to {a.replicas}")
+
+
+def _patch(ctx: StageContext, a: A.PatchDeployment) -> None:
+    key = f"{a.namespace}/{a.name}"
+    with ctx.write_ahead(a.kind, a.target(), endpoint=key):
+        call(ctx.kube.apps.patch_namespaced_deployment, a.name, a.namespace, a.ops(), what=f"patch {key}")
+
+
+def _set_strategy(ctx: StageContext, a: A.SetRolloutStrategy) -> None:
+    key = f"{a.namespace}/{a.name}"
+    with ctx.write_ahead("restore_rollout_strategy" if a.restore else a.kind, a.target(), endpoint=key):
+        call(ctx.kube.apps.patch_namespaced_deployment, a.name, a.namespace, a.ops(),
+             what=f"set the rollout strategy of {key}")
+
+
+def _verify(ctx: StageContext, a: A.VerifyRendered) -> None:
+    dep = read_deployment(ctx, a.namespace, a.name)
+    if dep is None:
+        raise PermanentError(f"{a.endpoint}: Deployment {a.namespace}/{a.name} is gone after the patch")
+    bad = [v.text() for v in overlay_violations(dep["spec"]["template"]["spec"], a.name, ctx.inventory.settings)]
+    if a.strategy is not None and dep["spec"].get("strategy") != json.loads(a.strategy):
+        bad.append(f"strategy is {A.canonical(dep['spec'].get('strategy'))}, expected {a.strategy}")
+    if bad:
+        raise PermanentError(f"{a.endpoint}: rendered object still wrong after the patch: {'; '.join(bad)}")
+
+
+def _wait_pods(ctx: StageContext, a: A.WaitPods) -> None:
+    def check() -> tuple[bool, str]:
+        waiting = []
+        for key, want in a.want:
+            ns, name = key.split("/", 1)
+            pods = [p for p in list_pods(ctx, ns, name) if (p.get("status") or {}).get("phase") != "Succeeded"]
+            good = [p for p in pods if _ready(p) and
+                    (not a.new_env or not overlay_violations(p["spec"], name, ctx.inventory.settings))]
+            if len(pods) != want or len(good) != want:
+                waiting.append(f"{name} {len(good)}/{want} ready" + (" with new env" if a.new_env else "")
+                               + (f" ({len(pods)} pods)" if len(pods) != want else ""))
+        return not waiting, "; ".join(waiting) or "all pods in place"
+
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+             what=f"[{ctx.cluster.name}] wave pods", progress=ctx.progress)
+
+
+def _rerender(ctx: StageContext, a: A.RerenderDeployment) -> None:
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    patch = {"spec": {"template": {"metadata": {"annotations": {"kvfleet.io/rerender-requested-at": stamp}}}}}
+    key = f"{a.namespace}/{a.name}"
+    with ctx.write_ahead(a.kind, a.target(), endpoint=key):
+        call(ctx.kube.apps.patch_namespaced_deployment, a.name, a.namespace, patch, what=f"touch {key}")
+
+
+def _apply_policy(ctx: StageContext, a: A.ApplyClusterPolicy) -> None:
+    body = json.loads(a.body)
+    with ctx.write_ahead(a.kind, a.target()):
+        if a.create:
+            call(ctx.kube.custom.create_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", body,
+                 what=f"create ClusterPolicy {a.name}")
+        else:
+            call(ctx.kube.custom.patch_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", a.name,
+                 {"spec": body["spec"]}, what=f"update ClusterPolicy {a.name}")
+    ctx.say(f"stage 4 (kyverno): ClusterPolicy {a.name} applied; no operator pause is needed in this mode")
+
+
+_HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
+    A.UpdateCluster: _update_cluster,
+    A.CreateAddon: _create_addon,
+    A.UpdateAddon: _update_addon,
+    A.ApplyEndpointConfig: _apply_iec,
+    A.PauseOperator: _pause,
+    A.RestoreOperator: _restore,
+    A.Scale: _scale,
+    A.PatchDeployment: _patch,
+    A.SetRolloutStrategy: _set_strategy,
+    A.VerifyRendered: _verify,
+    A.WaitPods: _wait_pods,
+    A.RerenderDeployment: _rerender,
+    A.ApplyClusterPolicy: _apply_policy,
+}

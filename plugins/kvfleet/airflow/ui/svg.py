@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
@@ -145,12 +145,25 @@ def xy_chart(series: Sequence[Series], *, title: str, x: Axis, y: Axis, width: i
            f"<title>{escape(title)}</title>",
            f'<text x="{left}" y="16" font-size="13" font-weight="600">{escape(title)}</text>',
            f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fff" stroke="#ccc"/>']
+    out.append(_grid_and_ticks(x, y, (x0, x1, y0, y1), (left, top, pw, ph), px, py))
+    out.extend(_series_svg(ser, x, y, px, py) for ser in series)
+    out.append(_legend(series, left, height - 10))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _grid_and_ticks(x: Axis, y: Axis, bounds: tuple[float, float, float, float],
+                    frame: tuple[float, float, float, float], px: Callable[[float], float],
+                    py: Callable[[float], float]) -> str:
+    """Horizontal grid lines with y labels, x ticks with labels, and both axis titles."""
+    x0, x1, y0, y1 = bounds
+    left, top, pw, ph = frame
+    out = []
     for t in nice_ticks(y0, y1):
         if y0 <= t <= y1:
             out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
                        f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{escape(y.fmt.format(t))}</text>')
-    xticks = time_ticks(x0, x1) if x.time else nice_ticks(x0, x1)
-    for t in xticks:
+    for t in time_ticks(x0, x1) if x.time else nice_ticks(x0, x1):
         if x0 <= t <= x1:
             label = time_label(t, x1 - x0) if x.time else x.fmt.format(t)
             out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="#999"/>'
@@ -158,28 +171,29 @@ def xy_chart(series: Sequence[Series], *, title: str, x: Axis, y: Axis, width: i
     out.append(f'<text x="{left + pw / 2:.0f}" y="{top + ph + 32}" text-anchor="middle">{escape(x.label)}</text>')
     out.append(f'<text transform="translate(14 {top + ph / 2:.0f}) rotate(-90)" text-anchor="middle">'
                f"{escape(y.label)}</text>")
-    for s in series:
-        pts = sorted(s.points)
-        group = [f'<g class="series" data-series="{escape(s.name)}" opacity="{s.opacity}">']
-        if s.line and len(pts) > 1:
-            path = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in pts)
-            dash = ' stroke-dasharray="6 4"' if s.dashed else ""
-            group.append(f'<polyline points="{path}" fill="none" stroke="{s.colour}" stroke-width="2"{dash}/>')
-        for a, b in pts:
-            shown_x = _fmt_time(a) if x.time else x.fmt.format(a)
-            tip = f"{s.name}: {shown_x} → {y.fmt.format(b)}"
-            attrs = f'data-x="{a:g}" data-y="{b:g}" fill="{s.colour}"'
-            if s.marker == "circle":
-                group.append(f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="3.5" {attrs}>'
-                             f"<title>{escape(tip)}</title></circle>")
-            elif s.marker == "square":
-                group.append(f'<rect x="{px(a) - 4:.1f}" y="{py(b) - 4:.1f}" width="8" height="8" {attrs} '
-                             f'stroke="#fff"><title>{escape(tip)}</title></rect>')
-        group.append("</g>")
-        out.extend(group)
-    out.append(_legend(series, left, height - 10))
-    out.append("</svg>")
     return "".join(out)
+
+
+def _series_svg(s: Series, x: Axis, y: Axis, px: Callable[[float], float], py: Callable[[float], float]) -> str:
+    """One series: its line (dashed if asked) and one marker per point with a ``<title>`` tooltip."""
+    pts = sorted(s.points)
+    group = [f'<g class="series" data-series="{escape(s.name)}" opacity="{s.opacity}">']
+    if s.line and len(pts) > 1:
+        path = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in pts)
+        dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+        group.append(f'<polyline points="{path}" fill="none" stroke="{s.colour}" stroke-width="2"{dash}/>')
+    for a, b in pts:
+        shown_x = _fmt_time(a) if x.time else x.fmt.format(a)
+        tip = f"{s.name}: {shown_x} → {y.fmt.format(b)}"
+        attrs = f'data-x="{a:g}" data-y="{b:g}" fill="{s.colour}"'
+        if s.marker == "circle":
+            group.append(f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="3.5" {attrs}>'
+                         f"<title>{escape(tip)}</title></circle>")
+        elif s.marker == "square":
+            group.append(f'<rect x="{px(a) - 4:.1f}" y="{py(b) - 4:.1f}" width="8" height="8" {attrs} '
+                         f'stroke="#fff"><title>{escape(tip)}</title></rect>')
+    group.append("</g>")
+    return "".join(group)
 
 
 def _legend(series: Sequence[Series], left: float, y: float) -> str:

@@ -9,10 +9,8 @@ delete, chunked JSON lines for ``watch=true``, text for ``pods/log``, and the po
 from __future__ import annotations
 
 import base64
-import copy
 import datetime as dt
 import json
-import queue
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -20,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kvfleet_sandbox.kube import discovery, patching, protobuf, services
+from kvfleet_sandbox.kube import discovery, patching, protobuf, services, watching
 from kvfleet_sandbox.kube.errors import ApiError, not_found
-from kvfleet_sandbox.kube.label_selectors import field_matcher, label_matcher
 from kvfleet_sandbox.kube.rbac import Attributes, acting_as, forbidden
 from kvfleet_sandbox.kube.resources import ResourceType
-from kvfleet_sandbox.kube.store import RequestRecord, WatchEvent
+from kvfleet_sandbox.kube.store import RequestRecord
 
 if TYPE_CHECKING:
     from kvfleet_sandbox.kube.server import KubeApiServer, _Handler
@@ -337,51 +334,7 @@ class Request:
     # --- watch ------------------------------------------------------------------------------------------
 
     def watch(self) -> None:
-        by_label = label_matcher(self.params.get("labelSelector"))
-        by_field = field_matcher(self.params.get("fieldSelector"))
-        timeout = float(self.params.get("timeoutSeconds") or 1800)
-        deadline = time.monotonic() + timeout
-        # WatchList (client-go's reflector in helm 4 and kubectl 1.3x): sendInitialEvents=true asks for the current
-        # objects as ADDED events, then a BOOKMARK annotated k8s.io/initial-events-end (KEP-3157).
-        streaming = self.params.get("sendInitialEvents", "").lower() == "true"
-        since = None if streaming else self.params.get("resourceVersion")
-        q, initial = self.store.open_watch(self.rtype.group, self.rtype.plural, since)
-        table = self.wants_table()
-        try:
-            self.req.start_chunked(200, {"Content-Type": "application/json"})
-            for ev in initial:
-                self._send_event(ev, by_label, by_field, table)
-            if streaming:
-                rv = str(max([ev.rv for ev in initial], default=self.store.resource_version))
-                bookmark = {"kind": self.rtype.kind, "apiVersion": self.rtype.api_version(self.route.version),
-                            "metadata": {"resourceVersion": rv,
-                                         "annotations": {"k8s.io/initial-events-end": "true"}}}
-                self.req.write_chunk(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n")
-            while not self.api.stopping.is_set() and time.monotonic() < deadline:
-                try:
-                    ev = q.get(timeout=min(0.25, max(0.01, deadline - time.monotonic())))
-                except queue.Empty:
-                    continue
-                if ev is None:
-                    break
-                if (ev.group, ev.resource) == self.rtype.key:
-                    self._send_event(ev, by_label, by_field, table)
-            self.req.end_chunked()
-        finally:
-            self.store.close_watch(q)
-        self.req.close_connection = True
-
-    def _send_event(self, ev: WatchEvent, by_label: Any, by_field: Any, table: bool) -> None:
-        obj = copy.deepcopy(ev.obj)
-        ns = (obj.get("metadata") or {}).get("namespace")
-        if self.route.namespace and self.rtype.namespaced and ns != self.route.namespace:
-            return
-        if not (by_label(obj) and by_field(obj)):
-            return
-        obj = self.out(obj)
-        if table:
-            obj = discovery.table(self.rtype.kind, [obj], obj["metadata"].get("resourceVersion", ""))
-        self.req.write_chunk(json.dumps({"type": ev.type, "object": obj}).encode() + b"\n")
+        watching.WatchStream(self).run()
 
     # --- pods/log and pod proxy -------------------------------------------------------------------------
 

@@ -187,6 +187,7 @@ class KubeApiServer:
         self.port = port
         self.error_rate = 0.0
         self.latency_s = 0.0
+        self.bookmark_interval_s = 60.0  # watch BOOKMARK frequency (the watch cache's ~1 minute); tests lower it
         self.tls = tls
         self.authenticator = authenticator or Authenticator()
         self.authorizer = Authorizer(store)

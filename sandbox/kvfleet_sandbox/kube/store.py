@@ -66,11 +66,16 @@ class ProxyResponse:
 
 @dataclass(frozen=True)
 class WatchEvent:
+    """One change as watchers see it; ``prev`` is the object before a MODIFIED change (the cacher's
+    ``PrevObject``), so a watch with a selector can turn an object leaving it into DELETED and one entering it
+    into ADDED."""
+
     rv: int
     type: str
     group: str
     resource: str
     obj: dict[str, Any]
+    prev: dict[str, Any] | None = None
 
 
 def now_rfc3339() -> str:
@@ -206,8 +211,10 @@ class KubeStore:
                 sub(ev.type, ev.group, ev.resource, copy.deepcopy(ev.obj))
         return result
 
-    def _emit(self, events: list[WatchEvent], kind: str, rtype: ResourceType, obj: dict[str, Any]) -> None:
-        ev = WatchEvent(self._rv, kind, rtype.group, rtype.plural, copy.deepcopy(obj))
+    def _emit(self, events: list[WatchEvent], kind: str, rtype: ResourceType, obj: dict[str, Any],
+              prev: dict[str, Any] | None = None) -> None:
+        ev = WatchEvent(self._rv, kind, rtype.group, rtype.plural, copy.deepcopy(obj),
+                        copy.deepcopy(prev) if prev is not None else None)
         self._history.append(ev)
         for q in list(self._watchers):
             q.put(ev)
@@ -394,7 +401,7 @@ class KubeStore:
         self._bucket(rtype)[self._key(rtype, meta["name"], meta.get("namespace"))] = new
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.register_crd_resource(new)
-        self._emit(events, "MODIFIED", rtype, new)
+        self._emit(events, "MODIFIED", rtype, new, old)
         return copy.deepcopy(new)
 
     # --- patch ------------------------------------------------------------------------------------------

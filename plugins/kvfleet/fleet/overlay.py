@@ -211,10 +211,10 @@ def _at(doc: Mapping[str, Any], pointer: str) -> Mapping[str, Any]:
     return node if isinstance(node, Mapping) else {}
 
 
-def _guarded(path: str, key: str, value: str, op: dict[str, Any]) -> list[dict[str, Any]]:
-    """``op`` on ``path``, after a ``test`` that the item there still has ``key == value``: a concurrent re-render
-    that moved things makes the patch fail instead of editing the wrong entry."""
-    return [{"op": "test", "path": f"{path}/{key}", "value": value}, op]
+def _guarded(path: str, item: Mapping[str, Any], op: dict[str, Any]) -> list[dict[str, Any]]:
+    """``op`` on ``path``, after a ``test`` that the item there is still ``item``: a concurrent re-render that
+    moved things makes the patch fail instead of editing the wrong entry."""
+    return [{"op": "test", "path": path, "value": dict(item)}, op]
 
 
 def _added(raw: Any, path: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -232,7 +232,7 @@ def _env_ops(ov: Overlay, raw: Any, path: str) -> list[dict[str, Any]]:
     # Extra entries of a unique name go first, from the highest index down, so the lower indexes stay valid.
     extra = sorted((i for r in ov.env if r.unique for i in _named(env, "name", r.name)[1:]), reverse=True)
     for i in extra:
-        ops += _guarded(f"{path}/{i}", "name", str(env[i].get("name")), {"op": "remove", "path": f"{path}/{i}"})
+        ops += _guarded(f"{path}/{i}", env[i], {"op": "remove", "path": f"{path}/{i}"})
     kept = [e for i, e in enumerate(env) if i not in set(extra)]
     missing = []
     for rule in ov.env:
@@ -242,8 +242,7 @@ def _env_ops(ov: Overlay, raw: Any, path: str) -> list[dict[str, Any]]:
             continue
         i = at[0] if rule.unique else at[-1]
         if not rule.holds(kept[i]):
-            ops += _guarded(f"{path}/{i}", "name", rule.name,
-                            {"op": "replace", "path": f"{path}/{i}", "value": rule.entry})
+            ops += _guarded(f"{path}/{i}", kept[i], {"op": "replace", "path": f"{path}/{i}", "value": rule.entry})
     return ops + _added(raw, path, missing)
 
 
@@ -256,7 +255,7 @@ def _keyed_ops(raw: Any, path: str, key: str, want: dict[str, Any], holds: bool)
         return _added(raw, path, [want])
     if holds:
         return []
-    return _guarded(f"{path}/{at[0]}", key, want[key], {"op": "replace", "path": f"{path}/{at[0]}", "value": want})
+    return _guarded(f"{path}/{at[0]}", items[at[0]], {"op": "replace", "path": f"{path}/{at[0]}", "value": want})
 
 
 def pod_spec_ops(ov: Overlay, pod_spec: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ and warnings go to stderr.
 from __future__ import annotations
 
 import argparse
-import getpass
 import importlib.util
 import json
 import logging
@@ -334,39 +333,120 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 # ---- gates -------------------------------------------------------------------------------------------------
+# `kvfleet gate` goes through Airflow's REST API as an authenticated user (never Airflow's database): the
+# responder Airflow records is that user, and API-only users can answer gates.
+API_URL_ENV, API_TOKEN_ENV, API_USER_ENV, API_PASSWORD_ENV = (
+    "AIRFLOW_API_URL", "AIRFLOW_API_TOKEN", "AIRFLOW_API_USER", "AIRFLOW_API_PASSWORD")
+API_TIMEOUT_S = 30.0
+
+
+class AirflowApi:
+    """The few calls of Airflow's REST API (``/api/v2``) that `kvfleet gate` makes, with a bearer token."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url, self.token = base_url.rstrip("/"), token
+
+    @classmethod
+    def from_env(cls) -> AirflowApi:
+        base = os.environ.get(API_URL_ENV, "").strip()
+        if not base:
+            raise UsageError(f"kvfleet gate: no Airflow API configured: set {API_URL_ENV} (the api-server, e.g. "
+                             f"http://127.0.0.1:8080) and {API_TOKEN_ENV}, or {API_USER_ENV} and {API_PASSWORD_ENV}")
+        if not base.startswith(("http://", "https://")):
+            raise UsageError(f"kvfleet gate: {API_URL_ENV}={base[:80]!r} is not an http(s) URL "
+                             "(e.g. http://127.0.0.1:8080)")
+        token = os.environ.get(API_TOKEN_ENV, "").strip()
+        if token:
+            return cls(base, token)
+        user, password = os.environ.get(API_USER_ENV, ""), os.environ.get(API_PASSWORD_ENV, "")
+        if not (user and password):
+            raise UsageError(f"kvfleet gate: no credentials for {base}: set {API_TOKEN_ENV}, or {API_USER_ENV} "
+                             f"and {API_PASSWORD_ENV}")
+        answer = cls(base, "").request("POST", "/auth/token", {"username": user, "password": password})
+        return cls(base, str(answer["access_token"]))
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        import urllib.error
+        import urllib.request
+
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base_url + path, method=method, headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=API_TIMEOUT_S) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise UsageError(f"kvfleet gate: Airflow answered {exc.code} {exc.reason} to {method} "
+                             f"{path.split('?')[0]}: {_api_detail(exc)}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise KvfleetError(f"cannot reach the Airflow API at {self.base_url}: {reason}") from None
+
+
+def _api_detail(exc: Any) -> str:
+    try:
+        detail = json.loads(exc.read() or b"{}").get("detail")
+    except (ValueError, AttributeError, OSError):
+        detail = None
+    text = detail if isinstance(detail, str) else json.dumps(detail) if detail else ""
+    return (text or "no detail").replace("\n", " ")[:300]
+
+
+def _quote(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part, safe="")
+
+
+def pending_gates(api: AirflowApi, dag_id: str) -> list[dict[str, Any]]:
+    """Gates of ``dag_id`` waiting for a human, oldest first (``GET .../dagRuns/~/hitlDetails``)."""
+    answer = api.request("GET", f"/api/v2/dags/{_quote(dag_id)}/dagRuns/~/hitlDetails"
+                                "?response_received=false&order_by=created_at&limit=100")
+    return [d for d in answer.get("hitl_details") or []
+            if (d.get("task_instance") or {}).get("state") == "awaiting_input"]
+
+
+def respond_gate(api: AirflowApi, gate: dict[str, Any], option: str) -> dict[str, Any]:
+    ti = gate["task_instance"]
+    path = (f"/api/v2/dags/{_quote(ti['dag_id'])}/dagRuns/{_quote(ti['dag_run_id'])}/taskInstances/"
+            f"{_quote(ti['task_id'])}/{int(ti['map_index'])}/hitlDetails")
+    return dict(api.request("PATCH", path, {"chosen_options": [option], "params_input": {}}))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    """Rollout gates waiting for a human: list them, or answer one (the same code path as Airflow's REST API)."""
-    from kvfleet.history.db import _airflow_configured
-
-    if not _airflow_configured():
-        raise UsageError("kvfleet gate: no Airflow configuration found (no AIRFLOW__* settings and no "
-                         "$AIRFLOW_HOME/airflow.cfg): set AIRFLOW_HOME, or AIRFLOW__DATABASE__SQL_ALCHEMY_CONN to "
-                         "your Airflow metadata database")
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from kvfleet.airflow import hitl
-
-    try:
-        gates = hitl.pending(args.dag)
-    except SQLAlchemyError as exc:
-        raise UsageError("kvfleet gate: cannot read Airflow's metadata database: "
-                         f"{str(exc).splitlines()[0][:300]}") from None
+    """Rollout gates waiting for a human: list them, or answer one, through Airflow's REST API."""
+    api = AirflowApi.from_env()
+    gates = pending_gates(api, args.dag)
     if args.action == "list":
+        if args.json:
+            _json_dump([{"index": i, "dag_id": g["task_instance"]["dag_id"], "run_id": g["task_instance"]["dag_run_id"],
+                         "task_id": g["task_instance"]["task_id"], "map_index": g["task_instance"]["map_index"],
+                         "subject": g.get("subject"), "body": g.get("body"), "options": g.get("options"),
+                         "created_at": g.get("created_at")} for i, g in enumerate(gates)])
+            return 0
         if not gates:
             _out("no gate is waiting for a human")
         for i, g in enumerate(gates):
-            _out(f"[{i}] {g.run_id} {g.task_id}[{g.map_index}]: {g.subject}\n    options: {', '.join(g.options)}")
-            for line in (g.body or "").splitlines():
+            ti = g["task_instance"]
+            _out(f"[{i}] {ti['dag_run_id']} {ti['task_id']}[{ti['map_index']}]: {g.get('subject')}\n"
+                 f"    options: {', '.join(g.get('options') or [])}")
+            for line in (g.get("body") or "").splitlines():
                 _out(f"    {line}")
         return 0
+    if not gates:
+        raise UsageError("kvfleet gate respond: no gate is waiting for a human")
     if args.index is None or not 0 <= args.index < len(gates):
-        print(f"kvfleet gate respond: --index must be one of 0..{len(gates) - 1} (see `kvfleet gate list`)",
-              file=sys.stderr)
-        return 2
-    hitl.respond(gates[args.index], args.option, args.user)
-    _out(f"answered {args.option!r} on {gates[args.index].task_id}[{gates[args.index].map_index}]")
+        raise UsageError(f"kvfleet gate respond: --index must be one of 0..{len(gates) - 1} (see `kvfleet gate list`)")
+    gate = gates[args.index]
+    if args.option not in (gate.get("options") or []):
+        raise UsageError(f"kvfleet gate respond: --option {args.option!r} is not one of "
+                         f"{', '.join(gate.get('options') or [])} for this gate")
+    answer = respond_gate(api, gate, args.option)
+    who = (answer.get("responded_by") or {}).get("name") or "?"
+    _out(f"answered {args.option!r} on {gate['task_instance']['task_id']}[{gate['task_instance']['map_index']}] "
+         f"as {who}")
     return 0
 
 
@@ -469,12 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("revision", nargs="?")
     d.set_defaults(func=cmd_db)
 
-    g = sub.add_parser("gate", help="rollout gates waiting for a human: list, respond")
+    g = sub.add_parser("gate", help="rollout gates waiting for a human: list, respond (through Airflow's REST API: "
+                                    f"{API_URL_ENV} and {API_TOKEN_ENV}, or {API_USER_ENV}/{API_PASSWORD_ENV})")
     g.add_argument("action", choices=["list", "respond"])
     g.add_argument("--dag", default="kvfleet_rollout")
     g.add_argument("--index", type=int, help="respond: which pending gate (from `gate list`)")
     g.add_argument("--option", default="Approve", help="respond: Approve | Skip endpoint | Abort | Reject")
-    g.add_argument("--user", default=getpass.getuser(), help="respond: recorded as the responder")
+    g.add_argument("--json", action="store_true", help="list: the pending gates as JSON")
     g.set_defaults(func=cmd_gate)
 
     sb = sub.add_parser("sandbox", help="the digital twin (up, down, status): runs `kvfleet-sandbox`, a separate "

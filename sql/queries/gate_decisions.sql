@@ -1,13 +1,14 @@
 -- Human gate decisions since :cutoff (optionally of one run), newest first: who answered which gate with what
 -- (the audit log's actor; 'timeout' when nobody answered and the gate took its default), what the wave's
--- verifications showed at that moment, and how long the gate waited (from the wave's gate step to the answer).
+-- verifications showed at that moment, and how long the gate waited (from the wave's gate step to the answer; with
+-- gate=none, which records no gate step, from the wave's last step on that cluster).
 SELECT r.at AS answered_at, r.run_key, r.cluster, r.task_id AS gate, r.map_index,
        r.detail->'waves' AS waves, r.detail->>'asked' AS asked, r.detail->>'chosen' AS chosen,
        r.outcome AS decision,
        COALESCE(r.detail->'responded_by'->>'name', a.actor, 'kvfleet') AS answered_by,
        (COALESCE(a.actor, '') = 'timeout' OR COALESCE((r.detail->>'timedout')::boolean, false)) AS timed_out,
-       g.at AS asked_at,
-       round(CAST(EXTRACT(epoch FROM r.at - g.at) AS numeric), 1) AS waited_s,
+       COALESCE(g.at, w.at) AS asked_at,
+       round(CAST(EXTRACT(epoch FROM r.at - COALESCE(g.at, w.at)) AS numeric), 1) AS waited_s,
        g.outcome AS wave_verdict,
        COALESCE(g.detail->'verdicts', '{}'::jsonb) AS verdicts,
        v.verifications
@@ -19,6 +20,11 @@ LEFT JOIN LATERAL (
       AND g.step LIKE 'gate:%' AND g.at <= r.at
     ORDER BY g.at DESC, g.id DESC LIMIT 1
 ) g ON true
+LEFT JOIN LATERAL (
+    SELECT max(w.at) AS at FROM step_events w
+    WHERE w.run_key = r.run_key AND w.cluster IS NOT DISTINCT FROM r.cluster AND w.at <= r.at
+      AND w.step NOT LIKE 'gate_response:%' AND w.id <> r.id
+) w ON true
 LEFT JOIN LATERAL (
     SELECT jsonb_object_agg(endpoint, jsonb_build_object('verdict', verdict, 'hit_ratio', hit_ratio,
                                                          'speedup', speedup, 'expected', expected_speedup))

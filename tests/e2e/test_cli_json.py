@@ -123,7 +123,24 @@ def test_gate_list_without_airflow_config_exits_2_and_creates_nothing(tmp_path: 
     home = tmp_path / "home"
     home.mkdir()
     drop = (*(k for k in os.environ if k.startswith("AIRFLOW")), "KVFLEET_HISTORY_URL")
-    proc = kvfleet("gate", "list", env={"HOME": str(home)}, drop=drop)
-    assert proc.returncode == 2, proc.stderr
-    assert "no Airflow configuration found" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    for action in (("list",), ("list", "--json"), ("respond", "--index", "0")):
+        proc = kvfleet("gate", *action, env={"HOME": str(home)}, drop=drop)
+        assert proc.returncode == 2, proc.stderr
+        assert "no Airflow API configured: set AIRFLOW_API_URL" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
     assert not (home / "airflow").exists()
+    assert not list(home.rglob("*.db"))
+
+
+@pytest.mark.parametrize(("env", "code", "needle"), [
+    ({"AIRFLOW_API_URL": "ftp://example"}, 2, "is not an http(s) URL"),
+    ({"AIRFLOW_API_URL": "http://127.0.0.1:9"}, 2, "no credentials for http://127.0.0.1:9"),
+    ({"AIRFLOW_API_URL": "http://127.0.0.1:9", "AIRFLOW_API_TOKEN": "t"}, 1, "cannot reach the Airflow API"),
+])
+def test_gate_api_misconfiguration_is_one_line(tmp_path: Path, env: dict[str, str], code: int, needle: str) -> None:
+    """Port 9 (discard) on loopback: nothing listens there in a test environment."""
+    drop = tuple(k for k in os.environ if k.startswith("AIRFLOW"))
+    proc = kvfleet("gate", "list", "--json", env={"HOME": str(tmp_path), **env}, drop=drop)
+    assert proc.returncode == code, proc.stderr
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

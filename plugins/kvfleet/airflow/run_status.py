@@ -61,8 +61,16 @@ def _message(exc: BaseException | None) -> str:
     return f"{type(root).__name__}: {str(root)[:1000]}"
 
 
+def _cluster_of(context: Any) -> str | None:
+    """The cluster a mapped per-cluster task worked on (its ``cluster`` argument), when it has one."""
+    kwargs = getattr(context.get("task"), "op_kwargs", None)
+    value = kwargs.get("cluster") if isinstance(kwargs, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def on_task_failure(context: Any) -> None:
-    """Task-level ``on_failure_callback``: record the failing task's exception message as a step."""
+    """Task-level ``on_failure_callback``: record the failing task's exception message as a step (with the
+    cluster, for a per-cluster task)."""
     try:
         from kvfleet.history.repo import History, StepEvent, StepKey
 
@@ -78,6 +86,7 @@ def on_task_failure(context: Any) -> None:
                            trigger=facts["trigger"], triggered_by=facts["triggered_by"], params=facts["params"])
         history.record_step(StepKey(facts["run_key"], task_id, map_index),
                             StepEvent(step=f"error:{task_id}", stage=stage, outcome=outcome,
+                                      cluster=_cluster_of(context),
                                       detail={"error": _message(exc if isinstance(exc, BaseException) else None),
                                               "task_id": task_id}),
                             actor=facts["triggered_by"] or f"airflow:{facts['trigger']}")

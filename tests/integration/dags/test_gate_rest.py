@@ -1,0 +1,195 @@
+"""Issue 16 (gate decisions are queryable) and issue 18 §4 (`kvfleet gate` through Airflow's REST API), on one
+kvfleet_rollout run under dag.test() against the twin, with a real `airflow api-server` on 127.0.0.1 sharing the
+test session's Airflow metadata database (SimpleAuthManager, two users with known passwords):
+
+- the canary's approval gate is answered Approve by alice with a bare ``PATCH .../hitlDetails`` (bearer token
+  from ``POST /auth/token``), found through ``GET /api/v2/dags/~/dagRuns/~/hitlDetails``;
+- the next gate is listed with `kvfleet gate list --json` and answered Reject with `kvfleet gate respond` as bob
+  (AIRFLOW_API_URL, AIRFLOW_API_USER, AIRFLOW_API_PASSWORD): the CLI never touches Airflow's database;
+- the run ends aborted in the history (Airflow: failed), and `kvfleet audit gates --json` names alice and bob.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+USERS = {"alice": "alice-pw-7Qx", "bob": "bob-pw-9Lm"}
+JWT_SECRET = "kvfleet-gate-rest-test-" + "0123456789abcdef" * 3
+# One kyverno-mode cluster, one LOB, three endpoints, wave size 1: canary [chat] -> gate_0 -> [docs] -> gate_1 ->
+# [rag]. Kyverno mode needs no operator pause, so the waves are quick.
+FLEET = """
+settings: {wave_size: 1}
+lobs: [{name: alpha}]
+clusters:
+  - name: c-kyverno
+    region: us-west-2
+    gpu_nodes: {count: 6, instance_type: ml.g5.4xlarge}
+    l2_injection: kyverno
+    curvine: {worker: {replicas: 2, size: 100Gi}}
+endpoints:
+  - {name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-kyverno, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+  - {name: alpha-docs, namespace: alpha, lob: alpha, cluster: c-kyverno, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+  - {name: alpha-rag, namespace: alpha, lob: alpha, cluster: c-kyverno, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+"""
+
+
+@pytest.fixture
+def small_fleet(tmp_path: Path) -> Path:
+    """Overrides the conftest's fleet: the sandbox_process fixture starts the twin from this one."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def api_server(airflow_db: bool, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `airflow api-server` on 127.0.0.1 on the session's metadata database (its own process group,
+    stopped by its PID afterwards)."""
+    tmp = tmp_path_factory.mktemp("gate-api-server")
+    passwords = tmp / "passwords.json"
+    passwords.write_text(json.dumps(USERS))
+    port = _free_port()
+    env = {**os.environ,
+           "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager."
+                                          "SimpleAuthManager",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:user" for u in USERS),
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+           "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
+           "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port),
+           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/"}
+    log = (tmp / "api-server.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1", "--port",
+                             str(port), "--workers", "1"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/v2/monitor/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, (tmp / "api-server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "api-server did not answer in 240 s"
+                time.sleep(1)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def rest(base: str, method: str, path: str, body: dict[str, Any] | None = None, token: str | None = None) -> Any:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(base + path, method=method, headers=headers,
+                                 data=None if body is None else json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def kvfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvfleet.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+class Responder(threading.Thread):
+    """Answers the run's two approval gates as they come: gate_0 by a bare REST PATCH as alice, gate_1 with the
+    kvfleet CLI as bob. Records what it saw for the test's assertions."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.done = base, threading.Event()
+        self.seen: dict[str, Any] = {}
+        self.alice = rest(base, "POST", "/auth/token", {"username": "alice", "password": USERS["alice"]})[
+            "access_token"]
+        # the CLI as a user runs it: no Airflow settings at all, only the API's URL and bob's credentials
+        self.cli_env = {**{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
+                        "AIRFLOW_API_URL": base, "AIRFLOW_API_USER": "bob", "AIRFLOW_API_PASSWORD": USERS["bob"]}
+
+    def run(self) -> None:
+        while not self.done.wait(0.5) and len(self.seen) < 2:
+            try:
+                self.answer_pending()
+            except Exception as exc:  # reported through self.seen, asserted by the test
+                self.seen.setdefault("errors", []).append(repr(exc))
+
+    def answer_pending(self) -> None:
+        listing = rest(self.base, "GET", "/api/v2/dags/~/dagRuns/~/hitlDetails?response_received=false",
+                       token=self.alice)
+        for d in listing["hitl_details"]:
+            ti = d["task_instance"]
+            if ti["state"] != "awaiting_input" or ti["task_id"] in self.seen:
+                continue
+            if ti["task_id"] == "cluster.gate_0":
+                path = (f"/api/v2/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/"
+                        f"{ti['map_index']}/hitlDetails")
+                self.seen[ti["task_id"]] = rest(self.base, "PATCH", path,
+                                                {"chosen_options": ["Approve"], "params_input": {}}, self.alice)
+            elif ti["task_id"] == "cluster.gate_1":
+                listed = kvfleet("gate", "list", "--json", env=self.cli_env)
+                answered = kvfleet("gate", "respond", "--index", "0", "--option", "Reject", env=self.cli_env)
+                self.seen[ti["task_id"]] = {"list": listed, "respond": answered}
+
+
+def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  # type: ignore[no-untyped-def]
+        dagbag, history, sandbox_process, small_fleet, api_server) -> None:
+    responder = Responder(api_server)
+    responder.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={
+            "fleet": str(small_fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False,
+            "wave_size": 1, "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "none",
+            "approval": "every_wave", "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8,
+            "lock_wait_minutes": 10})
+    finally:
+        responder.done.set()
+        responder.join(timeout=30)
+    seen = responder.seen
+    assert "errors" not in seen, seen.get("errors")
+    assert seen["cluster.gate_0"]["responded_by"]["name"] == "alice", seen
+    listed, answered = seen["cluster.gate_1"]["list"], seen["cluster.gate_1"]["respond"]
+    assert listed.returncode == 0, listed.stderr
+    (pending,) = json.loads(listed.stdout)  # JSON alone on stdout
+    assert pending["task_id"] == "cluster.gate_1" and pending["options"] == ["Approve", "Reject"], pending
+    assert answered.returncode == 0 and "as bob" in answered.stdout, (answered.stdout, answered.stderr)
+
+    # Airflow: failed (the finish task raises on an abort); the history: aborted, never running or success
+    assert dr.state == "failed"
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    run = history.run(run_key)
+    assert run is not None and run["status"] == "aborted", run
+    outcomes = {(s["endpoint"], s["outcome"]) for s in history.steps(run_key) if s["endpoint"]}
+    assert ("alpha/alpha-rag", "aborted") in outcomes, outcomes
+
+    proc = kvfleet("audit", "gates", "--run", run_key, "--json", env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    decisions = {g["gate"]: g for g in json.loads(proc.stdout)}
+    assert (decisions["cluster.gate_0"]["chosen"], decisions["cluster.gate_0"]["answered_by"],
+            decisions["cluster.gate_0"]["decision"]) == ("Approve", "alice", "continue"), decisions
+    assert (decisions["cluster.gate_1"]["chosen"], decisions["cluster.gate_1"]["answered_by"],
+            decisions["cluster.gate_1"]["decision"]) == ("Reject", "bob", "abort"), decisions
+    assert not decisions["cluster.gate_0"]["timed_out"] and decisions["cluster.gate_0"]["waited_s"] is not None

@@ -300,3 +300,99 @@ def test_sql_files_bind_only_named_parameters() -> None:
     assert Path(catalog.queries_dir()).is_dir()
     assert catalog.Filters().cutoff(EPOCH + timedelta(days=30)) == EPOCH  # 30 days back by default
     assert catalog.Filters.from_query({"since": "12h"}).cutoff(EPOCH) == EPOCH - timedelta(hours=12)
+
+
+def test_red_rows_link_to_the_runbook_which_the_page_serves(client: Any, seeded: dict[str, Any],
+                                                            alice: dict[str, str]) -> None:
+    import re
+
+    from kvfleet.airflow.gates import RUNBOOK_ANCHORS
+
+    drift = client.get("/kvfleet/drift", params={"since": "3650d"}, headers=alice).text
+    rows = re.findall(r"<tr>(.*?)</tr>", drift)
+    [paused] = [r for r in rows if "operator_paused_too_long" in r]  # open, high: red
+    assert f'href="/kvfleet/runbook#{RUNBOOK_ANCHORS["drift"]}"' in paused
+    [resolved] = [r for r in rows if "patch_lost_to_reconcile" in r]  # resolved and remediated: no call to act
+    assert "/kvfleet/runbook" not in resolved
+    runs = re.findall(r"<tr>(.*?)</tr>", client.get("/kvfleet/runs", params={"since": "3650d"}, headers=alice).text)
+    [failed] = [r for r in runs if "kvfleet_curvine_upgrade" in r]
+    assert f'href="/kvfleet/runbook#{RUNBOOK_ANCHORS["curvine_upgrade"]}"' in failed
+    assert all("/kvfleet/runbook" not in r for r in runs if 'data-value="success"' in r)
+    book = client.get("/kvfleet/runbook", headers=alice)
+    assert book.status_code == 200
+    for anchor in RUNBOOK_ANCHORS.values():  # every link the page and the gates make lands on a heading
+        assert f'id="{anchor}"' in book.text
+    assert "<table>" in book.text and "<script" not in book.text
+    assert client.get("/kvfleet/runbook", follow_redirects=False).status_code == 303  # no user: to the login
+
+
+def test_pending_gates_show_their_evidence_and_link_to_airflows_answer_page(history: Any, auth: Any,
+                                                                            seeded: dict[str, Any],
+                                                                            alice: dict[str, str]) -> None:
+    import re
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kvfleet.airflow.gates import wave_gate_text
+    from kvfleet.airflow.hitl import PendingGate
+    from kvfleet.airflow.ui.app import create_app
+
+    rk = seeded["rollout"]
+    run_id = rk.split("/", 1)[1]
+    text = wave_gate_text(asked="ask_review", run_key=rk, reason="verification inconclusive",
+                          wave={"cluster": "ml-prod-use1", "waves": [0], "review": ["support/support-chat"],
+                                "endpoints": {"support/support-chat": "degraded — slow warm TTFT"}},
+                          verifications=history.query("verifications", cutoff=EPOCH, lob=None,
+                                                      endpoint="support/support-chat"),
+                          open_drift=history.query("open_drift"))
+    gate = PendingGate("kvfleet_rollout", run_id, "cluster.gate_0", 0, text.subject, text.body,
+                       ["Approve", "Skip endpoint", "Abort"])
+    root = FastAPI()
+    root.mount("/kvfleet", create_app(lambda: history, lambda: [gate]))
+    with TestClient(root, base_url="http://127.0.0.1:8080") as c:
+        data = c.get("/kvfleet/api/gates", headers=alice).json()
+        html = c.get("/kvfleet/gates", headers=alice).text
+    [pending] = data["pending"]
+    assert pending["subject"] == text.subject and pending["run_key"] == rk
+    answer = (f"/dags/kvfleet_rollout/runs/{run_id.replace(':', '%3A').replace('+', '%2B')}/tasks/cluster.gate_0"
+              "/mapped/0/required_actions")
+    assert pending["required_actions"] == answer
+    # the evidence: the run's newest verification of every endpoint, per cluster, with the figures of the history
+    verifs = {(v["cluster"], v["endpoint"]): v for v in history.query("verifications", cutoff=EPOCH, lob=None,
+                                                                      endpoint=None) if v["run_key"] == rk}
+    for (cluster, endpoint), v in verifs.items():
+        assert f"#### {cluster}: verifications of this run" in pending["evidence"]
+        [line] = [x for x in pending["evidence"].splitlines() if x.startswith(f"| `{endpoint}` |")]
+        assert f"| {v['hit_ratio']:.2f} | {v['speedup']:.2f}×" in line
+    assert "operator_paused_too_long" in pending["evidence"]  # the open drift on ml-stage-usw2
+    section = re.search(r'<section class="gate".*?</section>', html, re.S)
+    assert section is not None
+    assert f'href="{answer}"' in section[0] and 'target="_top"' in section[0]
+    assert "<table>" in section[0] and "support/support-chat" in section[0]
+    assert html.count("<h3>") >= 1 and text.subject.split(" — ")[0] in html
+
+
+def test_the_gates_view_survives_airflows_database_failing(history: Any, auth: Any, seeded: dict[str, Any],
+                                                           alice: dict[str, str]) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kvfleet.airflow.ui.app import create_app
+
+    def broken() -> list[Any]:
+        raise ConnectionError("metadata database down")
+
+    root = FastAPI()
+    root.mount("/kvfleet", create_app(lambda: history, broken))
+    with TestClient(root, base_url="http://127.0.0.1:8080") as c:
+        page = c.get("/kvfleet/gates", params={"since": "3650d"}, headers=alice)
+    assert page.status_code == 200
+    assert "could not be read from Airflow (ConnectionError)" in page.text and "Human decisions" in page.text
+
+
+def test_no_gate_waiting_reads_airflows_hitl_records(client: Any, seeded: dict[str, Any],
+                                                     alice: dict[str, str]) -> None:
+    data = client.get("/kvfleet/api/gates", headers=alice).json()
+    assert data["pending"] == [] and "pending_error" not in data
+    assert "No gate is waiting." in client.get("/kvfleet/gates", headers=alice).text

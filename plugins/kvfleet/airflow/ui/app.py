@@ -3,6 +3,10 @@
 Routes (relative to the mount point):
 
 - ``/`` -> ``/fleet``; ``/fleet``, ``/trends``, ``/drift``, ``/curvine``, ``/gates``, ``/runs``: HTML views;
+- ``/gates`` (and ``/api/gates``) also lists the gates waiting for a human now (read from Airflow's HITL
+  records, ``kvfleet.airflow.hitl.pending``), each with its run's evidence and a link to Airflow's Required
+  Actions page, where it is answered;
+- ``/runbook``: the operator's runbook (``docs/runbook.md``), or a redirect to ``KVFLEET_RUNBOOK_URL``;
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
   their parameters; ``/api/queries/<name>``: one named query's rows (parameters from the query string).
 
@@ -25,7 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.exc import SQLAlchemyError
 
-from kvfleet.airflow.ui import catalog, pages
+from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 
@@ -63,6 +67,26 @@ def _history() -> Any:
     from kvfleet.history.repo import History
 
     return History()
+
+
+def _pending() -> list[Any]:
+    """The kvfleet gates waiting for a human, from Airflow's metadata database."""
+    from kvfleet.airflow import hitl
+
+    return [g for dag_id in pages.GATE_DAGS for g in hitl.pending(dag_id)]
+
+
+def _with_pending(request: Request, view: str, data: dict[str, Any], history: Any) -> dict[str, Any]:
+    """The gates view also shows the pending gates; Airflow's database failing must not hide the history."""
+    if view != "gates":
+        return data
+    try:
+        pending = request.app.state.pending_factory()
+    except Exception as exc:
+        log.exception("kvfleet page: reading the pending gates from Airflow failed")
+        return {**data, "pending": [], "pending_error": f"The pending gates could not be read from Airflow "
+                                                       f"({type(exc).__name__}); see the API server's log."}
+    return {**data, "pending": pages.pending_data(pending, history)}
 
 
 def _app_history(request: Request) -> Any:
@@ -115,7 +139,8 @@ def run_query(name: str, request: Request, user: User) -> dict[str, Any]:
 
 def api_view(view: str) -> Callable[..., dict[str, Any]]:
     def handler(request: Request, user: User) -> dict[str, Any]:
-        data = pages.build(view, _app_history(request), _filters(request, view))
+        history = _app_history(request)
+        data = _with_pending(request, view, pages.build(view, history, _filters(request, view)), history)
         return dict(catalog.jsonable({"view": view, **data}))
 
     handler.__name__ = f"api_{view}"
@@ -130,24 +155,42 @@ def html_view(view: str) -> Callable[..., HTMLResponse]:
         known_lobs = pages.lobs(history)
         colours = LobColours(known_lobs)
         ctx = {"clusters": [r["cluster"] for r in history.query("ui_clusters")], "lobs": known_lobs}
-        body = pages.RENDERERS[view](pages.build(view, history, f), f, colours, base, ctx)
+        data = _with_pending(request, view, pages.build(view, history, f), history)
+        body = pages.RENDERERS[view](data, f, colours, base, ctx)
         return HTMLResponse(pages.page(view, body, base=base, user=user.get_name(), colours=colours))
 
     handler.__name__ = f"html_{view}"
     return handler
 
 
-def create_app(history_factory: Callable[[], Any] = _history) -> FastAPI:
-    """The app; ``history_factory`` builds the History repository (once, on the first request that reads)."""
+def runbook_page(request: Request, user: User) -> Response:
+    base = str(request.scope.get("root_path", ""))
+    if runbook.external_url():
+        return RedirectResponse(runbook.external_url(), status_code=307)
+    source = runbook.source()
+    if source is None:
+        return HTMLResponse("<p>The runbook is not installed with this API server: set KVFLEET_RUNBOOK_URL to where "
+                            "your team reads docs/runbook.md (or KVFLEET_RUNBOOK_PATH to the file).</p>",
+                            status_code=404)
+    body = f'<div class="runbook">{runbook.render(source.read_text())}</div>'
+    return HTMLResponse(pages.page("runbook", body, base=base, user=user.get_name(), colours=LobColours([])))
+
+
+def create_app(history_factory: Callable[[], Any] = _history,
+               pending_factory: Callable[[], list[Any]] = _pending) -> FastAPI:
+    """The app; ``history_factory`` builds the History repository (once, on the first request that reads);
+    ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
                   docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
     app.state.history_factory = history_factory
+    app.state.pending_factory = pending_factory
     app.state.history = None
     app.add_exception_handler(NotSignedIn, not_signed_in)
     app.add_exception_handler(QueryError, bad_query)
     app.add_exception_handler(SQLAlchemyError, history_unavailable)
     app.add_exception_handler(AlembicError, history_unavailable)
     app.get("/", include_in_schema=False)(index)
+    app.get("/runbook", response_class=HTMLResponse, include_in_schema=False)(runbook_page)
     app.get("/api/queries")(list_queries)
     app.get("/api/queries/{name}")(run_query)
     for view in pages.VIEWS:

@@ -14,15 +14,20 @@ from html import escape
 from typing import Any
 from urllib.parse import urlencode
 
-from kvfleet.airflow.ui import catalog
+from kvfleet.airflow import gates as gate_text
+from kvfleet.airflow.ui import catalog, runbook
 from kvfleet.airflow.ui.catalog import Filters
 from kvfleet.airflow.ui.svg import PUBLISHED_COLOUR, Axis, Bar, LobColours, Series, timeline, xy_chart
 from kvfleet.fleet import economics
 
 VIEWS = ("fleet", "trends", "drift", "curvine", "gates", "runs")
 TITLES = {"fleet": "Fleet", "trends": "Verification trends", "drift": "Drift timeline", "curvine": "Curvine",
-          "gates": "Gates", "runs": "Runs"}
+          "gates": "Gates", "runs": "Runs", "runbook": "Runbook"}
 GATE_DECISIONS_QUERY = "gate_decisions"  # a named query another change may add; used as soon as it exists
+GATE_DAGS = ("kvfleet_rollout", "kvfleet_curvine_upgrade")  # the DAGs with human gates
+RED_RUN_STATUSES = frozenset({"failed", "completed_with_failures", "aborted", "refused"})
+RED_SEVERITIES = frozenset({"critical", "high"})
+PENDING_WINDOW = "3d"  # how far back a pending gate's run is looked up (a gate times out after 2 h to 24 h)
 PUBLISHED_SOURCES = {
     "ml.g5.4xlarge": "ml.g5.4xlarge TTFT curve (Qwen2-7B): 0.99× at 500, 1.7× at 1,000, 2.7× at 2,500 tokens",
     "ml.g6e.4xlarge": "ml.g6e.4xlarge 4-turn conversation, end to end: 1.22× at 530 → 1.34× at 2,114 tokens",
@@ -127,6 +132,47 @@ def gates_data(history: Any, f: Filters) -> dict[str, Any]:
                     "step events (automatic gates after each wave, and every human answer with its responder)."}
 
 
+def red_finding(r: Mapping[str, Any]) -> bool:
+    """A finding an operator must act on: open and high/critical, or a remediation refused or failed."""
+    outcome = (r.get("remediation") or {}).get("outcome") or r.get("remediation_outcome")
+    return (r.get("resolved_at") is None and r.get("severity") in RED_SEVERITIES) or outcome in ("refused", "failed")
+
+
+def red_decision(r: Mapping[str, Any]) -> bool:
+    """A gate that stopped a cluster: aborted or rejected by a human, timed out, or a failed verification."""
+    return (r.get("decision") in ("abort", "aborted") or bool(r.get("timed_out"))
+            or r.get("outcome") in ("fail", "failed", "abort", "aborted"))
+
+
+def pending_data(pending: Sequence[Any], history: Any) -> list[dict[str, Any]]:
+    """The gates waiting for a human (``kvfleet.airflow.hitl.PendingGate``), each with its run's evidence: the
+    newest verification per endpoint of the run and the open drift on the run's clusters, as markdown built by
+    ``kvfleet.airflow.gates`` (the same tables as the gate's own body)."""
+    if not pending:
+        return []
+    window = Filters(since=PENDING_WINDOW)
+    verifications = catalog.run(history, "verifications", window)
+    runs = {r["run_key"]: r for r in catalog.run(history, "recent_runs", window)}
+    drift = history.query("open_drift")
+    out = []
+    for g in pending:
+        run_key = f"{g.dag_id}/{g.run_id}"
+        rows = [v for v in verifications if v.get("run_key") == run_key]
+        params = (runs.get(run_key) or {}).get("params") or {}
+        tolerance = float(params.get("speedup_tolerance") or gate_text.SPEEDUP_TOLERANCE)
+        evidence = []
+        for cluster in sorted({str(v["cluster"]) for v in rows}):
+            evidence += [f"#### {cluster}: verifications of this run (bar = published × {1 - tolerance:.2f})",
+                         gate_text.verification_table({}, [v for v in rows if v["cluster"] == cluster], tolerance),
+                         f"#### {cluster}: open drift", gate_text.drift_table(drift, cluster), ""]
+        out.append({"dag_id": g.dag_id, "run_id": g.run_id, "run_key": run_key, "task_id": g.task_id,
+                    "map_index": g.map_index, "subject": g.subject, "body": g.body, "options": list(g.options),
+                    "required_actions": gate_text.required_actions_url("", g.dag_id, g.run_id, g.task_id,
+                                                                       g.map_index),
+                    "evidence": "\n".join(evidence) or "_No verification of this run yet._"})
+    return out
+
+
 def runs_data(history: Any, f: Filters) -> dict[str, Any]:
     rows = catalog.run(history, "recent_runs", f)
     if f.get("dag_id"):
@@ -179,7 +225,10 @@ def _raw(value: Any) -> str:
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id: str = "",
           colours: LobColours | None = None, link: Callable[[Mapping[str, Any]], str | None] | None = None,
-          data: Mapping[str, str] | None = None) -> str:
+          data: Mapping[str, str] | None = None,
+          links: Mapping[str, Callable[[Mapping[str, Any]], str | None]] | None = None) -> str:
+    """Rows as an HTML table. ``link`` makes the endpoint cell a link; ``links`` does the same for any column
+    (column -> href of a row, or None for no link)."""
     if not rows:
         return '<p class="empty">(none recorded)</p>'
     head = "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in columns)
@@ -192,6 +241,8 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id
                 text = f'<span class="swatch" style="background:{colours(r[c])}"></span>{text}'
             if c == "endpoint" and link is not None and (href := link(r)):
                 text = f'<a href="{escape(href)}">{text}</a>'
+            elif links and c in links and r.get(c) is not None and (href := links[c](r)):
+                text = f'<a href="{escape(href)}" target="_blank" rel="noopener">{text}</a>'
             cls = f' class="v-{escape(str(r[c]))}"' if c in ("verdict", "last_verdict", "l2_state", "status") else ""
             tds.append(f'<td data-col="{escape(c)}" data-value="{escape(_raw(r.get(c)))}"{cls}>{text}</td>')
         body.append(f"<tr>{''.join(tds)}</tr>")
@@ -226,6 +277,13 @@ def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: st
     summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["l2_states"].items())) or "none"
     out = [form, f'<p class="summary">{data["endpoints"]} endpoints: {summary}; {data["open_drift"]} open drift '
                  "findings.</p>"]
+    red = {s: n for s, n in data["l2_states"].items() if s in ("drifted", "failed")}
+    if red:
+        what = ", ".join(f"{n} {escape(s)}" for s, n in sorted(red.items()))
+        out.append(f'<p class="note red" id="fleet-runbook">{what}: see the runbook on '
+                   f'<a href="{escape(runbook.href(base, "drift"))}" target="_blank" rel="noopener">drift, what each '
+                   f'kind means and what to do</a> and on <a href="{escape(runbook.href(base, "verification"))}" '
+                   'target="_blank" rel="noopener">verifying cross-pod hits</a>.</p>')
     cols = ["endpoint", "lob", "l2_state", "last_verdict", "hit_ratio", "speedup", "expected_speedup",
             "open_drift", "drift_kinds", "last_change_at", "last_change_stage", "last_change_outcome"]
     for c in data["clusters"]:
@@ -314,10 +372,12 @@ def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: st
         rem = r.get("remediation") or {}
         r["remediation_outcome"] = rem.get("outcome")
         r["remediation_action"] = rem.get("action")
+        r["runbook"] = f"what to do: {r['kind']}" if red_finding(r) else None
     out.append("<h2>Every finding</h2>")
     out.append(table(rows, ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual",
-                            "first_seen", "resolved_at", "remediation_action", "remediation_outcome"],
-                     table_id="drift-findings", colours=colours))
+                            "first_seen", "resolved_at", "remediation_action", "remediation_outcome", "runbook"],
+                     table_id="drift-findings", colours=colours,
+                     links={"runbook": lambda r: runbook.href(base, runbook.DRIFT_TOPIC)}))
     return "".join(out)
 
 
@@ -348,17 +408,50 @@ def render_curvine(data: dict[str, Any], f: Filters, colours: LobColours, base: 
     return "".join(out)
 
 
+def _airflow_base(base: str) -> str:
+    """Airflow's UI base from the page's mount point (``<airflow>/kvfleet``)."""
+    return base[: -len("/kvfleet")] if base.endswith("/kvfleet") else ""
+
+
+def render_pending(pending: Sequence[Mapping[str, Any]], base: str) -> str:
+    if not pending:
+        return '<h2>Waiting for a human</h2><p class="empty" id="pending-gates">No gate is waiting.</p>'
+    out = [f'<h2>Waiting for a human ({len(pending)})</h2><div id="pending-gates">']
+    for g in pending:
+        answer = _airflow_base(base) + str(g["required_actions"])
+        index = f' [{int(g["map_index"])}]' if g["map_index"] >= 0 else ""
+        out.append(
+            f'<section class="gate" data-run-key="{escape(g["run_key"])}" data-task-id="{escape(g["task_id"])}" '
+            f'data-map-index="{int(g["map_index"])}"><h3>{escape(g["subject"])}</h3>'
+            f'<p><a class="answer" href="{escape(answer)}" target="_top">Answer in Airflow (Required actions)</a> · '
+            f'options: {escape(", ".join(g["options"]))} · run <code>{escape(g["run_key"])}</code> · task '
+            f'<code>{escape(g["task_id"])}</code>{index}</p>'
+            f'<div class="gate-body">{runbook.render(g["body"] or "")}</div>'
+            f'<details open><summary>Evidence from the history</summary>{runbook.render(g["evidence"])}</details>'
+            f'<p class="source">What the options do and when to abort: <a href="'
+            f'{escape(runbook.href(base, "verification"))}" target="_blank" rel="noopener">runbook</a>.</p>'
+            "</section>")
+    out.append("</div>")
+    return "".join(out)
+
+
 def render_gates(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    rows = data["rows"]
-    cols = list(rows[0]) if rows else []
+    rows = [{**r, "runbook": "what to do" if red_decision(r) else None} for r in data["rows"]]
+    cols = [*data["rows"][0], "runbook"] if rows else []
     note = f'<p class="note">{escape(data["note"])}</p>' if data["note"] else ""
-    out = [_filter_form([("since", "since", None)], f), note,
-           f'<h2>Human decisions</h2><p class="source">Named query: <code>{escape(data["source"])}</code></p>',
-           table(rows, cols, table_id="gates")]
+    to_runbook = {"runbook": lambda r: runbook.href(base, "verification")}
+    out = [_filter_form([("since", "since", None)], f), note]
+    if "pending" in data:
+        out.append(render_pending(data["pending"], base))
+    if data.get("pending_error"):
+        out.append(f'<p class="note red">{escape(data["pending_error"])}</p>')
+    out += [f'<h2>Human decisions</h2><p class="source">Named query: <code>{escape(data["source"])}</code></p>',
+            table(rows, cols, table_id="gates", links=to_runbook)]
     if data["steps"]:
+        steps = [{**r, "runbook": "what to do" if red_decision(r) else None} for r in data["steps"]]
         out.append("<h2>Every gate step</h2><p class=\"source\">Automatic gates after each wave (kvfleet decides) "
                    "and human answers; named query <code>ui_gate_steps</code>.</p>")
-        out.append(table(data["steps"], list(data["steps"][0]), table_id="gate-steps"))
+        out.append(table(steps, [*data["steps"][0], "runbook"], table_id="gate-steps", links=to_runbook))
     return "".join(out)
 
 
@@ -366,9 +459,11 @@ def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str
     form = _filter_form([("dag_id", "DAG", None), ("status", "status", sorted(data["statuses"])),
                          ("since", "since", None)], f)
     summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["statuses"].items())) or "none"
+    rows = [{**r, "runbook": "what to do" if r.get("status") in RED_RUN_STATUSES else None} for r in data["runs"]]
     return (form + f'<p class="summary">{len(data["runs"])} runs: {summary}.</p>'
-            + table(data["runs"], ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status",
-                                   "reason", "changed", "unchanged", "failed", "planned"], table_id="runs"))
+            + table(rows, ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status",
+                           "reason", "changed", "unchanged", "failed", "planned", "runbook"], table_id="runs",
+                    links={"runbook": lambda r: runbook.href(base, runbook.TOPIC_OF_DAG.get(r["dag_id"], "rollout"))}))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], str]] = {
@@ -391,6 +486,10 @@ table.data th{background:#f0f0f0}
 form.filters{display:flex;gap:10px;flex-wrap:wrap;align-items:center;margin:6px 0;font-size:13px}
 svg.chart{display:block;margin:8px 0;max-width:100%;height:auto;background:#fff;border:1px solid #e4e4e4}
 p.note{background:#fff7e0;border:1px solid #f0d890;padding:6px 8px;font-size:13px}
+p.note.red{background:#fdecee;border-color:#f0a0a8}
+section.gate{background:#fff;border:1px solid #e4e4e4;border-left:4px solid #a15c00;padding:4px 12px;margin:8px 0}
+section.gate table{border-collapse:collapse;font-size:12px}section.gate td,section.gate th{border:1px solid #ddd;
+padding:2px 6px}a.answer{font-weight:600}
 p.source,p.summary{font-size:13px;color:#444}.user{margin-left:auto;font-size:12px}
 """
 
@@ -400,6 +499,8 @@ def page(view: str, body: str, *, base: str, user: str, colours: LobColours) -> 
                    for v in VIEWS)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kvfleet · {escape(TITLES[view])}'
             f'</title><meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
-            f'<body data-view="{view}"><header><strong>kvfleet</strong>{tabs}<span class="user">signed in as '
+            f'<body data-view="{view}"><header><strong>kvfleet</strong>{tabs}'
+            f'<a href="{escape(runbook.href(base, ""))}" target="_blank" rel="noopener">Runbook</a>'
+            '<span class="user">signed in as '
             f'{escape(user)} · <a href="{base}/api/{view}">JSON</a></span></header><main>'
             f"<h1>{escape(TITLES[view])}</h1>{colours.legend_html()}{body}</main></body></html>")

@@ -21,7 +21,9 @@ _EXISTS_TERM = re.compile(r"^\s*(!?)\s*([A-Za-z0-9._/-]+)\s*$")
 
 def _split_terms(selector: str) -> list[str]:
     """Split on commas that are not inside the parentheses of an ``in``/``notin`` set."""
-    terms, depth, current = [], 0, []
+    terms: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in selector:
         if ch == "(":
             depth += 1

@@ -11,7 +11,7 @@ apply conflicts are not modelled (see the package docstring).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 from kvfleet_sandbox.kube.errors import ApiError
 
@@ -177,7 +177,7 @@ def _merge_list(field: str, live: Any, patch: list[Any]) -> list[Any]:
         return _merge_keyed_list(live_list, patch, key)
     if field in MERGED_SETS:
         return live_list + [v for v in patch if v not in live_list]
-    return _strip_directives(patch)
+    return cast("list[Any]", _strip_directives(patch))
 
 
 def strategic_merge(live: Any, patch: Any) -> Any:
@@ -192,24 +192,29 @@ def strategic_merge(live: Any, patch: Any) -> Any:
         return None
     result = copy.deepcopy(live) if isinstance(live, dict) else {}
     for key, value in patch.items():
-        if key.startswith("$deleteFromPrimitiveList/"):
-            field = key.split("/", 1)[1]
-            result[field] = [v for v in result.get(field) or [] if v not in value]
-        elif key.startswith("$"):
-            continue  # $setElementOrder / $retainKeys: ordering and retention hints, not needed here
-        elif value is None:
-            result.pop(key, None)
-        elif isinstance(value, list):
-            result[key] = _merge_list(key, result.get(key), value)
-        elif isinstance(value, dict):
-            merged = strategic_merge(result.get(key), value)
-            if merged is None:
-                result.pop(key, None)
-            else:
-                result[key] = merged
-        else:
-            result[key] = value
+        _merge_field(result, key, value)
     return result
+
+
+def _merge_field(result: dict[str, Any], key: str, value: Any) -> None:
+    """One key of a strategic merge patch into ``result`` (in place)."""
+    if key.startswith("$deleteFromPrimitiveList/"):
+        field = key.split("/", 1)[1]
+        result[field] = [v for v in result.get(field) or [] if v not in value]
+    elif key.startswith("$"):
+        return  # $setElementOrder / $retainKeys: ordering and retention hints, not needed here
+    elif value is None:
+        result.pop(key, None)
+    elif isinstance(value, list):
+        result[key] = _merge_list(key, result.get(key), value)
+    elif isinstance(value, dict):
+        merged = strategic_merge(result.get(key), value)
+        if merged is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged
+    else:
+        result[key] = value
 
 
 def _removals(previous: Any, current: Any, custom: bool) -> Any:
@@ -249,6 +254,14 @@ def _keyed_removals(old: list[Any], new: list[Any], merge_key: str, custom: bool
     return out
 
 
+def _object(result: Any) -> dict[str, Any]:
+    """A patched object must still be an object (a JSON patch replacing the root, or ``$patch: delete`` at the
+    top, would make it something else): 422 then."""
+    if not isinstance(result, dict):
+        raise ApiError(422, "Invalid", "the patch does not leave an object: the result must be a JSON object")
+    return result
+
+
 def apply_patch(live: dict[str, Any], applied: dict[str, Any], *, custom: bool,
                 previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """Server-side apply, simplified: fields the same manager applied last time and no longer applies are
@@ -257,25 +270,25 @@ def apply_patch(live: dict[str, Any], applied: dict[str, Any], *, custom: bool,
     if previous:
         live = strategic_merge(live, _removals(previous, applied, custom) or {})
     if custom:
-        return merge_patch(live, applied)
-    return strategic_merge(live, applied)
+        return _object(merge_patch(live, applied))
+    return _object(strategic_merge(live, applied))
 
 
 def apply_any(live: dict[str, Any], body: Any, patch_type: str, *, custom: bool,
               previous: dict[str, Any] | None = None) -> dict[str, Any]:
     if patch_type == JSON_PATCH:
-        return json_patch(live, body)
+        return _object(json_patch(live, body))
     if not isinstance(body, dict):
         raise ApiError(400, "BadRequest", "patch body must be a JSON object")
     if patch_type == MERGE_PATCH:
-        return merge_patch(live, body)
+        return _object(merge_patch(live, body))
     if patch_type == STRATEGIC_PATCH:
         if custom:
             raise ApiError(415, "UnsupportedMediaType",
                            "the body of the request was in an unknown format - accepted media types include: "
                            "application/json-patch+json, application/merge-patch+json, "
                            "application/apply-patch+yaml")
-        return strategic_merge(live, body)
+        return _object(strategic_merge(live, body))
     if patch_type == APPLY_PATCH:
         return apply_patch(live, body, custom=custom, previous=previous)
     raise ApiError(415, "UnsupportedMediaType", f"unsupported patch type {patch_type!r}")

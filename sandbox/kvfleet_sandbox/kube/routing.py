@@ -59,14 +59,18 @@ def _discovery(api: KubeApiServer, path: str) -> Any | None:
         return discovery.resource_list(types, parts[1], parts[2]) or _no_resource()
     if parts and parts[0] in ("healthz", "livez", "readyz"):
         return "ok"
+    if parts and parts[0] == "openapi":
+        return _openapi(types, parts)
+    return None
+
+
+def _openapi(types: list[ResourceType], parts: list[str]) -> Any:
     if parts == ["openapi", "v3"]:
         return discovery.openapi_v3_root(types)
     if parts[:2] == ["openapi", "v3"]:
         gv = parts[3:5] if len(parts) >= 5 else ["", parts[3] if len(parts) > 3 else ""]
         return discovery.openapi_v3_group_version(types, *gv) or _no_resource()
-    if parts and parts[0] == "openapi":
-        _no_resource()
-    return None
+    return _no_resource()
 
 
 def _no_resource() -> Any:

@@ -108,7 +108,9 @@ def endpoints_of(store: KubeStore, service: dict[str, Any]) -> dict[str, Any]:
     if selector:
         pods = store.list("", "pods", meta.get("namespace"), match_labels_to_selector({"matchLabels": selector}))
         for sport in spec.get("ports") or []:
-            ready, not_ready, number = [], [], None
+            ready: list[dict[str, Any]] = []
+            not_ready: list[dict[str, Any]] = []
+            number = None
             for pod in pods:
                 serves, target = pod_serves(pod), _target_port(sport, pod)
                 if serves is None or target is None:

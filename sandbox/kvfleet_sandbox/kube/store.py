@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kvfleet_sandbox.kube import patching
 from kvfleet_sandbox.kube.errors import ApiError, already_exists, conflict, not_found
@@ -34,6 +34,9 @@ __all__ = ["ApiError", "KubeStore", "ProxyResponse", "RequestRecord", "WatchEven
 
 AdmissionHook = Callable[[str, str, str, dict[str, Any], dict[str, Any] | None], dict[str, Any] | None]
 Subscriber = Callable[[str, str, str, dict[str, Any]], None]
+_T = TypeVar("_T")
+AppliedKey = tuple[str, str, str, str, str]  # group, resource, namespace, name, field manager
+Events = list["WatchEvent"]  # a module-level name: inside KubeStore, ``list`` is the method
 HISTORY_LIMIT = 5000
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
@@ -123,7 +126,7 @@ class KubeStore:
         self._log_sources: list[Callable[..., str | None]] = []
         self.request_log: list[RequestRecord] = []
         # Server-side apply: the last configuration each field manager applied, per object.
-        self._applied: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
+        self._applied: dict[AppliedKey, dict[str, Any]] = {}
         for ns in SYSTEM_NAMESPACES:
             self.create("", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
@@ -202,7 +205,7 @@ class KubeStore:
 
     # --- internals ----------------------------------------------------------------------------------------
 
-    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _run(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         events: list[WatchEvent] = []
         with self._lock:
             result = fn(events, *args, **kwargs)
@@ -235,14 +238,14 @@ class KubeStore:
         if rtype.namespaced and ("", namespace) not in self._objects[("", "namespaces")]:
             raise not_found("", "namespaces", namespace)
 
-    def _admit(self, op: str, rtype: ResourceType, new: dict[str, Any], old: dict[str, Any] | None) -> dict:
+    def _admit(self, op: str, rtype: ResourceType, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         for hook in list(self._admission):
             result = hook(op, rtype.group, rtype.plural, copy.deepcopy(new), copy.deepcopy(old))
             if result is not None:
                 new = result
         return new
 
-    def _validate(self, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict:
+    def _validate(self, rtype: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         if rtype.is_custom:
             return validate_custom(rtype, self._version_of(rtype, obj), obj, old)
         validate_builtin(rtype, obj)
@@ -349,7 +352,7 @@ class KubeStore:
                dry_run: bool = False) -> dict[str, Any]:
         return self._run(self._update, group, resource, obj, subresource=subresource, dry_run=dry_run)
 
-    def _update(self, events: list[WatchEvent], group: str, resource: str, obj: dict[str, Any], *,
+    def _update(self, events: Events, group: str, resource: str, obj: dict[str, Any], *,
                 subresource: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         rtype = self.resource_type(group, resource)
         meta = obj.get("metadata") or {}
@@ -382,7 +385,7 @@ class KubeStore:
                 new.pop("status", None)
         return new
 
-    def _commit_update(self, events: list[WatchEvent], rtype: ResourceType, old: dict[str, Any],
+    def _commit_update(self, events: Events, rtype: ResourceType, old: dict[str, Any],
                        new: dict[str, Any], *, dry_run: bool) -> dict[str, Any]:
         meta = new.setdefault("metadata", {})
         for k in ("uid", "creationTimestamp", "name", "namespace", "generation", "resourceVersion"):
@@ -412,7 +415,7 @@ class KubeStore:
         return self._run(self._patch, group, resource, name, namespace, patch_body, patch_type,
                          subresource=subresource, dry_run=dry_run, field_manager=field_manager)
 
-    def _patch(self, events: list[WatchEvent], group: str, resource: str, name: str, namespace: str | None,
+    def _patch(self, events: Events, group: str, resource: str, name: str, namespace: str | None,
                patch_body: Any, patch_type: str, *, subresource: str | None, dry_run: bool,
                field_manager: str | None) -> dict[str, Any]:
         rtype = self.resource_type(group, resource)
@@ -435,7 +438,7 @@ class KubeStore:
         patched = patching.apply_any(copy.deepcopy(current), patch_body, patch_type, custom=rtype.is_custom)
         return self._write_patched(events, rtype, current, patched, subresource, dry_run)
 
-    def _write_patched(self, events: list[WatchEvent], rtype: ResourceType, current: dict[str, Any],
+    def _write_patched(self, events: Events, rtype: ResourceType, current: dict[str, Any],
                        patched: dict[str, Any], subresource: str | None, dry_run: bool) -> dict[str, Any]:
         pmeta = patched.setdefault("metadata", {})
         wanted_rv = pmeta.get("resourceVersion")
@@ -446,8 +449,8 @@ class KubeStore:
             pmeta["namespace"] = current["metadata"]["namespace"]
         return self._update(events, rtype.group, rtype.plural, patched, subresource=subresource, dry_run=dry_run)
 
-    def _apply(self, events: list[WatchEvent], rtype: ResourceType, current: dict[str, Any] | None, name: str,
-               namespace: str | None, body: dict[str, Any], applied_key: tuple[str, ...],
+    def _apply(self, events: Events, rtype: ResourceType, current: dict[str, Any] | None, name: str,
+               namespace: str | None, body: dict[str, Any], applied_key: AppliedKey,
                dry_run: bool) -> dict[str, Any]:
         if current is None:
             body = copy.deepcopy(body)
@@ -486,7 +489,7 @@ class KubeStore:
         with self._lock:
             return self._scale_of(rtype, self._existing(rtype, name, namespace))
 
-    def _write_scale(self, events: list[WatchEvent], rtype: ResourceType, current: dict[str, Any],
+    def _write_scale(self, events: Events, rtype: ResourceType, current: dict[str, Any],
                      scale: dict[str, Any], *, dry_run: bool) -> dict[str, Any]:
         wanted_rv = (scale.get("metadata") or {}).get("resourceVersion")
         if wanted_rv and wanted_rv != current["metadata"]["resourceVersion"]:
@@ -507,7 +510,7 @@ class KubeStore:
     def delete(self, group: str, resource: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return self._run(self._delete, group, resource, name, namespace)
 
-    def _delete(self, events: list[WatchEvent], group: str, resource: str, name: str,
+    def _delete(self, events: Events, group: str, resource: str, name: str,
                 namespace: str | None, *, dry_run: bool = False) -> dict[str, Any] | None:
         rtype = self.resource_type(group, resource)
         key = self._key(rtype, name, namespace)
@@ -529,7 +532,7 @@ class KubeStore:
         self._emit(events, "DELETED", rtype, obj)
         return copy.deepcopy(obj)
 
-    def _empty_namespace(self, events: list[WatchEvent], namespace: str) -> None:
+    def _empty_namespace(self, events: Events, namespace: str) -> None:
         for rkey, bucket in list(self._objects.items()):
             rtype = self._types.get(rkey)
             if rtype is None or not rtype.namespaced:
@@ -547,8 +550,9 @@ class KubeStore:
         ``admission=True``) admission hooks do not. Returns the stored object, or None if it is absent."""
         return self._run(self._mutate, group, resource, name, namespace, fn, admission=admission)
 
-    def _mutate(self, events: list[WatchEvent], group: str, resource: str, name: str, namespace: str | None,
-                fn: Callable[[dict[str, Any]], dict[str, Any] | None], *, admission: bool) -> dict | None:
+    def _mutate(self, events: Events, group: str, resource: str, name: str, namespace: str | None,
+                fn: Callable[[dict[str, Any]], dict[str, Any] | None], *,
+                admission: bool) -> dict[str, Any] | None:
         rtype = self.resource_type(group, resource)
         current = self._bucket(rtype).get(self._key(rtype, name, namespace))
         if current is None:
@@ -563,7 +567,7 @@ class KubeStore:
     # --- watch ------------------------------------------------------------------------------------------
 
     def open_watch(self, group: str, resource: str, since: str | None) -> tuple[
-            queue.Queue[WatchEvent | None], list[WatchEvent]]:
+            queue.Queue[WatchEvent | None], Events]:
         """Register a watch queue; returns it with the events to send first (history after ``since``, or a
         synthetic ADDED per current object when ``since`` is empty or "0"). 410 Gone if history is too short."""
         rtype = self.resource_type(group, resource)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -26,14 +27,16 @@ _INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 _FORMATS = jsonschema.FormatChecker()
 
 
-@_FORMATS.checks("int32")
 def _int32(value: Any) -> bool:
     return not isinstance(value, int) or _INT_RANGES["int32"][0] <= value <= _INT_RANGES["int32"][1]
 
 
-@_FORMATS.checks("int64")
 def _int64(value: Any) -> bool:
     return not isinstance(value, int) or _INT_RANGES["int64"][0] <= value <= _INT_RANGES["int64"][1]
+
+
+_FORMATS.checks("int32")(_int32)  # registered by call: the decorator form is untyped in jsonschema's stubs
+_FORMATS.checks("int64")(_int64)
 
 
 _KEEP = {"type", "properties", "items", "required", "enum", "pattern", "maxLength", "minLength", "maximum",
@@ -207,10 +210,14 @@ def _workload(obj: dict[str, Any]) -> list[tuple[str, str]]:
     return causes + _containers(template.get("spec") or {}, "spec.template.spec")
 
 
-_CORE_CHECKS = {
+def _pod(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    return _containers(obj.get("spec") or {}, "spec")
+
+
+_CORE_CHECKS: dict[tuple[str, str], Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
     ("apps", "deployments"): _workload, ("apps", "statefulsets"): _workload,
     ("apps", "daemonsets"): _workload, ("apps", "replicasets"): _workload,
-    ("", "pods"): lambda obj: _containers(obj.get("spec") or {}, "spec"),
+    ("", "pods"): _pod,
 }
 
 

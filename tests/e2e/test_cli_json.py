@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -55,10 +56,42 @@ JSON_COMMANDS = [
 
 @pytest.mark.parametrize("command", JSON_COMMANDS, ids=" ".join)
 def test_every_json_command_prints_json_alone(seeded: dict[str, str], command: tuple[str, ...]) -> None:
-    proc = kvfleet(*command, "--json", env=seeded)
+    """Literally the acceptance check: `kvfleet <command> --json | python -m json.tool` succeeds."""
+    proc = pipe_to_json_tool([*command, "--json"], env=seeded)
     assert proc.returncode == 0, proc.stderr
-    json.loads(proc.stdout)  # nothing else on stdout
+    json.loads(proc.stdout)
     assert "Traceback" not in proc.stderr
+
+
+def pipe_to_json_tool(args: list[str], env: dict[str, str] | None = None,
+                      drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in drop}
+    line = (f"{shlex.quote(sys.executable)} -m kvfleet.cli {' '.join(map(shlex.quote, args))} | "
+            f"{shlex.quote(sys.executable)} -m json.tool")
+    return subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True, text=True, env=full,
+                          timeout=180)
+
+
+def test_preflight_json_against_a_fleet_pipes_cleanly(example_fleet: Path, tmp_path: Path) -> None:
+    """`kvfleet preflight --json` talks to the clusters (the twin here, bare: no controllers) and still prints JSON
+    alone, whether the fleet is ready (exit 0) or not (exit 1)."""
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
+
+    sandbox = start_sandbox(example_fleet, tmp_path / "sandbox", SandboxSettings(), controllers=())
+    try:
+        env = {**sandbox.exports(), "HOME": str(tmp_path)}
+        drop = ("AIRFLOW_CONN_AWS_DEFAULT",)
+        line = ["preflight", "--fleet", str(example_fleet), "--json"]
+        proc = kvfleet(*line, env=env, drop=drop)
+        assert proc.returncode in (0, 1), proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["clusters"] and doc["ready"] is (proc.returncode == 0)
+        assert "Traceback" not in proc.stderr
+        if proc.returncode == 0:  # with a pipe, pipefail keeps the exit status: only a ready fleet exits 0
+            assert pipe_to_json_tool(line, env=env, drop=drop).returncode == 0
+    finally:
+        sandbox.stop()
 
 
 def test_json_content_of_the_new_views(seeded: dict[str, str]) -> None:

@@ -63,8 +63,10 @@ def _notes_and_refusals(cluster: str, outcomes: list[Outcome]) -> tuple[list[tup
     return notes, refusals
 
 
-def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str | None = None) -> ClusterDiff:
-    """Run every stage of one cluster in dry-run mode against the live cluster; nothing is changed."""
+def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str | None = None,
+                    holder: str = "dry-run") -> ClusterDiff:
+    """Run every stage of one cluster in dry-run mode against the live cluster; nothing is changed. ``holder``:
+    who the operator pause would be recorded for (a rollout's dry run passes its run key)."""
     ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), dry_run=True, aws_conn_id=aws_conn_id,
                        progress=lambda msg: None)
     notes: list[tuple[str, str]] = []
@@ -77,7 +79,7 @@ def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str |
         else:
             for wave in plan.waves_of(cluster):
                 more_notes, more_refusals = _notes_and_refusals(
-                    cluster, endpoints.reconcile_wave(ctx, list(wave.endpoints), holder="dry-run"))
+                    cluster, endpoints.reconcile_wave(ctx, list(wave.endpoints), holder=holder))
                 notes += more_notes
                 refusals += more_refusals
         journal = executor.journal(ctx)
@@ -87,7 +89,8 @@ def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str |
         ctx.close()
 
 
-def _print_cluster(d: ClusterDiff, out: Any) -> int:
+def print_cluster_diff(d: ClusterDiff, out: Any) -> int:
+    """Print one cluster's dry run; returns the number of changes (mutating actions and helm commands)."""
     changes = sum(1 for a in d.actions if a.mutating) + len(d.helm_lines)
     print(f"=== cluster {d.cluster}: {changes} change(s)", file=out)
     # Stages 1, 2 and 4 first, then Curvine's helm commands: the order the actions are applied in, except that
@@ -123,7 +126,7 @@ def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
           "make (it calls the APIs, not these commands).", file=out)
     for cp in plan.clusters:
         d = observe_cluster(inv, plan, cp.cluster)
-        total += _print_cluster(d, out)
+        total += print_cluster_diff(d, out)
         refusals += d.refusals
     print(f"\n{total} change(s) in total; nothing was changed (dry run)", file=out)
     if refusals:

@@ -4,14 +4,24 @@ sandbox's simulated operator, Kyverno, Curvine and vLLM/LMCache pods."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import urllib.request
 
 import pytest
-from stagekit import converge_cluster, endpoint, mutating_calls, reset_counters, tamper_deployment_env, wait_pods_ready
+from stagekit import (
+    converge_cluster,
+    endpoint,
+    mutating_calls,
+    reset_counters,
+    tamper_deployment_env,
+    wait_pods_ready,
+    with_cluster,
+)
 
-from kvfleet.errors import PermanentError
+from kvfleet.errors import PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 from kvfleet.history.repo import StepKey
-from kvfleet.stages import endpoints, operator_pause, verify
+from kvfleet.stages import endpoints, executor, operator_pause, verify
 
 pytestmark = pytest.mark.integration
 PROD = "ml-prod-use1"  # patch mode, ml.g6e.4xlarge
@@ -54,20 +64,69 @@ def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(fle
     assert mutating_calls(fleet_env, PROD) == {"k8s": [], "aws": []}
 
 
+def _admin(sandbox, body):  # type: ignore[no-untyped-def]
+    req = urllib.request.Request(sandbox.admin.url + "/fault", data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.load(resp)
+
+
+def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-def]
+    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch (as after an
+    operator upgrade): each Deployment needs the overlay again."""
+    for ep in eps:
+        endpoints.apply_iec(ctx, ep)
+    endpoints.wait_complete(ctx, eps)
+    twin = fleet_env.twin(PROD)
+    for ep in eps:
+        twin.services["operator"].rerender_now(ep.namespace, ep.name)
+    for ep in eps:
+        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
+
+
 def test_failure_between_pause_and_restore_still_restores_the_operator(fleet_env, make_ctx, inventory,
                                                                         history) -> None:  # type: ignore[no-untyped-def]
+    """scale-to-zero: the first call after every endpoint of the wave is at 0 fails (a 409 injected through the
+    twin's admin fault API at that moment); both go back to their replicas, then the operator is restored."""
+    inv = with_cluster(inventory, PROD, update_strategy="scale-to-zero")
     history.start_run("t/drill", dag_id="t", run_id="drill", trigger="test", triggered_by=None, params={})
-    ctx = converge_cluster(make_ctx, PROD, history=history)
+    ctx = converge_cluster(make_ctx, PROD, inv=inv, history=history)
     ctx.step_key = StepKey("t/drill", "wave")
-    eps = [endpoint(inventory, PROD, "retail-assistant"), endpoint(inventory, PROD, "payments-disputes")]
-    with pytest.raises(RuntimeError, match="injected failure after scale-to-0"):
-        endpoints.reconcile_wave(ctx, eps, holder="t/drill", fail_after_scale_down=True)
+    eps = [endpoint(inv, PROD, "retail-assistant"), endpoint(inv, PROD, "payments-disputes")]
+    _without_overlay(fleet_env, ctx, eps)
+    at_zero: set[str] = set()
+
+    def on_event(kind: str, group: str, resource: str, obj: dict) -> None:  # type: ignore[type-arg]
+        # Runs in the API server's thread before it answers the scale call: the fault is in place before
+        # kvfleet makes its next request.
+        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+        if resource == "deployments" and key in {e.key for e in eps} and obj["spec"].get("replicas") == 0 \
+                and key not in at_zero:
+            at_zero.add(key)
+            if len(at_zero) == len(eps):
+                _admin(fleet_env, {"cluster": PROD, "kind": "api_conflict", "count": 1, "resource": "deployments",
+                                   "target": "kube"})
+
+    fleet_env.twin(PROD).store.subscribe(on_event)
+    try:
+        with pytest.raises(TemporaryError, match="injected conflict"):
+            endpoints.reconcile_wave(ctx, eps, holder="t/drill")
+    finally:
+        at_zero.update(e.key for e in eps)  # the subscriber stays registered: make it inert
     state = operator_pause.pause_state(ctx)
     assert state["paused_by"] is None and state["ready"] >= 1
     steps = {s["step"]: s for s in history.steps("t/drill")}
-    assert steps["wave_state:t/drill"]["outcome"] == "failed"
-    assert set(steps["wave_state:t/drill"]["detail"]["states"].values()) == {"scaled_to_0"}
+    wave = steps["wave_state:t/drill"]
+    assert wave["outcome"] == "failed"
+    assert set(wave["detail"]["states"].values()) == {"scaled_to_0"}
+    assert wave["detail"]["scaled_back"] == {e.key: "scaled back to 2" for e in eps}
     assert steps["operator_restore:t/drill"]["detail"]["restored"] is True
+    twin = fleet_env.twin(PROD)
+    assert [twin.store.get("apps", "deployments", e.name, e.namespace)["spec"]["replicas"] for e in eps] == [2, 2]
+    # What was applied, in order: both scaled back, and only then the operator restored.
+    applied = executor.journal(ctx)
+    assert [type(a).__name__ for a in applied[-3:]] == ["Scale", "Scale", "RestoreOperator"]
+    assert {(a.name, a.replicas) for a in applied[-3:-1]} == {(e.name, 2) for e in eps}  # type: ignore[union-attr]
+    assert not any(type(a).__name__ == "PatchDeployment" for a in applied)
 
 
 def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
@@ -127,11 +186,13 @@ def test_kyverno_mode_injection_survives_a_forced_rerender(fleet_env, make_ctx, 
     assert twin.services["operator"].rerender_now(ep.namespace, ep.name)
     import time
 
+    operator = twin.services["operator"]
     deadline = time.monotonic() + 20
-    while sum(applied.values()) == before:  # the operator's re-render passed through admission again
+    # Until the operator's re-render passed through admission again and was written: the forced re-render is
+    # cleared only once the rendered Deployment is in the store (an event, not a fixed sleep).
+    while sum(applied.values()) == before or (ep.namespace, ep.name) in operator._forced:
         assert time.monotonic() < deadline, "the operator did not re-render"
-        time.sleep(0.1)
-    time.sleep(0.5)
+        time.sleep(0.05)
     assert _url_entries(twin, ep) == [C.L2_URL]
     assert [v for v in endpoints.endpoint_violations(ctx, ep) if v.startswith("deployment")] == []
     # The sandbox runs in this test's interpreter, so TTFT carries GIL contention: judge on the hits here.

@@ -1,0 +1,144 @@
+"""Stage 4's typed actions against the sandbox: the dry run (`kvfleet plan --diff`) lists exactly the actions a
+real run then applies (issue 21), and the rolling and surge update strategies keep every endpoint serving while
+the L2 patch rolls out, the original strategy back before the operator (issue 15 §2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import threading
+from typing import Any
+
+import pytest
+from stagekit import converge_cluster, endpoint, wait_pods_ready, with_cluster
+
+from kvfleet.fleet import actions as A
+from kvfleet.fleet import constants as C
+from kvfleet.fleet.plan import make_plan
+from kvfleet.stages import addons, curvine, dry_run, endpoints, executor, operator_pause, tiered_storage
+
+pytestmark = pytest.mark.integration
+PROD = "ml-prod-use1"  # patch mode
+
+
+def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-def]
+    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch (as after an
+    operator upgrade): each Deployment needs the overlay again."""
+    for ep in eps:
+        endpoints.apply_iec(ctx, ep)
+    endpoints.wait_complete(ctx, eps)
+    twin = fleet_env.twin(PROD)
+    for ep in eps:
+        twin.services["operator"].rerender_now(ep.namespace, ep.name)
+    for ep in eps:
+        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
+
+
+def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+    ctx0 = converge_cluster(make_ctx, PROD)
+    names = ("retail-search-rag", "payments-kyc-rag")
+    _without_overlay(fleet_env, ctx0, [endpoint(inventory, PROD, n) for n in names])
+    # Work for stage 1 too: the inventory now asks for another memory share.
+    inv = with_cluster(inventory, PROD, memory_percent=30).select(
+        clusters=[PROD], endpoints=[f"{PROD}:{endpoint(inventory, PROD, n).key}" for n in names])
+    plan = make_plan(inv, wave_size=2, canary=False)
+
+    planned = dry_run.observe_cluster(inv, plan, PROD, holder="t/cmp")
+    out = io.StringIO()
+    dry_run.print_cluster_diff(planned, out)
+    printed = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()
+               if line.startswith("[") and f"] {A.EQUIVALENT_MARK} " in line]
+
+    ctx = make_ctx(PROD, inv=inv)
+    for stage in (tiered_storage, addons, curvine):
+        stage.reconcile(ctx)
+    for wave in plan.waves_of(PROD):
+        outcomes = endpoints.reconcile_wave(ctx, list(wave.endpoints), holder="t/cmp")
+        assert {o.outcome for o in outcomes} == {"changed"}
+    applied = executor.journal(ctx)
+
+    assert list(planned.actions) == applied  # the same calls, same arguments, same order
+    assert printed == [A.render(a) for a in applied]  # and `plan --diff` prints exactly those
+    kinds = [type(a).__name__ for a in applied]
+    assert kinds[0] == "UpdateCluster" and kinds[-1] == "RestoreOperator"
+    assert kinds.count("PatchDeployment") == 2 and "Scale" not in kinds  # both rolled, never scaled to 0
+    assert all("update strategy rolling" in text for _, text in planned.notes)
+    # Converged: a second dry run finds nothing left to do.
+    assert dry_run.observe_cluster(inv, plan, PROD).actions == ()
+
+
+class ReadyWatch:
+    """Ready pods per endpoint, followed from the twin's store events (every pod change, none missed)."""
+
+    def __init__(self, store: Any, eps: list[Any]) -> None:
+        self.names = {ep.name: ep for ep in eps}
+        self.lock = threading.Lock()
+        self.ready: dict[str, dict[str, bool]] = {n: {} for n in self.names}
+        self.rv: dict[str, int] = {}
+        self.active = True
+        for ep in eps:
+            for pod in store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}"):
+                self._see("ADDED", pod)
+        self.lowest = {n: self.count(n) for n in self.names}
+        store.subscribe(self.on_event)
+
+    def count(self, name: str) -> int:
+        return sum(self.ready[name].values())
+
+    def _see(self, kind: str, pod: dict[str, Any]) -> None:
+        name = (pod["metadata"].get("labels") or {}).get("app")
+        if name not in self.names:
+            return
+        pod_name, rv = pod["metadata"]["name"], int(pod["metadata"].get("resourceVersion") or 0)
+        if rv < self.rv.get(pod_name, 0):
+            return  # an older event delivered late by another thread
+        self.rv[pod_name] = rv
+        if kind == "DELETED":
+            self.ready[name].pop(pod_name, None)
+        else:
+            self.ready[name][pod_name] = any(c.get("type") == "Ready" and c.get("status") == "True"
+                                             for c in (pod.get("status") or {}).get("conditions") or [])
+
+    def on_event(self, kind: str, group: str, resource: str, obj: dict[str, Any]) -> None:
+        if resource != "pods" or not self.active:
+            return
+        with self.lock:
+            self._see(kind, obj)
+            name = (obj["metadata"].get("labels") or {}).get("app")
+            if name in self.names:
+                self.lowest[name] = min(self.lowest[name], self.count(name))
+
+
+def test_rolling_and_surge_keep_every_endpoint_serving(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+    # support-chat keeps 2 replicas (auto -> rolling); support-summaries has 1 (auto -> surge: the twin's nodes
+    # have spare GPUs).
+    inv = dataclasses.replace(inventory, endpoints=tuple(
+        dataclasses.replace(e, replicas=1) if e.name == "support-summaries" and e.cluster == PROD else e
+        for e in inventory.endpoints))
+    ctx = converge_cluster(make_ctx, PROD, inv=inv)
+    eps = [endpoint(inv, PROD, "support-chat"), endpoint(inv, PROD, "support-summaries")]
+    _without_overlay(fleet_env, ctx, eps)
+    twin = fleet_env.twin(PROD)
+    before = {ep.key: twin.store.get("apps", "deployments", ep.name, ep.namespace)["spec"]["strategy"] for ep in eps}
+    watch = ReadyWatch(twin.store, eps)
+    assert watch.lowest == {"support-chat": 2, "support-summaries": 1}
+    try:
+        outcomes = endpoints.reconcile_wave(ctx, eps, holder="t/roll")
+    finally:
+        watch.active = False
+    assert [o.outcome for o in outcomes] == ["changed", "changed"]
+    assert [o.detail["update_strategy"]["strategy"] for o in outcomes] == ["rolling", "surge"]
+    assert watch.lowest == {"support-chat": 1, "support-summaries": 1}  # N-1 and N kept serving, never 0
+    for ep in eps:
+        dep = twin.store.get("apps", "deployments", ep.name, ep.namespace)
+        assert dep["spec"]["strategy"] == before[ep.key]  # the original strategy is back
+        wait_pods_ready(twin, ep, ep.replicas, env={C.ENV_REMOTE_URL: C.L2_URL})
+    state = operator_pause.pause_state(ctx)
+    assert state["paused_by"] is None and state["ready"] >= 1
+    applied = [a for a in executor.journal(ctx) if isinstance(a, A.SetRolloutStrategy | A.RestoreOperator
+                                                               | A.WaitPods | A.Scale)]
+    assert not any(isinstance(a, A.Scale) for a in applied)
+    # Strategies back only after every pod is Ready with the overlay, and the operator back after that.
+    assert [type(a).__name__ for a in applied] == ["SetRolloutStrategy", "SetRolloutStrategy", "WaitPods",
+                                                   "SetRolloutStrategy", "SetRolloutStrategy", "RestoreOperator"]
+    assert [a.restore for a in applied if isinstance(a, A.SetRolloutStrategy)] == [False, False, True, True]

@@ -244,7 +244,9 @@ def print_table(results: list[dict[str, Any]]) -> None:
               + (f", errors: {res['rollout_errors']}" if res["rollout_errors"] else ""))
         print(f"  {'endpoint':46} {'mode':8} {'chosen':14} {'sent':>6} {'failed':>6} {'longest gap s':>14}")
         for r in res["endpoints"]:
-            print(f"  {r['endpoint']:46} {r['l2_injection']:8} {r['update_strategy'] or '-'!s:14} "
+            chosen = (r["update_strategy"] or {}).get("strategy", "-") if isinstance(r["update_strategy"], dict) \
+                else (r["update_strategy"] or "-")
+            print(f"  {r['endpoint']:46} {r['l2_injection']:8} {chosen:14} "
                   f"{r['sent']:6d} {r['failed']:6d} {r['longest_gap_s']:14.2f}")
 
 
@@ -267,8 +269,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _stdout_for_json_only() -> Any:
+    """Everything written to fd 1 from here on (Airflow's and boto's loggers included, whatever stream they
+    captured) goes to stderr; the returned file is the real stdout, for the JSON summary alone."""
+    sys.stdout.flush()
+    real = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return real
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    out = _stdout_for_json_only() if args.json else sys.stdout
     work = Path(tempfile.mkdtemp(prefix="kvfleet-bench-availability-"))
     results = []
     try:
@@ -280,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = acceptance(results)
     if args.json:
         print(json.dumps({"rate_per_endpoint": args.rate, "time_scale": args.time_scale, "results": results,
-                          "acceptance": verdict}))
+                          "acceptance": verdict}), file=out, flush=True)
     else:
         print_table(results)
         print(f"\nacceptance (auto: 0 failed requests on every >=2-replica endpoint of a patch cluster): {verdict}")

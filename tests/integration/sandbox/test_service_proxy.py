@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +134,26 @@ def test_no_ready_pod_is_the_apiservers_503(twin: ClusterTwin, core: client.Core
     models = json.loads(core.connect_get_namespaced_service_proxy_with_path(f"{APP}:8000", NS, "v1/models",
                                                                             _preload_content=False).data)
     assert models["object"] == "list"
+
+
+def test_the_load_generator_counts_what_the_service_answers(twin: ClusterTwin, kubeconfig: Any) -> None:
+    """bench/loadgen.py through the same proxy, with the kubeconfig a user would have (TLS, bearer token)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from loadgen import LoadGenerator, Target
+
+    vllm_pod(twin, "qwen-a", "gpu-a")
+    target = Target("sandbox", NS, APP)
+    gen = LoadGenerator(kubeconfig, [target], rate=50)
+    gen.start()
+    while gen.stats[target.ref].sent < 5:
+        time.sleep(0.02)
+    set_ready(twin, "qwen-a", False)  # from now on the apiserver answers 503: no Ready endpoint
+    failed_from = gen.stats[target.ref].sent
+    while gen.stats[target.ref].sent < failed_from + 5:
+        time.sleep(0.02)
+    stats = gen.stop()[target.ref]
+    assert stats.failed >= 4 and stats.sent - stats.failed >= 4
+    assert set(stats.errors) == {"HTTP 503"}
+    assert len(stats.successes) == stats.sent - stats.failed == len(stats.latencies_s)
+    summary = stats.summary()
+    assert summary["endpoint"] == f"sandbox:{NS}/{APP}" and summary["failed"] == stats.failed

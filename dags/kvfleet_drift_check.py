@@ -2,17 +2,21 @@
 what drifted (opened, still open, resolved) and, when asked, remediate with the rollout's own reconcilers.
 
 Clusters are checked in parallel; an unreachable cluster is recorded as ``cluster_unreachable`` without failing
-the others. Thin by design: it imports airflow.sdk and kvfleet, and does no I/O at import time.
+the others.
+
+Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the
+callbacks) and does no I/O; each task imports its body (kvfleet.airflow.drift) when it runs. Runbook:
+docs/runbook.md.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
-from kvfleet.airflow import drift, run_status
-from kvfleet.airflow.params import fleet_param, scope_params
+from kvfleet.airflow import callbacks
+from kvfleet.airflow.params import drift_params
 
 
 @dag(
@@ -21,32 +25,31 @@ from kvfleet.airflow.params import fleet_param, scope_params
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    params={
-        "fleet": fleet_param(),
-        "clusters": scope_params()["clusters"],
-        "remediate": Param(False, type="boolean", title="Remediate",
-                           description="Fix what the rollout's reconcilers can fix (batched safe patch, operator "
-                                       "restore, format flags false with --reuse-values), under the cluster lock. "
-                                       "Off: only the LOBs with remediate_drift in the inventory are fixed."),
-    },
+    params=drift_params(),
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30),
-                  "on_failure_callback": run_status.on_task_failure},
-    on_success_callback=run_status.on_dag_success,
-    on_failure_callback=run_status.on_dag_failure,
+                  "on_failure_callback": callbacks.on_task_failure},
+    on_success_callback=callbacks.on_dag_success,
+    on_failure_callback=callbacks.on_dag_failure,
     tags=["kvfleet"],
     doc_md=__doc__,
 )
 def kvfleet_drift_check() -> None:
     @task
     def scope(params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import drift
+
         return drift.open_run(params)
 
     @task(max_active_tis_per_dagrun=16)
     def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import drift
+
         return drift.check_cluster(cluster, params)
 
     @task(trigger_rule="none_failed")
     def summary(results):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import drift
+
         return drift.summarize(results)
 
     summary(check_cluster.expand(cluster=scope()))

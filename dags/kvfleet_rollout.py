@@ -6,18 +6,21 @@ lease released) -> a summary per line of business. A gate passes on verified cro
 cluster's later waves on a failure, and asks a human (approve / skip the endpoint / abort) when the
 verification is inconclusive or when ``approval`` asks for it. ``dry_run`` prints the exact diff instead.
 
-Thin by design: it imports airflow.sdk and kvfleet, and does no I/O at import time.
+Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the gate
+operator, the callbacks) and does no I/O; each task imports its body (kvfleet.airflow.rollout: the stages, the
+Kubernetes and AWS clients, the history) when it runs. Runbook: docs/runbook.md.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.sdk import dag, task, task_group
 
-from kvfleet.airflow import rollout, run_status
+from kvfleet.airflow import callbacks
 from kvfleet.airflow.operators import WaveGateOperator
-from kvfleet.airflow.params import rollout_params
+from kvfleet.airflow.params import WAVE_SLOTS, rollout_params
 
 
 def wave_slot(slot: int):  # type: ignore[no-untyped-def]
@@ -25,6 +28,8 @@ def wave_slot(slot: int):  # type: ignore[no-untyped-def]
 
     @task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16)
     def wave(cluster, plan_dict, previous, params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import rollout
+
         return rollout.run_wave_slot(cluster, slot, plan_dict, previous, params)
 
     return wave
@@ -38,39 +43,47 @@ def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     max_active_runs=1,
     params=rollout_params(),
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10),
-                  "on_failure_callback": run_status.on_task_failure},
-    on_success_callback=run_status.on_dag_success,
-    on_failure_callback=run_status.on_dag_failure,
+                  "on_failure_callback": callbacks.on_task_failure},
+    on_success_callback=callbacks.on_dag_success,
+    on_failure_callback=callbacks.on_dag_failure,
     tags=["kvfleet"],
     doc_md=__doc__,
 )
 def kvfleet_rollout() -> None:
     @task(retries=0)
     def plan(params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import rollout
+
         return rollout.plan_rollout(params)
 
     @task
     def clusters(plan_dict):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import rollout
+
         return rollout.cluster_names(plan_dict)
 
     @task_group(group_id="cluster")
-    def per_cluster(cluster: str, plan_dict: dict):  # type: ignore[no-untyped-def]
+    def per_cluster(cluster: str, plan_dict: dict[str, Any]):  # type: ignore[no-untyped-def]
         @task(max_active_tis_per_dagrun=16)
         def stages(cluster, params=None):  # type: ignore[no-untyped-def]
+            from kvfleet.airflow import rollout
+
             return rollout.run_cluster_stages(cluster, params)
 
         @task(retries=3)
         def release(cluster, params=None):  # type: ignore[no-untyped-def]
+            from kvfleet.airflow import rollout
+
             return rollout.release_cluster(cluster, params)
 
         first = stages(cluster)
         previous = None
-        upstream = first
-        for slot in range(rollout.SLOTS):
+        upstream: Any = first
+        for slot in range(WAVE_SLOTS):
             wave = wave_slot(slot)(cluster, plan_dict, previous)
             upstream >> wave
             upstream = wave
-            if slot < rollout.SLOTS - 1:
+            if slot < WAVE_SLOTS - 1:
                 gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot)
                 wave >> gate
                 previous, upstream = gate.output, gate
@@ -82,6 +95,8 @@ def kvfleet_rollout() -> None:
 
     @task(trigger_rule="none_failed")
     def finish(plan_dict, last_slots, params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import rollout
+
         return rollout.finish_rollout(plan_dict, last_slots, params)
 
     p = plan()

@@ -1,5 +1,12 @@
 """DAG Params with JSON-schema validation, so the trigger form in the UI is usable and bad input is refused
-before anything changes. Imported by the DAG files (cheap: no I/O)."""
+before anything changes. Every Param of every kvfleet DAG is defined here (the DAG files only reference these
+functions), with its default, a title, a description and, where numeric, its range: the Airflow trigger form
+shows all of them.
+
+Imported by the DAG files at parse time, so it stays light: ``airflow.sdk`` and the standard library only, no
+I/O. The constants at the end are the DAG shapes that the DAG files need at parse time (and the task bodies,
+which import heavier modules, must agree with; ``tests/dags/test_dag_integrity.py`` checks it).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,12 @@ from airflow.sdk import Param
 
 DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
 
-_NAMES = {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9][-A-Za-z0-9:/._]*$"}}
+_NAMES: dict[str, Any] = {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9][-A-Za-z0-9:/._]*$"}}
+
+# DAG shapes needed at parse time (kvfleet.airflow.rollout.SLOTS and kvfleet.airflow.curvine's task ids equal them).
+WAVE_SLOTS = 5
+CURVINE_APPROVE_TASK = "approve"
+CURVINE_NO_APPROVAL_TASK = "no_approval"
 
 
 def fleet_param() -> Param:
@@ -20,36 +32,131 @@ def fleet_param() -> Param:
 
 def scope_params() -> dict[str, Param]:
     return {
-        "lobs": Param([], **_NAMES, title="Lines of business", description="Empty means all."),
-        "clusters": Param([], **_NAMES, title="Clusters", description="Empty means all."),
+        "lobs": Param([], **_NAMES, title="Lines of business",
+                      description="LOB names from the inventory. Empty means all."),
+        "clusters": Param([], **_NAMES, title="Clusters",
+                          description="Cluster names from the inventory. Empty means all."),
         "endpoints": Param([], **_NAMES, title="Endpoints",
                            description="Names or cluster:namespace/name refs. Empty means all."),
     }
+
+
+def _dry_run(description: str) -> Param:
+    return Param(False, type="boolean", title="Dry run", description=description)
+
+
+def _lock_wait(default: int, maximum: int, title: str) -> Param:
+    return Param(default, type="number", minimum=0, maximum=maximum, title=title,
+                 description=f"How long to wait for another run's lease on a cluster before failing (0 to "
+                             f"{maximum} minutes; 0: fail at once).")
+
+
+def _prompt_tokens(title: str) -> Param:
+    return Param(2000, type="integer", minimum=512, maximum=32768, title=title,
+                 description="Tokens of the fresh verification prompt (512 to 32,768). At least two 256-token "
+                             "chunks: shorter prompts never write L2.")
 
 
 def rollout_params() -> dict[str, Any]:
     return {
         "fleet": fleet_param(),
         **scope_params(),
-        "dry_run": Param(False, type="boolean", title="Dry run",
-                         description="Observe and print the diff of what would change; change nothing."),
+        "dry_run": _dry_run("Observe and print the diff of what would change; change nothing."),
         "wave_size": Param(3, type="integer", minimum=1, maximum=500, title="Wave size",
-                           description="Endpoints per cluster per wave, after the canary wave."),
-        "max_parallel_clusters": Param(4, type="integer", minimum=1, maximum=64, title="Parallel clusters"),
+                           description="Endpoints per cluster per wave, after the canary wave (1 to 500)."),
+        "max_parallel_clusters": Param(4, type="integer", minimum=1, maximum=64, title="Parallel clusters",
+                                       description="Clusters rolled out at the same time (1 to 64)."),
         "canary": Param(True, type="boolean", title="Canary wave",
                         description="One endpoint per LOB per cluster goes first."),
         "bake_minutes": Param(0, type="number", minimum=0, maximum=1440, title="Bake time (minutes)",
-                              description="Wait after each wave before the verification gate."),
-        "gate": Param("verify", type="string", enum=["verify", "none"], title="Gate between waves"),
+                              description="Wait after each wave before the verification gate (0 to 1,440 "
+                                          "minutes)."),
+        "gate": Param("verify", type="string", enum=["verify", "none"], title="Gate between waves",
+                      description="verify: a wave goes on only on verified cross-pod hits; none: no gate."),
         "approval": Param("none", type="string", enum=["none", "after_canary", "every_wave"],
-                          title="Human approval"),
-        "remediate_drift": Param(False, type="boolean", title="Remediate drift found on the way"),
+                          title="Human approval",
+                          description="Ask a human in Required Actions after the canary wave, after every wave, "
+                                      "or never (an inconclusive verification always asks)."),
+        "remediate_drift": Param(False, type="boolean", title="Remediate drift found on the way",
+                                 description="Fix drift found on the rollout's clusters with the rollout's own "
+                                             "reconcilers; off: only record it."),
         "speedup_tolerance": Param(
             0.25, type="number", minimum=0, maximum=1, title="Speedup tolerance",
             description="How far below the published TTFT-speedup curve a fully-hitting endpoint may be and still "
-                        "pass (0.25 = 25 %). The hit ratio is always required."),
-        "lock_wait_minutes": Param(10, type="number", minimum=0, maximum=720, title="Cluster lock wait (minutes)",
-                                   description="How long to wait for another run's lease on a cluster before failing."),
-        "prompt_tokens": Param(2000, type="integer", minimum=512, maximum=32768,
-                               title="Verification prompt length (tokens)"),
+                        "pass (0 to 1; 0.25 = 25 %). The hit ratio is always required."),
+        "lock_wait_minutes": _lock_wait(10, 720, "Cluster lock wait (minutes)"),
+        "prompt_tokens": _prompt_tokens("Verification prompt length (tokens)"),
+    }
+
+
+def drift_params() -> dict[str, Any]:
+    return {
+        "fleet": fleet_param(),
+        "clusters": scope_params()["clusters"],
+        "remediate": Param(False, type="boolean", title="Remediate",
+                           description="Fix what the rollout's reconcilers can fix (batched safe patch, operator "
+                                       "restore, format flags false with --reuse-values), under the cluster lock. "
+                                       "Off: only the LOBs with remediate_drift in the inventory are fixed."),
+    }
+
+
+def verification_params() -> dict[str, Any]:
+    return {
+        "fleet": fleet_param(),
+        **scope_params(),
+        "prompt_tokens": _prompt_tokens("Prompt length (tokens)"),
+        "sweep": Param(False, type="boolean", title="Sweep 500…3,000 tokens",
+                       description="Record the endpoint's speedup curve beside the published one."),
+    }
+
+
+def curvine_upgrade_params() -> dict[str, Any]:
+    return {
+        "fleet": fleet_param(),
+        "clusters": scope_params()["clusters"],
+        "version": Param("", type="string", title="Target chart version",
+                         description="The curvine chart version to upgrade to, e.g. 0.3.3-alpha."),
+        "overrides": Param({}, type="object", title="Extra value overrides",
+                           description="Dotted keys to values, e.g. {\"config.log.level\": \"DEBUG\"}; kvfleet "
+                                       "writes them to a values file (-f), never --set. Any key or value touching a "
+                                       "format flag (cluster.*format*) is refused, even with approval."),
+        "dry_run": _dry_run("Run every gate and print the exact helm command and values diff; change nothing."),
+        "approval": Param("auto", type="string", enum=["auto", "always", "never"], title="Human approval",
+                          description="auto: required when a selected cluster is production in the inventory."),
+        "rollback": Param(True, type="boolean", title="Roll back on failure",
+                          description="To the newest earlier revision with every format flag false; never to one "
+                                      "with a flag true."),
+        "timeout_minutes": Param(15, type="number", minimum=1, maximum=240, title="Rollout timeout (minutes)",
+                                 description="How long helm waits for the upgraded release to be ready (1 to 240 "
+                                             "minutes)."),
+        "expired_files_allowance": Param(0, type="integer", minimum=0, maximum=1_000_000,
+                                         title="Files allowed to expire",
+                                         description="Post-check: files after >= files before - this (0 to "
+                                                     "1,000,000; Curvine TTL). LMCache writes L2 without a TTL."),
+        "l2_check": Param("file", type="string", enum=["file", "endpoint"], title="L2-still-serves check",
+                          description="file: re-read files written before; endpoint: stage 5 on one endpoint."),
+        "lock_wait_minutes": _lock_wait(0, 120, "Wait for the cluster lock (minutes)"),
+    }
+
+
+def curvine_scale_out_params() -> dict[str, Any]:
+    return {
+        "fleet": fleet_param(),
+        "clusters": scope_params()["clusters"],
+        "target_workers": Param(None, type=["null", "integer"], minimum=1, maximum=1000, title="Target worker count",
+                                description="On demand (1 to 1,000). Empty (and all_eligible off): detect, as the "
+                                            "schedule does."),
+        "all_eligible": Param(False, type="boolean", title="One worker per eligible GPU node",
+                              description="On demand: scale to one Curvine worker per GPU node with NVMe."),
+        "allow_scale_in": Param(False, type="boolean", title="Allow scale-in",
+                                description="Dropping workers drops their cached KV blocks (recomputable, a TTFT "
+                                            "hit)."),
+        "threshold_percent": Param(80, type="number", minimum=1, maximum=100, title="fs_used/capacity threshold (%)",
+                                   description="Scale out when Curvine's fs_used/capacity stays above this (1 to "
+                                               "100 %)."),
+        "dry_run": _dry_run("Print the exact helm command and values diff; change nothing."),
+        "timeout_minutes": Param(15, type="number", minimum=1, maximum=240, title="Timeout (minutes)",
+                                 description="How long helm waits for the new workers to be ready (1 to 240 "
+                                             "minutes)."),
+        "lock_wait_minutes": _lock_wait(0, 120, "Wait for the cluster lock (minutes)"),
     }

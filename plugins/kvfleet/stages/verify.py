@@ -11,6 +11,10 @@
    ``lmcache_log.joins`` ties back to the SSE id and to nothing else), and judge: ``pass`` (hit ratio >= 0.99
    and speedup not below the published curve minus a tolerance), ``degraded`` (full hits but slow, or partial
    hits), ``fail`` (with a diagnosis).
+
+The judges (``pick_pods``, ``env_mismatches``, ``verdict_of``, ``diagnose``) are pure, in ``fleet.verdict``; this
+module keeps the I/O and the sequencing. B is asked only once A's log shows the ``Stored`` line of the request
+(LMCache stores after prefill), with a bounded wait: no fixed sleep.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,14 +30,19 @@ from typing import Any
 from kvfleet.clients.inference import pod_log_since, stream_completion
 from kvfleet.clients.kube import call
 from kvfleet.errors import PermanentError
-from kvfleet.fleet import constants as C
 from kvfleet.fleet import lmcache_log
 from kvfleet.fleet.economics import expected_speedup
 from kvfleet.fleet.inventory import Endpoint
+from kvfleet.fleet.overlay import desired_overlay
+from kvfleet.fleet.verdict import PASS_HIT_RATIO as PASS_HIT_RATIO
+from kvfleet.fleet.verdict import SPEEDUP_TOLERANCE as SPEEDUP_TOLERANCE
+from kvfleet.fleet.verdict import container_env, diagnose, env_mismatches, pick_pods, verdict_of
 from kvfleet.stages.base import StageContext
 
-PASS_HIT_RATIO = 0.99
-SPEEDUP_TOLERANCE = 0.25  # relative: TTFT through the API-server proxy is noisy; 25 % below the curve still passes
+# How long B waits for A's Stored line of the same request, and how often A's log is read meanwhile. Past the
+# bound B is asked anyway: a missing store line is then the diagnosis ("no store line"), not a hang.
+STORE_WAIT_S = 3.0
+STORE_POLL_S = 0.05
 # A pair with full hits but a slow warm TTFT is measured again with fresh prompts (a queueing blip on either pod
 # must not degrade an endpoint): the speedup judged is the median over all pairs, every sample is recorded.
 SPEEDUP_SAMPLES_ON_DOUBT = 3
@@ -83,67 +93,6 @@ def check_prompt_length(tokens: int, chunk_size: int) -> None:
                              "(default 2,000)")
 
 
-def _ready(pod: Any) -> bool:
-    status = pod.status
-    return getattr(status, "phase", None) == "Running" and any(
-        c.type == "Ready" and c.status == "True" for c in getattr(status, "conditions", None) or [])
-
-
-def pick_pods(pods: list[Any]) -> tuple[Any, Any] | str:
-    """Two Ready pods on different nodes, or the reason there are none."""
-    ready = [p for p in pods if _ready(p)]
-    if len(pods) < 2:
-        return f"only {len(pods)} replica(s): cross-pod reuse needs two pods on two nodes"
-    if len(ready) < 2:
-        return f"only {len(ready)} of {len(pods)} pods Ready"
-    by_node: dict[str, Any] = {}
-    for p in sorted(ready, key=lambda p: p.metadata.name):
-        by_node.setdefault(p.spec.node_name, p)
-    if len(by_node) < 2:
-        return f"all {len(ready)} Ready pods run on one node ({next(iter(by_node))}): no cross-node reuse to verify"
-    a, b = list(by_node.values())[:2]
-    return a, b
-
-
-def _env(pod: Any, container: str) -> dict[str, str | None]:
-    c = next((c for c in pod.spec.containers if c.name == container), pod.spec.containers[0])
-    env: dict[str, str | None] = {}
-    for e in c.env or []:
-        env[e.name] = e.value  # the last entry wins, as in Kubernetes
-    return env
-
-
-def env_mismatches(env_a: dict[str, str | None], env_b: dict[str, str | None]) -> list[str]:
-    keys = (C.ENV_HASHSEED, C.ENV_CHUNK_SIZE, C.ENV_REMOTE_URL, C.ENV_REMOTE_SERDE)
-    return [f"{k}: pod A {env_a.get(k)!r} vs pod B {env_b.get(k)!r}" for k in keys if env_a.get(k) != env_b.get(k)]
-
-
-def diagnose(stored: int, hits: int, total: int, env_a: dict[str, str | None], scan_a: lmcache_log.LogScan,
-             settings_seed: str) -> str:
-    url = str(env_a.get(C.ENV_REMOTE_URL) or "")
-    if stored == 0:
-        why = f" ({scan_a.errors[-1]})" if scan_a.errors else ""
-        serde = env_a.get(C.ENV_REMOTE_SERDE)
-        return f"no store line: L2 not written (URL or serde){why}; URL={url!r}, serde={serde!r}"
-    if hits == 0 and url.startswith("sagemaker-hyperpod://"):
-        return "0 hits: pods on the operator's node-local L2 URL (sagemaker-hyperpod://), not the shared Curvine fs://"
-    if hits == 0 and env_a.get(C.ENV_HASHSEED) != settings_seed:
-        seed = env_a.get(C.ENV_HASHSEED)
-        return (f"stored on A but 0 hits on B with differing PYTHONHASHSEED (unset or random: {seed!r}); "
-                f"each pod derives different LMCache keys — set PYTHONHASHSEED={settings_seed}")
-    if hits == 0:
-        return "stored on A but 0 hits on B: the pods do not share the L2 path (check the Curvine mount and PVC)"
-    return f"partial hit: {hits}/{total} tokens"
-
-
-def verdict_of(hit_ratio: float, speedup: float, expected: float, tolerance: float = SPEEDUP_TOLERANCE) -> str:
-    if hit_ratio >= PASS_HIT_RATIO and speedup >= expected * (1 - tolerance):
-        return "pass"
-    if hit_ratio > 0:
-        return "degraded"
-    return "fail"
-
-
 def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None,
                     tolerance: float = SPEEDUP_TOLERANCE) -> Verification:
     settings = ctx.inventory.settings
@@ -153,27 +102,26 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     if not ep.l2:
         base.diagnosis = "L2 disabled for this endpoint in the inventory"
         return base
-    pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
-                what=f"pods of {ep.key}").items
-    picked = pick_pods(pods)
+    listed = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
+                  what=f"pods of {ep.key}").items
+    picked = pick_pods([ctx.kube.api_client.sanitize_for_serialization(p) for p in listed])
     if isinstance(picked, str):
         base.diagnosis = picked
         return base
-    pod_a, pod_b = picked
-    env_a, env_b = _env(pod_a, ep.name), _env(pod_b, ep.name)
-    mismatch = env_mismatches(env_a, env_b)
-    base.detail = {"pod_a": pod_a.metadata.name, "node_a": pod_a.spec.node_name, "pod_b": pod_b.metadata.name,
-                   "node_b": pod_b.spec.node_name}
+    pod_a, pod_b = _Pod.of(picked[0]), _Pod.of(picked[1])
+    env_a, env_b = container_env(picked[0], ep.name), container_env(picked[1], ep.name)
+    mismatch = env_mismatches(env_a, env_b, desired_overlay(ep, settings).agree_env)
+    base.detail = {"pod_a": pod_a.name, "node_a": pod_a.node, "pod_b": pod_b.name, "node_b": pod_b.node}
     if mismatch:
         base.verdict, base.diagnosis = "fail", "pods disagree before any request: " + "; ".join(mismatch)
         return base
     nonce = nonce or uuid.uuid4().hex[:12]
     since = datetime.now(UTC) - timedelta(seconds=1)
-    ctx.say(f"stage 5: {ep.key}: {prompt_tokens}-token probe, cold on {pod_a.metadata.name} "
-            f"({pod_a.spec.node_name}), then {pod_b.metadata.name} ({pod_b.spec.node_name})")
-    cold, warm = _probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, nonce))
-    scan_a = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.metadata.name, ep.name, since))
-    scan_b = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
+    ctx.say(f"stage 5: {ep.key}: {prompt_tokens}-token probe, cold on {pod_a.name} ({pod_a.node}), then "
+            f"{pod_b.name} ({pod_b.node})")
+    cold, warm = _probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, nonce), since)
+    scan_a = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.name, ep.name, since))
+    scan_b = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.name, ep.name, since))
     lookup_a, lookup_b = scan_a.lookup_for(cold.request_id), scan_b.lookup_for(warm.request_id)
     total = (lookup_b.total if lookup_b else None) or warm.prompt_tokens or prompt_tokens
     hits = (lookup_b.hit or 0) if lookup_b else 0
@@ -185,9 +133,9 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     if ratio >= PASS_HIT_RATIO and verdict_of(ratio, speedup, expected, tolerance) == "degraded":
         ctx.say(f"stage 5: {ep.key}: full hits but speedup {speedup:.2f}x < {expected * (1 - tolerance):.2f}x; "
                 f"measuring {SPEEDUP_SAMPLES_ON_DOUBT - 1} more pairs before judging")
-        more = [_probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, f"{nonce}-{i}"))
+        more = [_probe_pair(ctx, ep, pod_a, pod_b, build_prompt(prompt_tokens, f"{nonce}-{i}"), since)
                 for i in range(1, SPEEDUP_SAMPLES_ON_DOUBT)]
-        scan_more = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.metadata.name, ep.name, since))
+        scan_more = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_b.name, ep.name, since))
         for c, w in more:  # every re-measured pair must be a full L2 hit too, or its speed says nothing
             lk = scan_more.lookup_for(w.request_id)
             pairs.append(_Sample(c, w, (lk.hit or 0) / lk.total if lk and lk.total else 0.0))
@@ -240,17 +188,39 @@ class _Sample:
                 "request_b": self.warm.request_id}
 
 
-def _probe_pair(ctx: StageContext, ep: Endpoint, pod_a: Any, pod_b: Any, prompt: str) -> tuple[Any, Any]:
-    """The same new prompt cold on A, then on B (which can only hit it through L2)."""
-    cold = stream_completion(ctx.kube, ep.namespace, pod_a.metadata.name, model=ep.model, prompt=prompt)
-    time.sleep(0.05)  # let the store land before B looks it up (LMCache stores after prefill)
-    warm = stream_completion(ctx.kube, ep.namespace, pod_b.metadata.name, model=ep.model, prompt=prompt)
+@dataclass(frozen=True)
+class _Pod:
+    name: str
+    node: str
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> _Pod:
+        return cls(str(pod["metadata"]["name"]), str((pod.get("spec") or {}).get("nodeName")))
+
+
+def _probe_pair(ctx: StageContext, ep: Endpoint, pod_a: _Pod, pod_b: _Pod, prompt: str,
+                since: datetime) -> tuple[Any, Any]:
+    """The same new prompt cold on A, then on B (which can only hit it through L2) once A has stored it."""
+    cold = stream_completion(ctx.kube, ep.namespace, pod_a.name, model=ep.model, prompt=prompt)
+    _wait_for_store(ctx, ep, pod_a, cold.request_id, since)
+    warm = stream_completion(ctx.kube, ep.namespace, pod_b.name, model=ep.model, prompt=prompt)
     return cold, warm
+
+
+def _wait_for_store(ctx: StageContext, ep: Endpoint, pod_a: _Pod, request_id: str, since: datetime) -> bool:
+    """Poll A's log until the ``Stored`` line of ``request_id`` is there (LMCache stores after prefill, so the
+    stream can end before it). Stop early when A looked the request up and LMCache logged an error since the
+    probe began (writes fail: no store is coming), and at the latest after ``STORE_WAIT_S``."""
+    deadline = time.monotonic() + STORE_WAIT_S
+    while True:
+        scan = lmcache_log.parse(pod_log_since(ctx.kube, ep.namespace, pod_a.name, ep.name, since))
+        if scan.stored_tokens(request_id) > 0:
+            return True
+        if (scan.errors and scan.lookup_for(request_id) is not None) or time.monotonic() >= deadline:
+            return False
+        time.sleep(STORE_POLL_S)
 
 
 def _speedup(cold: Any, warm: Any) -> float:
     return float(cold.ttft_s / warm.ttft_s) if warm.ttft_s > 0 else 0.0
 
-
-def sweep_endpoint(ctx: StageContext, ep: Endpoint, lengths: tuple[int, ...] = SWEEP_LENGTHS) -> list[Verification]:
-    return [verify_endpoint(ctx, ep, n) for n in lengths]

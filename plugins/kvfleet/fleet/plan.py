@@ -189,9 +189,10 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
     clusters = []
     for cluster in sorted(inventory.clusters, key=lambda c: c.name):
         eps = list(inventory.endpoints_of(cluster.name))
-        needed, available = gpu_demand(cluster, eps)
-        waves = _with_strategies(inventory, plan_cluster_waves(eps, cluster.name, size, canary),
-                                 max(0, available - needed))
+        waves = plan_cluster_waves(eps, cluster.name, size, canary)
+        if cluster.l2_injection == "patch":  # kyverno mode: the operator re-renders with its own strategy
+            needed, available = gpu_demand(cluster, eps)
+            waves = _with_strategies(inventory, waves, max(0, available - needed))
         clusters.append(ClusterPlan(cluster.name, CLUSTER_STAGES, waves))
     return Plan(inventory.source, size, canary, tuple(clusters))
 
@@ -210,7 +211,10 @@ def render_plan_text(plan: Plan) -> str:
                              + (f"; REFUSED: {s.refused}" if s.refused else ""))
         if not c.waves:
             lines.append("  no endpoints in scope")
-        else:
+        elif any(w.strategies for w in c.waves):
             lines.append("  (update strategies judged on the inventory's GPUs; stage 4 judges again on the live "
                          "nodes, and `plan --diff` shows that)")
+        else:
+            lines.append("  (kyverno mode: the operator re-renders with its own Deployment strategy; "
+                         "update_strategy applies to patch mode)")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import urllib.request
+from typing import Any
 
 import pytest
 from stagekit import (
@@ -28,14 +29,14 @@ PROD = "ml-prod-use1"  # patch mode, ml.g6e.4xlarge
 STAGE_CLUSTER = "ml-stage-usw2"  # kyverno mode, ml.g5.4xlarge
 
 
-def _url_entries(twin, ep):  # type: ignore[no-untyped-def]
+def _url_entries(twin: Any, ep: Any) -> list[str]:
     dep = twin.store.get("apps", "deployments", ep.name, ep.namespace)
     c = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == ep.name)
     return [e["value"] for e in c["env"] if e["name"] == C.ENV_REMOTE_URL]
 
 
-def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(fleet_env, make_ctx, inventory,
-                                                                              history) -> None:  # type: ignore[no-untyped-def]
+def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(  # type: ignore[no-untyped-def]
+        fleet_env, make_ctx, inventory, history) -> None:
     history.start_run("t/ep", dag_id="t", run_id="ep", trigger="test", triggered_by=None, params={})
     ctx = converge_cluster(make_ctx, PROD, history=history)
     ctx.step_key = StepKey("t/ep", "wave")
@@ -49,7 +50,7 @@ def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(fle
         vllm = next(c for c in pod["spec"]["containers"] if c["name"] == ep.name)
         assert [e["value"] for e in vllm["env"] if e["name"] == C.ENV_REMOTE_URL] == [C.L2_URL]
 
-    result = verify.verify_endpoint(ctx, ep, 2000)
+    result: Any = verify.verify_endpoint(ctx, ep, 2000)
     assert result.verdict == "pass", result
     assert result.hit_ratio == 1.0 and result.stored_tokens == 2000
     assert result.speedup >= result.expected_speedup * (1 - verify.SPEEDUP_TOLERANCE)
@@ -64,7 +65,7 @@ def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(fle
     assert mutating_calls(fleet_env, PROD) == {"k8s": [], "aws": []}
 
 
-def _admin(sandbox, body):  # type: ignore[no-untyped-def]
+def _admin(sandbox: Any, body: dict[str, Any]) -> Any:
     req = urllib.request.Request(sandbox.admin.url + "/fault", data=json.dumps(body).encode(), method="POST")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.load(resp)
@@ -83,8 +84,8 @@ def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-de
         wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
 
 
-def test_failure_between_pause_and_restore_still_restores_the_operator(fleet_env, make_ctx, inventory,
-                                                                        history) -> None:  # type: ignore[no-untyped-def]
+def test_failure_between_pause_and_restore_still_restores_the_operator(  # type: ignore[no-untyped-def]
+        fleet_env, make_ctx, inventory, history) -> None:
     """scale-to-zero: the first call after every endpoint of the wave is at 0 fails (a 409 injected through the
     twin's admin fault API at that moment); both go back to their replicas, then the operator is restored."""
     inv = with_cluster(inventory, PROD, update_strategy="scale-to-zero")
@@ -95,7 +96,7 @@ def test_failure_between_pause_and_restore_still_restores_the_operator(fleet_env
     _without_overlay(fleet_env, ctx, eps)
     at_zero: set[str] = set()
 
-    def on_event(kind: str, group: str, resource: str, obj: dict) -> None:  # type: ignore[type-arg]
+    def on_event(kind: str, group: str, resource: str, obj: dict[str, Any]) -> None:
         # Runs in the API server's thread before it answers the scale call: the fault is in place before
         # kvfleet makes its next request.
         key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
@@ -140,7 +141,7 @@ def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type
     cachegen = endpoint(inv, PROD, "payments-disputes")
     endpoints.reconcile_wave(ctx, [single, seedless, cachegen], holder="t/diag")
 
-    one = verify.verify_endpoint(ctx, single, 2000)
+    one: Any = verify.verify_endpoint(ctx, single, 2000)
     assert one.verdict == "unverifiable" and "only 1 replica" in one.diagnosis
 
     with pytest.raises(PermanentError, match="300 is too short to verify L2.*at least 512"):
@@ -148,7 +149,7 @@ def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type
 
     # A slow L2 (hits, but late): one slow pair is measured again; the median of three pairs is judged.
     twin.services["vllm"].set_l2_read_penalty(600)
-    r = verify.verify_endpoint(ctx, seedless, 2000)
+    r: Any = verify.verify_endpoint(ctx, seedless, 2000)
     twin.services["vllm"].set_l2_read_penalty(0)
     assert r.hit_ratio == 1.0 and r.verdict == "degraded", r
     assert len(r.detail["speedup_samples"]) == verify.SPEEDUP_SAMPLES_ON_DOUBT
@@ -196,5 +197,5 @@ def test_kyverno_mode_injection_survives_a_forced_rerender(fleet_env, make_ctx, 
     assert _url_entries(twin, ep) == [C.L2_URL]
     assert [v for v in endpoints.endpoint_violations(ctx, ep) if v.startswith("deployment")] == []
     # The sandbox runs in this test's interpreter, so TTFT carries GIL contention: judge on the hits here.
-    result = verify.verify_endpoint(ctx, ep, 2000, tolerance=0.6)
+    result: Any = verify.verify_endpoint(ctx, ep, 2000, tolerance=0.6)
     assert result.hit_ratio == 1.0 and result.verdict == "pass", result

@@ -86,7 +86,7 @@ class ReadyWatch:
         return sum(self.ready[name].values())
 
     def _see(self, kind: str, pod: dict[str, Any]) -> None:
-        name = (pod["metadata"].get("labels") or {}).get("app")
+        name = str((pod["metadata"].get("labels") or {}).get("app"))
         if name not in self.names:
             return
         pod_name, rv = pod["metadata"]["name"], int(pod["metadata"].get("resourceVersion") or 0)
@@ -104,7 +104,7 @@ class ReadyWatch:
             return
         with self.lock:
             self._see(kind, obj)
-            name = (obj["metadata"].get("labels") or {}).get("app")
+            name = str((obj["metadata"].get("labels") or {}).get("app"))
             if name in self.names:
                 self.lowest[name] = min(self.lowest[name], self.count(name))
 

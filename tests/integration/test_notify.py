@@ -93,7 +93,7 @@ def gate_context() -> dict[str, Any]:
 
     task = ApprovalOperator(task_id="gate_0", subject="kvfleet rollout ml-prod-use1 wave 0 (canary): 2/2 endpoints "
                             "verified — approve the next wave? (manual 2026-12-01 10:00)",
-                            body="| endpoint | verdict |\n|---|---|\n| `llm/a` | ✅ pass |")
+                            body="| endpoint | verdict |\n|---|---|\n| `llm/a` | ✅ pass |\n\n{{ not a template }}")
     ti = SimpleNamespace(dag_id="kvfleet_rollout", run_id="manual__2026-12-01T10:00:00+00:00",
                          task_id="cluster.gate_0", map_index=1)
     return {"task": task, "ti": ti, "task_instance": ti}
@@ -110,6 +110,7 @@ def test_gate_waiting_reaches_sns_and_the_webhook(emulator: AwsEmulator, topic: 
     link = ("https://airflow.example.com/dags/kvfleet_rollout/runs/manual__2026-12-01T10%3A00%3A00%2B00%3A00/tasks/"
             "cluster.gate_0/mapped/1/required_actions")
     assert "| `llm/a` | ✅ pass |" in message and "Options: Approve, Reject." in message and message.endswith(link)
+    assert "{{ not a template }}" in message  # the notifier renders no Jinja
     attrs = {published[f"MessageAttributes.entry.{i}.Name"]: published[f"MessageAttributes.entry.{i}.Value.StringValue"]
              for i in (1, 2, 3, 4)}
     assert attrs == {"kind": "gate_waiting", "dag_id": "kvfleet_rollout",
@@ -213,3 +214,65 @@ def test_a_bad_setting_turns_notifications_off_without_failing(monkeypatch: pyte
     notifier = notify.gate_waiting_notifier()
     notifier(gate_context())
     assert notifier.last_results == {} and "notifications are off: KVFLEET_NOTIFY_WEBHOOK_URL" in caplog.text
+
+
+@pytest.mark.parametrize("airflow_state", ["failed", "success"])
+def test_run_end_notifier_reads_the_status_the_run_status_callback_wrote(history: Any, receiver: Receiver,
+                                                                          airflow_state: str) -> None:
+    """As wired in a DAG: ``on_failure_callback=[callbacks.on_dag_failure, notify.run_end_notifier()]``."""
+    from kvfleet.airflow import run_status
+    from kvfleet.history.repo import StepEvent, StepKey
+
+    run_id = f"manual__2026-12-01T10:00:00+00:00-{airflow_state}"
+    rk = f"kvfleet_rollout/{run_id}"
+    history.start_run(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="alice", params={})
+    history.record_step(StepKey(rk, "cluster.wave_0", 0), StepEvent("endpoint:llm/a", "endpoint", "changed",
+                                                                    cluster="c1", endpoint="llm/a"))
+    if airflow_state == "failed":
+        history.record_step(StepKey(rk, "cluster.wave_1", 0), StepEvent("error:cluster.wave_1", "run", "failed",
+                                                                        detail={"error": "TemporaryError: boom"}))
+    from airflow.sdk import DAG
+
+    context = {"dag": DAG("kvfleet_rollout", schedule=None), "run_id": run_id, "reason": "task_failure"}
+    closed = (run_status.on_dag_failure if airflow_state == "failed" else run_status.on_dag_success)(context)
+    notifier = notify.run_end_notifier(settings(webhook=receiver.url))
+    notifier(context)
+    recorded = history.run(rk)["status"]
+    assert closed == recorded
+    if recorded in notify.RUN_END_STATUSES:
+        (post,) = receiver.posts
+        assert post["json"]["attributes"] == {"kind": "run_ended", "dag_id": "kvfleet_rollout", "run_id": run_id,
+                                              "status": recorded}
+        assert notifier.last_results == {"webhook": "sent"}
+    else:
+        assert recorded == "success" and receiver.posts == [] and notifier.last_results == {}
+    assert airflow_state == "success" or recorded in notify.RUN_END_STATUSES
+
+
+def test_wave_evidence_is_read_from_the_history_for_this_run_and_cluster(history: Any) -> None:
+    from datetime import UTC, datetime
+
+    from kvfleet.airflow.gates import load_wave_evidence
+    from kvfleet.history.repo import StepKey
+
+    def verify(rk: str, cluster: str, endpoint: str, verdict: str, speedup: float) -> None:
+        history.record_verification(StepKey(rk, "cluster.wave_0", 0), f"verify:0:{cluster}:{endpoint}", {
+            "cluster": cluster, "endpoint": endpoint, "lob": "retail", "hit_ratio": 1.0, "speedup": speedup,
+            "expected_speedup": 2.7, "verdict": verdict})
+
+    rk, other = "kvfleet_rollout/r-evidence", "kvfleet_hit_verification/r-hourly"
+    for key in (rk, other):
+        history.start_run(key, dag_id=key.split("/")[0], run_id=key.split("/")[1], trigger="manual",
+                          triggered_by=None, params={})
+    verify(rk, "c1", "llm/a", "pass", 2.6)
+    verify(rk, "c1", "llm/b", "degraded", 1.1)
+    verify(rk, "c2", "llm/a", "fail", 0.9)  # same endpoint name on another cluster
+    verify(other, "c1", "llm/a", "fail", 0.5)  # another run
+    history.sync_findings("c1", [{"fingerprint": "fp-1", "kind": "operator_paused", "severity": "high",
+                                  "object_ref": "Deployment op"}], rk)
+    history.sync_findings("c2", [{"fingerprint": "fp-2", "kind": "pvc_unbound", "severity": "high",
+                                  "object_ref": "PVC x"}], rk)
+    rows, drift = load_wave_evidence(history, rk, "c1", ["llm/a", "llm/b"])
+    assert sorted((r["endpoint"], r["verdict"]) for r in rows) == [("llm/a", "pass"), ("llm/b", "degraded")]
+    assert [d["kind"] for d in drift] == ["operator_paused"]
+    assert all(r["at"] <= datetime.now(UTC) for r in rows)

@@ -198,7 +198,7 @@ def run_end_event(run: Mapping[str, Any], settings: NotifySettings,
         return None
     dag_id, run_id = str(run.get("dag_id") or "?"), str(run.get("run_id") or "?")
     summary = run.get("summary") or {}
-    reason = summary.get("reason") if isinstance(summary, Mapping) else None
+    reason = run.get("reason") or (summary.get("reason") if isinstance(summary, Mapping) else None)
     lines = [f"**{dag_id}** run `{run_id}` ended **{status}**."]
     if reason:
         lines.append(f"Reason: {reason}")
@@ -286,6 +286,9 @@ class KvfleetNotifier(BaseNotifier):
         self.kind, self.settings, self.statuses = kind, settings, statuses
         self.last_results: dict[str, str] = {}
 
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Nothing to render (a gate's text may contain ``{{``): no Jinja environment is built."""
+
     def notify(self, context: Any) -> None:
         try:
             settings = _settings(self.settings)
@@ -310,7 +313,7 @@ class KvfleetNotifier(BaseNotifier):
 
         facts = dag_run_facts(context)
         run = History().run(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
-                                                  "status": "failed", "summary": {"reason": context.get("reason")}}
+                                                  "status": "failed", "reason": context.get("reason")}
         return run_end_event(run, settings, self.statuses)
 
 

@@ -8,7 +8,9 @@ a platform team applies by hand are, byte for byte, what kvfleet itself would cr
 
 Sources (one function each, never a copy): ``fleet.curvine_values.install_values`` / ``safe_flags`` (helm values),
 ``stages.curvine.storage_class_manifest`` (StorageClass), ``fleet.endpoint_spec.pvc_manifest`` (RWX PVC),
-``fleet.endpoint_spec.kyverno_policy`` (ClusterPolicy, kyverno mode), ``fleet.endpoint_spec.render_iec``
+``fleet.endpoint_spec.kyverno_policy`` (ClusterPolicy, kyverno mode: its mutation is ``fleet.overlay.
+kyverno_mutation`` of the one desired L2 overlay, the value stage 4's checks and patch derive from too),
+``fleet.endpoint_spec.render_iec``
 (InferenceEndpointConfig template), and the inventory's endpoint namespaces (the RoleBindings of the RBAC).
 The RBAC rules themselves are hand-written in k8s/rbac/*.yaml and checked against the requests kvfleet really
 makes by tests/integration/test_rbac_iam_coverage.py. Output is deterministic (sorted keys, no timestamps).
@@ -98,7 +100,9 @@ creates it in every namespace with an L2 endpoint and waits until it is Bound.""
     files["kyverno/curvine-l2-policy.yaml"] = _header(source, """
 kyverno mode (clusters.<name>.l2_injection: kyverno): injects the fs:// L2 URL, serde, hash seed, volume and
 mount on every admission of an operator-rendered Deployment labelled tiered-kv/l2=curvine, so the overlay
-survives every operator re-render. Stage 4 applies exactly this object.""") + _dump(kyverno_policy(inv.settings))
+survives every operator re-render. Stage 4 applies exactly this object. The injected env, volume and mount are
+kvfleet's one desired L2 overlay (fleet.overlay), the same value patch mode's JSON patch and the drift check's
+rules derive from.""") + _dump(kyverno_policy(inv.settings))
 
     files["iec/inferenceendpointconfig.yaml"] = _header(src, f"""
 Template: the InferenceEndpointConfig kvfleet renders for endpoint {ep.namespace}/{ep.name}. LMCACHE_REMOTE_URL is

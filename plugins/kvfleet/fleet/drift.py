@@ -11,6 +11,14 @@ pods that do not agree on ``PYTHONHASHSEED`` compute different LMCache keys, so 
 is dead will never be restored by it; fewer Curvine files or less capacity than at the last snapshot is L2 data
 lost (``curvine_data_loss``, issue 14).
 
+One kind per condition, so that an audit query by kind tells the truth (issue 21): a missing add-on
+(``addon_missing``), a status other than ACTIVE (``addon_not_active``), a wrong version or configuration
+(``addon_version_mismatch``, ``addon_config_mismatch``), a missing operator controller (``operator_missing``), a
+missing Curvine release (``curvine_release_missing``), an unreadable master (``curvine_master_unreadable``), a
+changed ClusterPolicy (``policy_changed``) are each their own kind (migration 0007_drift_kinds renamed the rows
+recorded under the older, overloaded kinds). The endpoint kinds the batched patch fixes are the L2 overlay's
+(``PATCHABLE``, from ``fleet.overlay``); those that block it are the CR's (``NOT_PATCHABLE``).
+
 A finding's fingerprint is ``cluster|kind|object|field``: stable across checks (the actual value is not part of
 it), so the history store can open it once, touch it on every check that still sees it, and resolve it.
 """

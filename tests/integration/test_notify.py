@@ -276,3 +276,34 @@ def test_wave_evidence_is_read_from_the_history_for_this_run_and_cluster(history
     assert sorted((r["endpoint"], r["verdict"]) for r in rows) == [("llm/a", "pass"), ("llm/b", "degraded")]
     assert [d["kind"] for d in drift] == ["operator_paused"]
     assert all(r["at"] <= datetime.now(UTC) for r in rows)
+
+
+def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import create_engine
+
+    from kvfleet.airflow import gates
+    from kvfleet.history.repo import History, StepKey
+
+    monkeypatch.setenv("KVFLEET_AIRFLOW_URL", "https://airflow.example.com")
+    rk = "kvfleet_rollout/r-text"
+    history.start_run(rk, dag_id="kvfleet_rollout", run_id="r-text", trigger="manual", triggered_by=None, params={})
+    history.record_verification(StepKey(rk, "cluster.wave_1", 0), "verify:1:llm/a", {
+        "cluster": "c9", "endpoint": "llm/a", "lob": "retail", "hit_ratio": 1.0, "speedup": 1.5,
+        "expected_speedup": 2.7, "verdict": "degraded", "diagnosis": "slow"})
+    history.sync_findings("c9", [{"fingerprint": "fp-c9", "kind": "stale_pods", "severity": "medium",
+                                  "object_ref": "Deployment llm/a"}], rk)
+    wave = {"cluster": "c9", "waves": [1], "review": ["llm/a"], "endpoints": {"llm/a": "degraded — slow"}}
+    text = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
+                               params={"speedup_tolerance": 0.5}, slot=1, history=history)
+    assert text.subject.startswith("kvfleet rollout c9 wave 1: 1 of 1 endpoints inconclusive, 1 open drift")
+    assert "| `llm/a` | retail | ⚠️ degraded | 1.00 | 1.50× | 1.35× | 2.70× | slow |" in text.body
+    assert "| stale_pods | medium | Deployment llm/a |" in text.body
+    assert "https://airflow.example.com/kvfleet/fleet?cluster=c9" in text.body
+    down = History(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
+    fallback = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
+                                   params={}, slot=1, history=down)
+    assert "the history could not be read: OperationalError" in fallback.body
+    assert "| `llm/a` | – | ⚠️ degraded | – |" in fallback.body  # the wave's own summary still shows
+    approval = gates.for_curvine_approval(run_key="kvfleet_curvine_upgrade/r1", params={"version": "0.3.3"},
+                                          preflight=[{"cluster": "c9", "outcome": "planned"}], history=history)
+    assert "stale_pods" in approval.body and approval.subject.startswith("kvfleet Curvine upgrade to 0.3.3 on c9")

@@ -18,12 +18,15 @@ Airflow renders the HITL body as markdown; a subject is one line of plain text.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode
 
+log = logging.getLogger(__name__)
 SUBJECT_MAX = 200
 # kvfleet.stages.verify's pass rule, repeated here so the page does not import the kube client (a unit test
 # checks that they agree).
@@ -353,3 +356,67 @@ def load_wave_evidence(history: Any, run_key: str, cluster: str, endpoints: Iter
                  if r.get("run_key") == run_key and r.get("cluster") == cluster]
     drift = [r for r in history.query("open_drift") if r.get("cluster") == cluster]
     return rows, drift
+
+
+# ---- entry points for the operators (read the evidence, build the text; never raise) ---------------------------
+
+
+def airflow_base_url(env: Mapping[str, str] | None = None) -> str:
+    """The UI's public URL: ``KVFLEET_AIRFLOW_URL``, else Airflow's ``[api] base_url``, else empty (no links)."""
+    env = os.environ if env is None else env
+    url = env.get("KVFLEET_AIRFLOW_URL", "").strip()
+    if not url:
+        try:
+            from airflow.configuration import conf
+
+            url = str(conf.get("api", "base_url", fallback="") or "")
+        except Exception:  # no Airflow configuration (a bare CLI)
+            url = ""
+    return url.rstrip("/")
+
+
+def links_from_env(env: Mapping[str, str] | None = None) -> Links:
+    env = os.environ if env is None else env
+    base = airflow_base_url(env)
+    return Links(page=f"{base}/kvfleet" if base else "", runbook=env.get("KVFLEET_RUNBOOK_URL", "").strip())
+
+
+def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: str, params: Mapping[str, Any],
+                  slot: int | None = None, options: Sequence[str] = (), default: str | None = None,
+                  timeout: timedelta | None = None, history: Any = None) -> GateText:
+    """The wave gate's text with its evidence read from the history (``history`` or ``History()``). When the
+    history cannot be read, the text says so and still shows the wave's own summary: a gate is never blocked
+    by its text."""
+    cluster = str(wave.get("cluster") or "")
+    rows: list[dict[str, Any]] = []
+    drift: list[dict[str, Any]] = []
+    try:
+        if history is None:
+            from kvfleet.history.repo import History
+
+            history = History()
+        rows, drift = load_wave_evidence(history, run_key, cluster, (wave.get("endpoints") or {}).keys())
+    except Exception as exc:
+        log.exception("kvfleet: the gate's evidence could not be read from the history")
+        reason = f"{reason} (the history could not be read: {type(exc).__name__}; the figures below are the wave's)"
+    tolerance = float(params.get("speedup_tolerance") or SPEEDUP_TOLERANCE)
+    return wave_gate_text(asked=asked, run_key=run_key, wave=wave, verifications=rows, open_drift=drift,
+                          reason=reason, tolerance=tolerance, slot=slot, options=options, default=default,
+                          timeout=timeout, links=links_from_env())
+
+
+def for_curvine_approval(*, run_key: str, params: Mapping[str, Any], preflight: Sequence[Mapping[str, Any]],
+                         timeout: timedelta | None = None, history: Any = None) -> GateText:
+    """The Curvine upgrade approval's text; the open drift is read from the history when it can be."""
+    clusters = [str(p.get("cluster")) for p in preflight if p.get("cluster")] or list(params.get("clusters") or [])
+    drift: list[dict[str, Any]] = []
+    try:
+        if history is None:
+            from kvfleet.history.repo import History
+
+            history = History()
+        drift = [r for r in history.query("open_drift") if r.get("cluster") in clusters]
+    except Exception:
+        log.exception("kvfleet: the open drift could not be read for the approval's text")
+    return curvine_approval_text(run_key=run_key, version=str(params.get("version") or ""), clusters=clusters,
+                                 preflight=preflight, open_drift=drift, timeout=timeout, links=links_from_env())

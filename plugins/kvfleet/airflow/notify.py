@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier
 
-from kvfleet.airflow.gates import Links, required_actions_url
+from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
 
 log = logging.getLogger(__name__)
 SNS_SUBJECT_MAX = 99  # SNS: fewer than 100 characters, no line breaks
@@ -81,7 +81,7 @@ class NotifySettings:
         region = env.get("KVFLEET_NOTIFY_REGION", "").strip() or (topic.split(":")[3] if topic else "") or None
         return cls(sns_topic_arn=topic, aws_conn_id=env.get("KVFLEET_NOTIFY_AWS_CONN_ID", "").strip() or "aws_default",
                    region=region, webhook_url=url, timeout_s=timeout,
-                   airflow_url=(env.get("KVFLEET_AIRFLOW_URL", "").strip() or _airflow_base_url()).rstrip("/"),
+                   airflow_url=airflow_base_url(env),
                    runbook_url=env.get("KVFLEET_RUNBOOK_URL", "").strip())
 
     @property
@@ -91,15 +91,6 @@ class NotifySettings:
     @property
     def links(self) -> Links:
         return Links(page=f"{self.airflow_url}/kvfleet" if self.airflow_url else "", runbook=self.runbook_url)
-
-
-def _airflow_base_url() -> str:
-    try:
-        from airflow.configuration import conf
-
-        return str(conf.get("api", "base_url", fallback="") or "")
-    except Exception:  # no Airflow configuration (a bare CLI): no link
-        return ""
 
 
 def _safe_url(url: str) -> str:

@@ -74,7 +74,8 @@ class EndpointStats:
 
         return {"endpoint": self.target.ref, "sent": self.sent, "failed": self.failed,
                 "longest_gap_s": round(self.longest_gap_s, 3), "latency_p50_s": pct(0.5),
-                "latency_p99_s": pct(0.99), "errors": dict(self.errors)}
+                "latency_p99_s": pct(0.99), "latency_max_s": round(lat[-1], 4) if lat else None,
+                "errors": dict(self.errors)}
 
 
 def api_client(kubeconfig: str | Path, context: str, pool_size: int = 16) -> Any:

@@ -242,12 +242,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
     for res in results:
         print(f"\n{res['strategy']}: rollout {res['rollout_s']:.1f}s"
               + (f", errors: {res['rollout_errors']}" if res["rollout_errors"] else ""))
-        print(f"  {'endpoint':46} {'mode':8} {'chosen':14} {'sent':>6} {'failed':>6} {'longest gap s':>14}")
+        print(f"  {'endpoint':46} {'mode':8} {'chosen':14} {'sent':>6} {'failed':>6} {'longest gap s':>14} "
+              f"{'max latency s':>14}")
         for r in res["endpoints"]:
             chosen = (r["update_strategy"] or {}).get("strategy", "-") if isinstance(r["update_strategy"], dict) \
                 else (r["update_strategy"] or "-")
             print(f"  {r['endpoint']:46} {r['l2_injection']:8} {chosen:14} "
-                  f"{r['sent']:6d} {r['failed']:6d} {r['longest_gap_s']:14.2f}")
+                  f"{r['sent']:6d} {r['failed']:6d} {r['longest_gap_s']:14.2f} {r['latency_max_s'] or 0:14.2f}")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -82,11 +82,12 @@ def on_task_failure(context: Any) -> None:
         exc = context.get("exception")
         stage, outcome = classify_failure(facts["dag_id"], task_id, exc if isinstance(exc, BaseException) else None)
         history = History()
+        key = StepKey(facts["run_key"], task_id, map_index)
         history.ensure_run(facts["run_key"], dag_id=facts["dag_id"], run_id=facts["run_id"],
                            trigger=facts["trigger"], triggered_by=facts["triggered_by"], params=facts["params"])
-        history.record_step(StepKey(facts["run_key"], task_id, map_index),
+        history.record_step(key,
                             StepEvent(step=f"error:{task_id}", stage=stage, outcome=outcome,
-                                      cluster=_cluster_of(context),
+                                      cluster=_cluster_of(context) or history.cluster_of_task(key),
                                       detail={"error": _message(exc if isinstance(exc, BaseException) else None),
                                               "task_id": task_id}),
                             actor=facts["triggered_by"] or f"airflow:{facts['trigger']}")

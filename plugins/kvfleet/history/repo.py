@@ -337,6 +337,22 @@ class History:
                 expected_prev, expected_seq = r["row_hash"], expected_seq + 1
         return {"ok": True, "rows": rows, "head": {"seq": expected_seq - 1, "hash": expected_prev}, "broken": None}
 
+    def cluster_of_task(self, key: StepKey) -> str | None:
+        """The cluster a task instance worked on, from what it recorded (its steps, then its write-ahead
+        records); None when it recorded nothing with a cluster."""
+        with self.engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT cluster FROM step_events WHERE run_key = :k AND task_id = :t AND map_index = :m "
+                "AND cluster IS NOT NULL ORDER BY id LIMIT 1"), {"k": key.run_key, "t": key.task_id,
+                                                               "m": key.map_index}).first()
+            if row is None:
+                row = conn.execute(text(
+                    "SELECT cluster FROM audit_log WHERE run_key = :k AND event_key LIKE :prefix "
+                    "AND cluster IS NOT NULL ORDER BY id LIMIT 1"),
+                    {"k": key.run_key, "prefix": key.event_key("").replace("%", r"\%").replace("_", r"\_") + "%"}
+                ).first()
+        return None if row is None else str(row[0])
+
     def steps(self, run_key: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             rows = conn.execute(

@@ -71,3 +71,29 @@ def test_dag_success_callback_writes_success(history: History) -> None:
                       triggered_by=None, params={})
     assert run_status.on_dag_success({"dag": SimpleNamespace(dag_id="kvfleet_rollout"), "run_id": "m4",
                                       "reason": "success"}) == "success"
+
+
+def test_a_per_cluster_task_failure_names_its_cluster(history: History) -> None:
+    """From the task's ``cluster`` argument when the context's task carries it, else from what the task instance
+    recorded (its steps, then its write-ahead intents); None when it recorded nothing."""
+    from kvfleet.history.repo import StepEvent, StepKey
+
+    run_key = "kvfleet_rollout/m5"
+    history.start_run(run_key, dag_id="kvfleet_rollout", run_id="m5", trigger="manual", triggered_by=None, params={})
+    history.record_step(StepKey(run_key, "cluster.stages", 0), StepEvent("tiered_storage", "tiered-storage",
+                                                                         "changed", cluster="c-a"))
+    history.intent(StepKey(run_key, "cluster.wave_0", 1), "pause_operator", "Deployment x", cluster="c-b")
+
+    def fail(task_id: str, map_index: int, task: object = None) -> None:
+        ctx = _context(task_id, RuntimeError("409"), run_id="m5")
+        ctx["ti"] = SimpleNamespace(task_id=task_id, map_index=map_index)
+        ctx["task"] = task
+        run_status.on_task_failure(ctx)
+
+    fail("cluster.stages", 0)
+    fail("cluster.wave_0", 1)
+    fail("cluster.wave_1", 2, task=SimpleNamespace(op_kwargs={"cluster": "c-c"}))
+    fail("cluster.release", 3)
+    named = {(s["task_id"], s["cluster"]) for s in history.steps(run_key) if s["step"].startswith("error:")}
+    assert named == {("cluster.stages", "c-a"), ("cluster.wave_0", "c-b"), ("cluster.wave_1", "c-c"),
+                     ("cluster.release", None)}

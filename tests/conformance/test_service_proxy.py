@@ -3,7 +3,7 @@ rule (facts: tests/conformance/facts/service_proxy.yaml).
 
 Each test starts one emulator on 127.0.0.1 with an admin token and a pod-proxy handler that answers with the pod
 and port it was reached on, so the routing decision is visible in every response; the simulated vLLM sits behind
-the same hook in the sandbox (tests/integration/sandbox/test_service_proxy.py).
+the same hook in the sandbox (tests/integration/sandbox/test_service_proxy_vllm.py).
 """
 
 from __future__ import annotations

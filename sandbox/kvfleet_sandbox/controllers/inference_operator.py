@@ -46,7 +46,10 @@ re-render at its next reconcile (the blog: "upgrading the Operator" drops patche
   and never last) — FACTS.md §2.3: the index "varies between Operator versions". An L2 URL in the worker's own
   env is *not* deduplicated: the rendered Deployment then has two entries, as the blog warns.
 - sidecars ``reverse-proxy`` and ``otel-collector``.
-- Service ``<name>``: ClusterIP, port 8000 → the vLLM port, selector ``app=<name>``.
+- Service ``<name>``: ClusterIP, port ``http`` 8000 → the vLLM port, selector ``app=<name>``. That a Service is
+  rendered is stated by the blog; its name and port are an *assumption* no public source confirms
+  (``tests/conformance/facts/service_proxy.yaml``, ``operator_service``). Traffic reaches the pods through the
+  API server's Service proxy, ``services/<name>:8000/proxy/...``, which picks only Ready pods (``kube.services``).
 
 **Reconcile**, only while the controller Deployment has at least one Ready pod: on every change of an IEC or of a
 Deployment/Service it owns, and every ``settings.operator_resync_s`` model seconds. It re-renders (a full

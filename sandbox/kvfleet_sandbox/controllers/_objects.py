@@ -77,12 +77,13 @@ def owner_ref(obj: dict[str, Any], *, controller: bool = True) -> dict[str, Any]
 def controller_uid(obj: dict[str, Any], kind: str | None = None) -> str | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("controller") and (kind is None or ref.get("kind") == kind):
-            return ref.get("uid")
+            uid = ref.get("uid")
+            return str(uid) if uid is not None else None
     return None
 
 
 def uid_of(obj: dict[str, Any]) -> str:
-    return obj["metadata"]["uid"]
+    return str(obj["metadata"]["uid"])
 
 
 def create_quietly(store: KubeStore, group: str, resource: str, obj: dict[str, Any]) -> dict[str, Any] | None:

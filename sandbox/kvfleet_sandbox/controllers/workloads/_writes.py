@@ -40,7 +40,7 @@ class ObjectWriter:
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("dnsPolicy", "ClusterFirst")
         spec.setdefault("serviceAccountName", "default")
-        pod = {
+        pod: dict[str, Any] = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": owner["metadata"]["namespace"],
                          "labels": dict(tmeta.get("labels") or {}),

@@ -14,8 +14,17 @@ What an upgrade would deploy is rendered with the same command and ``--dry-run=s
 (``upgrade_render``: the manifest and the hooks, with helm's own value merge); what a rollback would deploy is the
 target revision's stored manifest and hooks (``revision_manifest``).
 
-Errors: a helm failure is a ``PermanentError`` when helm says the input is wrong (schema, not found, no
-deployed release) and a ``TemporaryError`` otherwise (API timeouts, conflicts).
+Errors and results are typed, so no caller reads helm's text again. Helm speaks only through its exit code and
+stderr, so this module is the one place that reads that text (``classify``):
+- ``ReleaseNotFound`` (a ``HelmPermanent``): the release does not exist, or has no deployed revision (helm's
+  storage driver's ``release: not found``; an upgrade's ``has no deployed releases``). ``status`` and
+  ``deployed`` turn it into ``None``, as the amazon provider's hooks turn "not found" into a state;
+- ``HelmConflict`` (a ``TemporaryError``): another helm operation on the release is in progress, or the API
+  server answered 409 (``the object has been modified``): retry later;
+- ``HelmPermanent`` (a ``PermanentError``): helm says the input is wrong (schema, unknown chart version, an
+  unknown flag, a name already in use);
+- anything else (an API timeout, a 5xx, helm over its own timeout) is a plain ``TemporaryError``.
+Reads return typed results: ``ReleaseStatus`` (``status``) and ``Revision`` (``revisions``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +46,72 @@ from kvfleet.errors import PermanentError, TemporaryError
 from kvfleet.paths import project_root
 
 log = logging.getLogger(__name__)
-_PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invalid", "has no deployed releases",
-                    "cannot re-use a name", "unknown flag", "chart requires", "no such")
+# helm's own words (helm v3/v4: pkg/storage/driver ``ErrReleaseNotFound``, pkg/action ``errPending``, and the
+# API server's 409 text), matched once, here.
+_RELEASE_NOT_FOUND_HINTS = ("release: not found", "has no deployed releases")
+_CONFLICT_HINTS = ("another operation (install/upgrade/rollback) is in progress", "the object has been modified",
+                   "operation cannot be fulfilled")
+_PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invalid", "cannot re-use a name",
+                    "unknown flag", "chart requires", "no such")
+
+
+class HelmPermanent(PermanentError):
+    """helm refused the command for a reason retrying cannot fix (the input, the chart, the release's state)."""
+
+
+class ReleaseNotFound(HelmPermanent):
+    """The release does not exist (or has no deployed revision) in that namespace."""
+
+
+class HelmConflict(TemporaryError):
+    """Another operation holds the release, or the API server answered 409: retry later."""
+
+
+@dataclass(frozen=True)
+class ReleaseStatus:
+    """``helm status -o json``, the parts kvfleet reads."""
+
+    name: str
+    namespace: str
+    revision: int
+    status: str  # deployed | failed | pending-upgrade | ...
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> ReleaseStatus:
+        info = doc.get("info") or {}
+        return cls(name=str(doc.get("name") or ""), namespace=str(doc.get("namespace") or ""),
+                   revision=int(doc.get("version") or 0), status=str(info.get("status") or ""))
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One row of ``helm history -o json``."""
+
+    revision: int
+    status: str
+    chart: str  # name-version, e.g. curvine-0.3.3-alpha
+    updated: str | None = None
+    app_version: str | None = None
+    description: str | None = None
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Revision:
+        updated = row.get("updated")
+        return cls(revision=int(row["revision"]), status=str(row.get("status") or ""),
+                   chart=str(row.get("chart") or ""), updated=str(updated) if updated else None,
+                   app_version=row.get("app_version"), description=row.get("description"))
+
+
+def classify(err: str, text: str) -> TemporaryError | PermanentError:
+    """The typed error of a failed helm command: ``err`` is helm's stderr, ``text`` the message to raise with."""
+    lowered = err.lower()
+    if any(h in lowered for h in _RELEASE_NOT_FOUND_HINTS):
+        return ReleaseNotFound(text)
+    if any(h in lowered for h in _CONFLICT_HINTS):
+        return HelmConflict(text, delay=15)
+    if any(h in lowered for h in _PERMANENT_HINTS):
+        return HelmPermanent(text)
+    return TemporaryError(text, delay=10)
 
 
 def helm_binary() -> str:
@@ -141,20 +215,17 @@ class Helm:
             kubeconfig.unlink(missing_ok=True)
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip()
-            text = f"{what}: {render(argv)} failed: {err}"
-            if any(h in err.lower() for h in _PERMANENT_HINTS):
-                raise PermanentError(text)
-            raise TemporaryError(text, delay=10)
+            raise classify(err, f"{what}: {render(argv)} failed: {err}")
         return proc.stdout
 
     # ---- reads -----------------------------------------------------------------------------------------------
-    def status(self, release: str, namespace: str) -> dict[str, Any] | None:
+    def status(self, release: str, namespace: str) -> ReleaseStatus | None:
+        """The release's status; None when it does not exist."""
         try:
-            return dict(json.loads(self.run("status", release, "-n", namespace, "-o", "json", what="helm status")))
-        except PermanentError as exc:
-            if "not found" in str(exc).lower():
-                return None
-            raise
+            out = self.run("status", release, "-n", namespace, "-o", "json", what="helm status")
+        except ReleaseNotFound:
+            return None
+        return ReleaseStatus.of(json.loads(out))
 
     def values(self, release: str, namespace: str, *, revision: int | None = None,
                all_values: bool = True) -> dict[str, Any]:
@@ -166,13 +237,21 @@ class Helm:
         return dict(json.loads(self.run(*args, what="helm get values") or "{}") or {})
 
     def history(self, release: str, namespace: str) -> list[dict[str, Any]]:
+        """``helm history -o json`` as helm prints it (raises ``ReleaseNotFound``). Stages use ``revisions``."""
         out = self.run("history", release, "-n", namespace, "-o", "json", "--max", "256", what="helm history")
         return list(json.loads(out or "[]"))
+
+    def revisions(self, release: str, namespace: str) -> list[Revision] | None:
+        """Every revision in the release history, oldest first; None when the release does not exist."""
+        try:
+            return [Revision.of(row) for row in self.history(release, namespace)]
+        except ReleaseNotFound:
+            return None
 
     def chart_exists(self, chart: str, repo: str, version: str) -> bool:
         try:
             self.run("show", "chart", chart, "--repo", repo, "--version", version, what="helm show chart")
-        except PermanentError:
+        except HelmPermanent:
             return False
         return True
 

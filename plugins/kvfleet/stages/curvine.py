@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
@@ -28,6 +29,7 @@ from kvfleet.clients.helm import render, set_args
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
 from kvfleet.fleet.inventory import size_to_bytes
@@ -131,8 +133,8 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     ns, cluster = ctx.cluster.curvine.namespace, ctx.cluster.name
     known = ctx.history.curvine_revisions(cluster, ns, release) if ctx.history is not None else {}
     out = []
-    for rev in ctx.helm.history(release, ns):
-        n, status, updated = int(rev["revision"]), rev.get("status"), rev.get("updated")
+    for rev in ctx.helm.revisions(release, ns) or []:
+        n, status, updated = rev.revision, rev.status, rev.updated
         seen = known.get(n)
         if seen is not None and updated and seen["helm_updated"] == str(updated):  # only known with a history
             if seen["status"] != status and ctx.history is not None:
@@ -146,7 +148,7 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
         if ctx.history is not None:
             ctx.history.record_curvine_release(
                 cluster=cluster, namespace=ns, release=release, revision=n,
-                chart_version=_chart_version(ctx, rev.get("chart")), status=status, flags=flags, values=values,
+                chart_version=_chart_version(ctx, rev.chart), status=status, flags=flags, values=values,
                 run_key=ctx.step_key.run_key if ctx.step_key else None,
                 helm_updated=str(updated) if updated else None)
     return out
@@ -159,7 +161,7 @@ def planned_command(ctx: StageContext, args: list[str]) -> str:
         if flag == "-f" and path in ctx.helm.files:
             import yaml
 
-            pairs = flatten(yaml.safe_load(ctx.helm.files[path]) or {})
+            pairs = cv.flatten(yaml.safe_load(ctx.helm.files[path]) or {})
             text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(pairs.items()))
             shown.append(f"{path.rsplit('/', 1)[-1]}: {text}")
     return render(ctx.helm.argv(*args)) + (f"   # {'; '.join(shown)}" if shown else "")
@@ -279,24 +281,26 @@ def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
 
 def _live_version(ctx: StageContext) -> str | None:
     deployed = deployed_revision(ctx)
-    return deployed["chart_version"] if deployed else None
+    return deployed.chart_version if deployed else None
 
 
-def deployed_revision(ctx: StageContext) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class DeployedRelease:
+    """The Curvine release's current revision (the newest deployed one, else the newest of any status)."""
+
+    revision: int
+    chart_version: str | None
+    status: str
+
+
+def deployed_revision(ctx: StageContext) -> DeployedRelease | None:
     """The deployed revision of the Curvine release from ``helm history`` (cheaper than ``helm status``, and in
-    helm 4 the only JSON that names the chart): ``{"revision", "chart_version", "status"}``; None: no release."""
-    try:
-        rows = ctx.helm.history(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
-    except PermanentError as exc:
-        if "not found" in str(exc).lower():
-            return None
-        raise
-    deployed = [r for r in rows if str(r.get("status")) == "deployed"] or rows
-    if not deployed:
+    helm 4 the only JSON that names the chart); None: no release."""
+    rows = ctx.helm.revisions(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    if not rows:  # None: helm says release: not found
         return None
-    row = max(deployed, key=lambda r: int(r["revision"]))
-    return {"revision": int(row["revision"]), "chart_version": _chart_version(ctx, row.get("chart")),
-            "status": row.get("status")}
+    row = max([r for r in rows if r.status == "deployed"] or rows, key=lambda r: r.revision)
+    return DeployedRelease(row.revision, _chart_version(ctx, row.chart), row.status)
 
 
 def _chart_version(ctx: StageContext, chart: Any) -> str | None:
@@ -439,7 +443,7 @@ def reconcile(ctx: StageContext) -> Outcome:
 ROLLOUT_PURPOSE = "rollout"  # the lease purpose kvfleet_rollout uses for its per-cluster work
 
 
-def require_release(ctx: StageContext) -> dict[str, Any]:
+def require_release(ctx: StageContext) -> DeployedRelease:
     """The deployed Curvine revision (``deployed_revision``); a clear refusal when there is no release."""
     deployed = deployed_revision(ctx)
     if deployed is None:
@@ -449,15 +453,9 @@ def require_release(ctx: StageContext) -> dict[str, Any]:
 
 
 def refuse_flag_hazard(ctx: StageContext, values: dict[str, Any], revision: int, action: str) -> None:
-    """The deployed release must have every format flag false before kvfleet touches it again."""
-    hazard = cv.flags_set(values)
-    if hazard:
-        raise GateRefused(
-            f"{action} refused on {ctx.cluster.name}: the deployed Curvine release (revision {revision}) has "
-            f"{', '.join('cluster.' + f + '=true' for f in hazard)} — the next pod restart would reformat and wipe "
-            "L2. Fix that first, as the drift check does: run kvfleet_rollout on this cluster (stage 3 flips the "
-            f"flags with --reuse-values) or `helm upgrade curvine -n {ctx.cluster.curvine.namespace} "
-            f"--reuse-values {' '.join(set_args(cv.safe_flags()))}`, then retry.")
+    """The deployed release must have every format flag false before kvfleet touches it again (the judge:
+    ``fleet.curvine_gates.refuse_flag_hazard``)."""
+    gates.refuse_flag_hazard(ctx.cluster.name, ctx.cluster.curvine.namespace, values, revision, action)
 
 
 def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
@@ -483,37 +481,6 @@ def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
         raise GateRefused(f"{action} refused on {name}: a rollout is running on the cluster — the inference "
                           f"operator was paused by {paused_by} at {at} while it patches endpoints. Wait for it to "
                           "restore the operator (or restore it with the rollout's teardown), then retry.")
-
-
-def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested values as dotted paths (lists indexed: ``worker.storage.dataDirs[0].size``)."""
-    out: dict[str, Any] = {}
-    if isinstance(values, dict):
-        if not values and prefix:
-            out[prefix] = {}
-        for key, value in values.items():
-            name = str(key).replace(".", "\\.")
-            out.update(flatten(value, f"{prefix}.{name}" if prefix else name))
-    elif isinstance(values, list) and values and all(isinstance(v, dict) for v in values):
-        for i, value in enumerate(values):
-            out.update(flatten(value, f"{prefix}[{i}]"))
-    else:
-        out[prefix] = values
-    return out
-
-
-def values_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """A readable diff of two values trees, one dotted key per line (``~`` changed, ``+`` added, ``-`` removed)."""
-    a, b = flatten(before), flatten(after)
-    lines = []
-    for key in sorted(set(a) | set(b)):
-        if key not in a:
-            lines.append(f"+ {key}: {b[key]!r}")
-        elif key not in b:
-            lines.append(f"- {key}: {a[key]!r}")
-        elif a[key] != b[key]:
-            lines.append(f"~ {key}: {a[key]!r} -> {b[key]!r}")
-    return "\n".join(lines) if lines else "(no value changes)"
 
 
 def capacity_snapshot(ctx: StageContext, step: str, phase: str) -> dict[str, Any]:

@@ -19,8 +19,9 @@ allows it, and the log says how much cached data the removed workers hold (recom
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +158,7 @@ def observe(ctx: StageContext) -> PoolState:
     with_worker = {p.metadata.name: p.spec.node_name for p in pods
                    if p.metadata.name.startswith(C.CURVINE_WORKER_STS) and p.spec and p.spec.node_name}
     overview = CurvineMaster(ctx.kube, ns).overview().snapshot()
-    return PoolState(int(release["revision"]), release["chart_version"], values,
+    return PoolState(release.revision, release.chart_version, values,
                      int(cv.get_path(values, "worker.replicas") or 0), eligible, ineligible, with_worker,
                      worker_bytes(values), overview)
 
@@ -245,24 +246,35 @@ def check_render(ctx: StageContext, args: list[str], target: int) -> dict[str, A
 # ---- the workflow ------------------------------------------------------------------------------------------------
 
 
-def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
-    """Decide (detection) or take the requested count, then scale under the lease and prove the capacity."""
-    decision: dict[str, Any]
+@contextlib.contextmanager
+def _refusals_recorded(ctx: StageContext) -> Iterator[None]:
+    """A gate's refusal is recorded (``scale_gates``: refused, with the reason) before it fails the task."""
     try:
-        stage3.refuse_busy_cluster(ctx, holder, "scale-out")
-        state = observe(ctx)
-        stage3.refuse_flag_hazard(ctx, state.values, state.revision, "scale-out")
-        warnings = check_nvme_host_path(ctx, state.values)
-        if req.on_demand:
-            target, decision = requested_target(ctx, state, req), {"mode": "on_demand"}
-        else:
-            decision = {"mode": "detect", **detect(ctx, state, req)}
-            target = decision["target"]
-        scale_in = refuse_unsafe_scale_in(ctx, state, target, req)
+        yield
     except GateRefused as exc:
         ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
         raise
+
+
+def _decide(ctx: StageContext, req: ScaleRequest, holder: str) -> tuple[PoolState, int, dict[str, Any]]:
+    """The read-only gates and the target: the requested count (on demand) or detection's."""
+    stage3.refuse_busy_cluster(ctx, holder, "scale-out")
+    state = observe(ctx)
+    stage3.refuse_flag_hazard(ctx, state.values, state.revision, "scale-out")
+    warnings = check_nvme_host_path(ctx, state.values)
+    decision: dict[str, Any]
+    if req.on_demand:
+        target, decision = requested_target(ctx, state, req), {"mode": "on_demand"}
+    else:
+        decision = {"mode": "detect", **detect(ctx, state, req)}
+        target = decision["target"]
+    scale_in = refuse_unsafe_scale_in(ctx, state, target, req)
     decision.update(current=state.replicas, target=target, warnings=warnings, **scale_in)
+    return state, target, decision
+
+
+def _nothing_to_do(ctx: StageContext, state: PoolState, target: int, decision: dict[str, Any]) -> Outcome | None:
+    """The outcome when no scaling is due (or due but only reported); None when the workflow scales."""
     if decision["mode"] == "detect":
         for r in decision["reasons"]:
             ctx.say(f"detection: {r}")
@@ -277,6 +289,16 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
         live = int(state.overview.get("live_workers") or 0)
         ctx.say(f"Curvine already has {state.replicas} workers ({live} live): nothing to do")
         return ctx.record("scale", STAGE, "unchanged", decision=decision, state=state.as_dict())
+    return None
+
+
+def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
+    """Decide (detection) or take the requested count, then scale under the lease and prove the capacity."""
+    with _refusals_recorded(ctx):
+        state, target, decision = _decide(ctx, req, holder)
+    done = _nothing_to_do(ctx, state, target, decision)
+    if done is not None:
+        return done
 
     spec = ctx.cluster.curvine
     version = state.chart_version or spec.version  # never an upgrade on the side: the deployed chart version
@@ -286,12 +308,9 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
                                  version=version, values=sets)
     command = render(ctx.helm.argv(*args))
     # a copy: merged_values shares nested mappings of its ``current`` argument with its result
-    diff = stage3.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
-    try:
+    diff = cv.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
+    with _refusals_recorded(ctx):
         decision["rendered"] = check_render(ctx, args, target)
-    except GateRefused as exc:
-        ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
-        raise
     if ctx.dry_run:
         ctx.plan(STAGE, command, diff=diff)
         return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)
@@ -299,11 +318,8 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
         raise PermanentError("a Curvine scale-out needs the history store (cluster lease and records)")
     lock = ClusterLock(ctx.history, ctx.cluster.name, holder, PURPOSE, wait_s=req.lock_wait_s,
                        poll_s=poll_seconds(), progress=ctx.progress)
-    try:
+    with _refusals_recorded(ctx):
         lock.acquire()
-    except GateRefused as exc:
-        ctx.record("scale_gates", STAGE, "refused", reason=str(exc))
-        raise
     try:
         return _scale_locked(ctx, req, state, target, args, command, diff, decision)
     finally:

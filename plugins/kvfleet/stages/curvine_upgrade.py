@@ -41,6 +41,9 @@ from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, KvfleetError, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
+from kvfleet.fleet.curvine_gates import metadata_preserved
+from kvfleet.fleet.curvine_gates import normalize_overrides as normalize_overrides  # the judges' former home
+from kvfleet.fleet.curvine_gates import refuse_flag_overrides as refuse_flag_overrides
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
@@ -92,40 +95,12 @@ class Preflight:
 # ---- gates -----------------------------------------------------------------------------------------------------
 
 
-def normalize_overrides(raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Overrides as dotted keys with scalar values (nested mappings are flattened; a dot inside a nested key is a
-    literal dot, as in a values file). They reach helm as a values file kvfleet writes, never as ``--set``."""
-    out: dict[str, Any] = {}
-    for key, value in dict(raw or {}).items():
-        if isinstance(value, Mapping):
-            out.update(normalize_overrides({f"{key}.{str(k).replace('.', chr(92) + '.')}": v
-                                            for k, v in value.items()}))
-        elif isinstance(value, list | tuple | set):
-            raise PermanentError(f"override {key}: {value!r} is not a scalar; give one dotted key per value "
-                                 "(e.g. worker.storage.dataDirs[0].size=200Gi)")
-        else:
-            out[str(key)] = value
-    return out
-
-
-def refuse_flag_overrides(cluster: str, overrides: Mapping[str, Any]) -> None:
-    """An override that touches a format flag — by its key at any depth, or by a value that names one (a comma
-    or an escape in a ``--set`` value used to set a second key) — is refused, whatever the approval says."""
-    problems = cv.format_override_problems(overrides)
-    if problems:
-        raise GateRefused(
-            f"upgrade refused on {cluster}: {'; '.join(problems)}. Such an override could start Curvine pods with a "
-            "format flag and wipe the L2 metadata or cache. Approval does not change this: reformatting is a "
-            "separate, deliberate action, never a side effect of an upgrade. Remove the override (kvfleet passes "
-            "every format flag false itself).")
-
-
 def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, Any]) -> Preflight:
     """The read-only gates (the lease is handled by the caller). Raises GateRefused with the reason."""
     spec = ctx.cluster.curvine
     ns = spec.namespace
     release = stage3.require_release(ctx)
-    revision = int(release["revision"])
+    revision = release.revision
     values = ctx.helm.values(C.CURVINE_RELEASE, ns)
     stage3.refuse_flag_hazard(ctx, values, revision, "upgrade")
     repo = stage3.repo_url(ctx)
@@ -156,8 +131,8 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
                                             f"helm upgrade to {req.version} (--dry-run=server)")
     for w in warnings:
         ctx.say(f"warning: {w}")
-    return Preflight(revision, release["chart_version"], values, user_values, result, args,
-                     render(ctx.helm.argv(*args)), stage3.values_diff(values, result), warnings,
+    return Preflight(revision, release.chart_version, values, user_values, result, args,
+                     render(ctx.helm.argv(*args)), cv.values_diff(values, result), warnings,
                      values_files=_files_of(ctx, args), rendered=rendered)
 
 
@@ -220,17 +195,6 @@ def reread_files(ctx: StageContext, files: list[dict[str, Any]]) -> dict[str, An
         if entry.get("path") != f["path"] or int(entry.get("len") or -1) != f["len"]:
             missing.append(f"{f['path']} (got {got!r:.120})")
     return {"files": len(files), "missing": missing}
-
-
-def metadata_preserved(before: Mapping[str, Any], after: Mapping[str, Any], expired_allowance: int) -> bool:
-    """The metadata-preserved rule: ``files_total after >= files_total before - expired_allowance``.
-
-    New files written during the window only raise the count, so ``>=`` holds. Files can legitimately vanish only
-    by expiring (a Curvine TTL); LMCache's fs connector writes L2 files without a TTL, so the allowance defaults to
-    0 and a Param raises it for clusters whose writers set one. A master that started with formatMaster drops the
-    count to 0; a worker that formatted drops its share — both fail this rule.
-    """
-    return int(after.get("files_total") or 0) >= int(before.get("files_total") or 0) - max(0, expired_allowance)
 
 
 def post_checks(ctx: StageContext, before: Mapping[str, Any], files: list[dict[str, Any]], req: UpgradeRequest,
@@ -296,16 +260,16 @@ def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason
     false (and which once deployed: not a failed or pending one). None → GateRefused saying why. Never to a
     revision with a flag true: its pods would reformat on start."""
     ns = ctx.cluster.curvine.namespace
-    history = ctx.helm.history(C.CURVINE_RELEASE, ns)
+    history = ctx.helm.revisions(C.CURVINE_RELEASE, ns) or []
     candidates: list[tuple[int, dict[str, Any]]] = []
     seen: dict[int, dict[str, Any]] = {}
     for row in history:
-        rev = int(row["revision"])
+        rev = row.revision
         if rev >= failed_revision:
             continue
         values = ctx.helm.values(C.CURVINE_RELEASE, ns, revision=rev)
-        seen[rev] = {"status": row.get("status"), "flags": cv.flags_of(values)}
-        if str(row.get("status") or "").lower() not in _NOT_TARGETS:
+        seen[rev] = {"status": row.status, "flags": cv.flags_of(values)}
+        if row.status.lower() not in _NOT_TARGETS:
             candidates.append((rev, values))
     # The stored values say the flags are false; what the rollback re-deploys is the revision's stored manifest
     # and hooks, so that is checked too (newest first; a revision whose objects carry a flag is skipped).
@@ -442,7 +406,11 @@ def _upgrade_locked(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[s
     except KvfleetError as exc:
         failure = exc
     # the newest revision of any status: a helm failure leaves a "failed" revision whose objects may be applied
-    now = max(int(r["revision"]) for r in ctx.helm.history(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace))
+    rows = ctx.helm.revisions(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)
+    if not rows:
+        raise PermanentError(f"the Curvine release on {ctx.cluster.name} is gone after the upgrade attempt "
+                             f"({failure or 'no error'}); check `helm history {C.CURVINE_RELEASE}`") from failure
+    now = max(r.revision for r in rows)
     revisions = stage3._record_revisions(ctx, C.CURVINE_RELEASE)
     if failure is None:
         ctx.say(f"upgrade to {req.version} done: revision {now}, flags false, {checks['files_after']} files, "

@@ -1,14 +1,25 @@
-"""What kvfleet needs from Airflow's task context: the run key, the trigger and who pulled it.
+"""What kvfleet needs from Airflow's task context: the run key, the trigger and who pulled it; whether a lease
+holder's run is still running; and the per-cluster ``StageContext`` a task body works with.
 
-Called by every task function in ``kvfleet.airflow``. Kept apart so the stages never import Airflow.
+Called by every task function in ``kvfleet.airflow``. Kept apart so the stages never import Airflow. Light at
+import (the DAG callbacks import it): the inventory, the stages and the history store load on first use.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfleet.history.repo import StepKey
+
+if TYPE_CHECKING:
+    from kvfleet.fleet.inventory import Inventory
+    from kvfleet.stages.base import StageContext
+
+log = logging.getLogger(__name__)
+RUNNING_STATES = frozenset({"running", "queued"})
 
 
 @dataclass(frozen=True)
@@ -74,3 +85,62 @@ def run_info(context: dict[str, Any] | None = None) -> RunInfo:
         task_id=ti.task_id,
         map_index=-1 if map_index is None else int(map_index),
     )
+
+
+def airflow_run_alive(holder: str) -> bool | None:
+    """Lease liveness from Airflow itself: is the holder's run (``dag_id/run_id``) still running? None when it
+    cannot tell (not an Airflow run key, or no Airflow task context)."""
+    from kvfleet.history.leases import run_key_of
+
+    key = run_key_of(holder)
+    if "/" not in key:
+        return None
+    dag_id, run_id = key.split("/", 1)
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        state = RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
+    except Exception as exc:  # no supervisor, unknown run: the ttl decides
+        log.debug("run state of %s unknown: %s", key, exc)
+        return None
+    return str(state).lower().split(".")[-1] in RUNNING_STATES
+
+
+def scoped(fleet: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
+           endpoints: Iterable[str] | None = ()) -> Inventory:
+    """The inventory at ``fleet`` narrowed to a run's scope (empty: all). Unknown names: a PermanentError."""
+    from kvfleet.fleet.inventory import load_inventory
+
+    return load_inventory(fleet).select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
+                                        endpoints=list(endpoints or ()) or None)
+
+
+def scoped_inventory(params: Mapping[str, Any]) -> Inventory:
+    """``scoped`` from a DAG's Params (``fleet``, ``lobs``, ``clusters``, ``endpoints``): the drift check, the
+    hit verification and the Curvine DAGs. The rollout parses its Params into a ``RolloutRequest`` instead."""
+    return scoped(params["fleet"], lobs=params.get("lobs"), clusters=params.get("clusters"),
+                  endpoints=params.get("endpoints"))
+
+
+def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = (),
+                    clusters: Iterable[str] | None = (), endpoints: Iterable[str] | None = (), dry_run: bool = False,
+                    aws_conn_id: str = "aws_default") -> StageContext:
+    """One cluster's stage context inside a running task: the run's identity, the history store, a SIGTERM
+    handler (waits end promptly), and lease liveness from Airflow."""
+    from kvfleet.clients.kube import install_sigterm_handler
+    from kvfleet.history.repo import History
+    from kvfleet.stages.base import StageContext
+
+    info = run_info()
+    inv = scoped(fleet, lobs=lobs, clusters=clusters, endpoints=endpoints)
+    install_sigterm_handler()
+    return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
+                        dry_run=dry_run, history=History(), aws_conn_id=aws_conn_id, holder_alive=airflow_run_alive)
+
+
+def stage_context(cluster: str, params: Mapping[str, Any]) -> StageContext:
+    """``cluster_context`` from a DAG's Params (scope, ``dry_run``, ``aws_conn_id``), for the DAGs other than
+    the rollout."""
+    return cluster_context(cluster, params["fleet"], lobs=params.get("lobs"), clusters=params.get("clusters"),
+                           endpoints=params.get("endpoints"), dry_run=bool(params.get("dry_run")),
+                           aws_conn_id=params.get("aws_conn_id") or "aws_default")

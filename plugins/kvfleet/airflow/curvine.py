@@ -18,9 +18,9 @@ import logging
 from typing import Any
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info
-from kvfleet.airflow.rollout import scoped_inventory, stage_context
+from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import curvine_gates
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import curvine_scale, curvine_upgrade
@@ -62,9 +62,9 @@ def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
         raise PermanentError(f"the `overrides` Param must be an object of dotted keys to values, got {raw!r:.80} "
                              "(e.g. {\"config.log.level\": \"DEBUG\"})")
     # before anything else, on the raw form (nested, lists and all): an override touching a format flag
-    curvine_upgrade.refuse_flag_overrides("the selected clusters", raw)
+    curvine_gates.refuse_flag_overrides("the selected clusters", raw)
     return UpgradeRequest(
-        version=version, overrides=curvine_upgrade.normalize_overrides(raw),
+        version=version, overrides=curvine_gates.normalize_overrides(raw),
         rollback=bool(params.get("rollback", True)), timeout_s=float(params.get("timeout_minutes") or 15) * 60,
         expired_allowance=int(params.get("expired_files_allowance") or 0),
         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60, l2_check=params.get("l2_check") or "file")

@@ -14,8 +14,7 @@ import logging
 from typing import Any
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info
-from kvfleet.airflow.rollout import scoped_inventory, stage_context
+from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import drift

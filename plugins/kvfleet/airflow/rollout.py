@@ -20,6 +20,10 @@ are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs e
 (its inner gates stop on a failure and pause — stop, recorded as ``paused_for_review`` — on an inconclusive
 verification; a later run resumes). Mapping is per cluster only, so 1,000 endpoints on 10 clusters is 10
 instances per task, far below ``max_map_length`` (1024).
+
+Each task parses the run's Params once into a frozen ``RolloutRequest`` (``kvfleet.airflow.request``: defaults
+from ``kvfleet.airflow.params``) and reads only that; each task body sits behind the task boundary
+(``kvfleet.airflow.boundary``), which classifies whatever it raises.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ import time
 from typing import Any
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info
-from kvfleet.clients.kube import install_sigterm_handler, sleep_or_stop
+from kvfleet.airflow.context import airflow_run_alive as airflow_run_alive  # its former home
+from kvfleet.airflow.context import cluster_context, run_info, scoped
+from kvfleet.airflow.request import RolloutRequest
+from kvfleet.airflow.request import refuse_unknown_conf as refuse_unknown_conf  # its former home
+from kvfleet.clients.kube import sleep_or_stop
 from kvfleet.errors import LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
-from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
+from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.plan import make_plan, render_plan_text
-from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases, run_key_of
+from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
 from kvfleet.stages.base import StageContext, poll_seconds
@@ -45,45 +52,18 @@ log = logging.getLogger(__name__)
 SLOTS = 5
 LEASE_TTL_S = ACTIVE_TTL_S  # while a task runs (heartbeat every 20 s)
 PARKED_LEASE_TTL_S = PARKED_TTL_S  # between tasks of the run: the gate's 2 h response timeout and a margin
-RUNNING_STATES = frozenset({"running", "queued"})
 
 
-def airflow_run_alive(holder: str) -> bool | None:
-    """Lease liveness from Airflow itself: is the holder's run (``dag_id/run_id``) still running? None when it
-    cannot tell (not an Airflow run key, or no Airflow task context)."""
-    key = run_key_of(holder)
-    if "/" not in key:
-        return None
-    dag_id, run_id = key.split("/", 1)
-    try:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-        state = RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
-    except Exception as exc:  # no supervisor, unknown run: the ttl decides
-        log.debug("run state of %s unknown: %s", key, exc)
-        return None
-    return str(state).lower().split(".")[-1] in RUNNING_STATES
+def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
+    """A cluster's stage context for this run's request (scope, dry run, AWS connection)."""
+    return cluster_context(cluster, req.fleet, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints,
+                           dry_run=req.dry_run, aws_conn_id=req.aws_conn_id)
 
 
-def scoped_inventory(params: dict[str, Any]) -> Inventory:
-    inv = load_inventory(params["fleet"])
-    return inv.select(lobs=params.get("lobs") or None, clusters=params.get("clusters") or None,
-                      endpoints=params.get("endpoints") or None)
-
-
-def stage_context(cluster: str, params: dict[str, Any]) -> StageContext:
-    info = run_info()
-    inv = scoped_inventory(params)
-    install_sigterm_handler()
-    return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
-                        dry_run=bool(params.get("dry_run")), history=History(),
-                        aws_conn_id=params.get("aws_conn_id") or "aws_default", holder_alive=airflow_run_alive)
-
-
-def _lease(ctx: StageContext, params: dict[str, Any]) -> ClusterLock:
+def _lease(ctx: StageContext, req: RolloutRequest) -> ClusterLock:
     info = run_info()
     return ClusterLock(ctx.history or History(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
-                       wait_s=float(params.get("lock_wait_minutes", 10)) * 60, poll_s=min(poll_seconds() * 5, 10),
+                       wait_s=req.lock_wait_s, poll_s=min(poll_seconds() * 5, 10),
                        progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_LEASE_TTL_S)
 
 
@@ -121,31 +101,14 @@ def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]
             "slots": leases.release_all(_slot_prefix(run_key), _slot_holder(run_key, cluster))}
 
 
-# Run-conf keys that are not Params: the AWS connection (run-for-real.md) and the fault drill of the tests.
-EXTRA_CONF_KEYS = frozenset({"aws_conn_id", "_drill_fail_after_scale_down"})
-
-
-def refuse_unknown_conf(params: dict[str, Any]) -> None:
-    """A typo in the run conf (``{"wave_szie": 1}``) must not run a full rollout with the defaults: refuse
-    unknown keys before anything changes, naming the known ones."""
-    from kvfleet.airflow.params import rollout_params
-
-    known = set(rollout_params()) | EXTRA_CONF_KEYS
-    unknown = sorted(str(k)[:60] for k in params if k not in known)
-    if unknown:
-        raise PermanentError(f"run conf: unknown key(s) {', '.join(repr(k) for k in unknown[:10])}; the known keys "
-                             f"are {', '.join(sorted(known - {'_drill_fail_after_scale_down'}))}. Fix the spelling "
-                             "or drop the key; nothing was changed.")
-
-
 @task_boundary
 def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store."""
     info = run_info()
-    refuse_unknown_conf(params)
-    inv = scoped_inventory(params)
-    verify.check_prompt_length(int(params.get("prompt_tokens") or 2000), inv.settings.chunk_size)
-    plan = make_plan(inv, wave_size=params.get("wave_size"), canary=params.get("canary", True))
+    req = RolloutRequest.from_params(params)
+    inv = scoped(req.fleet, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
+    verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
+    plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
     log.info("%s", render_plan_text(plan))
     history = History()
     history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
@@ -153,7 +116,7 @@ def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     history.record_step(info.step_key, StepEvent(step="plan", stage="plan", outcome="planned",
                                                  detail={"clusters": len(plan.clusters),
                                                          "endpoints": len(inv.endpoints),
-                                                         "dry_run": bool(params.get("dry_run"))}),
+                                                         "dry_run": req.dry_run}),
                         actor=info.actor)
     return plan.as_dict()
 
@@ -164,17 +127,17 @@ def cluster_names(plan: dict[str, Any]) -> list[str]:
 
 @task_boundary
 def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
-    ctx = stage_context(cluster, params)
+    req = RolloutRequest.from_params(params)
+    ctx = rollout_context(cluster, req)
     info = run_info()
     lease: ClusterLock | None = None
     history = ctx.history or History()
     try:
         if not ctx.dry_run:
-            _slot(history, info.run_key, cluster, int(params.get("max_parallel_clusters", 4)),
-                  float(params.get("lock_wait_minutes", 10)) * 60, ctx.say)
-            lease = _lease(ctx, params).acquire()
+            _slot(history, info.run_key, cluster, req.max_parallel_clusters, req.lock_wait_s, ctx.say)
+            lease = _lease(ctx, req).acquire()
         outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
-        drift_report = _remediate_drift(ctx) if params.get("remediate_drift") and not ctx.dry_run else None
+        drift_report = _remediate_drift(ctx) if req.remediate_drift and not ctx.dry_run else None
     except BaseException:
         # Every failure path frees what this task took: a retry takes it again; the teardown has nothing left.
         if lease is not None:
@@ -212,9 +175,8 @@ def _mark(ctx: StageContext, eps: list[Endpoint], outcome: str, reason: str) -> 
         ctx.say(f"{outcome}: {ep.key} ({reason})")
 
 
-def _verify_and_record(ctx: StageContext, ep: Endpoint, params: dict[str, Any], step: str) -> dict[str, Any]:
-    tolerance = float(params.get("speedup_tolerance", verify.SPEEDUP_TOLERANCE))
-    result = verify.verify_endpoint(ctx, ep, int(params.get("prompt_tokens") or 2000), tolerance=tolerance).as_dict()
+def _verify_and_record(ctx: StageContext, ep: Endpoint, req: RolloutRequest, step: str) -> dict[str, Any]:
+    result = verify.verify_endpoint(ctx, ep, req.prompt_tokens, tolerance=req.speedup_tolerance).as_dict()
     if ctx.history is not None and ctx.step_key is not None:
         ctx.history.record_verification(ctx.step_key, step, result)
     ctx.say(f"stage 5: {ep.key}: {result['verdict']} hit {result['hit_ratio']} cold {result['ttft_cold_ms']} ms "
@@ -223,22 +185,23 @@ def _verify_and_record(ctx: StageContext, ep: Endpoint, params: dict[str, Any], 
     return result
 
 
-def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], params: dict[str, Any],
+def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], req: RolloutRequest,
                   holder: str) -> tuple[str, dict[str, str]]:
     ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
-    outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder,
-                                        fail_after_scale_down=bool(params.get("_drill_fail_after_scale_down")))
+    # req.drill_fail_after_scale_down is accepted but no longer reaches the stage: stages/endpoints.py dropped the
+    # hook (b5b9d11); the drill moves into the twin's admin API (issue 21), and the field goes with it.
+    outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder)
     broken = {str(o.endpoint): "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
               for o in outcomes if o.outcome in ("failed", "refused")}
     if ctx.dry_run:
         return "none", {}
-    if params.get("gate", "verify") == "none":
+    if not req.gated:
         return ("fail" if broken else "pass"), broken
-    bake = float(params.get("bake_minutes") or 0) * 60
+    bake = req.bake_s
     if bake:
         ctx.say(f"baking {bake:.0f}s before the gate")
         sleep_or_stop(bake, f"[{ctx.cluster.name}] bake")
-    results = {ep.key: _verify_and_record(ctx, ep, params, f"verify:{wave['wave']}:{ep.key}") for ep in eps
+    results = {ep.key: _verify_and_record(ctx, ep, req, f"verify:{wave['wave']}:{ep.key}") for ep in eps
                if ep.key not in broken}
     verdict = gates.wave_verdict([*results.values(), *({"verdict": "fail"} for _ in broken)])
     ctx.record(f"gate:{wave['wave']}", "gate", "passed" if verdict == "pass" else verdict,
@@ -251,7 +214,8 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
 def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
                   params: dict[str, Any]) -> dict[str, Any]:
     """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster."""
-    ctx = stage_context(cluster, params)
+    req = RolloutRequest.from_params(params)
+    ctx = rollout_context(cluster, req)
     info = run_info()
     waves = _slot_waves(plan, cluster, slot)
     by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
@@ -270,18 +234,18 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
             return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
         skip = set((previous or {}).get("skip") or [])
         if not ctx.dry_run:
-            lease = _lease(ctx, params).acquire()  # re-entrant for this run; fails naming another holder
+            lease = _lease(ctx, req).acquire()  # re-entrant for this run; fails naming another holder
         for i, wave in enumerate(waves):
             eps = [by_ref[e["ref"]] for e in wave["endpoints"] if by_ref[e["ref"]].key not in skip]
-            verdict, detail = _run_one_wave(ctx, wave, eps, params, info.run_key)
+            verdict, detail = _run_one_wave(ctx, wave, eps, req, info.run_key)
             out["endpoints"].update(detail)
             out["verdict"] = verdict
             out["review"] = [k for k, v in detail.items() if v.startswith(("degraded", "unverifiable"))]
             rest = [by_ref[e["ref"]] for w in waves[i + 1:] for e in w["endpoints"]]
-            if rest and verdict == "fail" and params.get("gate", "verify") == "verify":
+            if rest and verdict == "fail" and req.gated:
                 _mark(ctx, rest, "skipped_by_gate", f"wave {wave['wave']} failed its gate")
                 return {**out, "verdict": "fail", "carry": gates.STOP}
-            if rest and verdict == "review" and params.get("gate", "verify") == "verify":
+            if rest and verdict == "review" and req.gated:
                 _mark(ctx, rest, "paused_for_review", f"wave {wave['wave']} inconclusive; re-run after review")
                 return {**out, "carry": gates.STOP}
         out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
@@ -302,7 +266,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
     when ``cluster_stages`` or a wave failed, was skipped or aborted, or its worker died between pause and
     restore (a teardown without a setup task: trigger rule all-done)."""
-    ctx = stage_context(cluster, params)
+    ctx = rollout_context(cluster, RolloutRequest.from_params(params))
     info = run_info()
     history = ctx.history or History()
     result: dict[str, Any] = {"restored": False}
@@ -323,8 +287,9 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 @task_boundary
 def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
+    req = RolloutRequest.from_params(params)
     history = History()
-    if params.get("dry_run"):
+    if req.dry_run:
         _print_dry_run(history, info.run_key)
     rows = history.query("rollout_by_lob", run_key=info.run_key)
     lines = [f"{'LOB':<12}{'moved':>7}{'same':>7}{'skipped':>9}{'failed':>8}{'pass':>6}{'other':>7}"
@@ -337,7 +302,7 @@ def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: d
     steps = history.steps(info.run_key)
     aborted = [{"cluster": s["cluster"], "reason": (s["detail"] or {}).get("reason")} for s in steps
                if s["outcome"] == "aborted"]
-    summary = {"steps": len(steps), "dry_run": bool(params.get("dry_run")),
+    summary = {"steps": len(steps), "dry_run": req.dry_run,
                "clusters": cluster_names(plan), "lobs": rows, "aborted": aborted}
     history.end_run(info.run_key, "aborted" if aborted else "success", summary)
     if aborted:

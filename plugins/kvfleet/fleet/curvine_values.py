@@ -356,3 +356,34 @@ def placement_problems(docs: Iterable[Mapping[str, Any] | None]) -> list[str]:
             problems.append(f"StatefulSet/{name}: no required pod anti-affinity on kubernetes.io/hostname (has "
                             f"{sorted(anti) or 'none'})")
     return problems
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested values as dotted paths (lists indexed: ``worker.storage.dataDirs[0].size``)."""
+    out: dict[str, Any] = {}
+    if isinstance(values, dict):
+        if not values and prefix:
+            out[prefix] = {}
+        for key, value in values.items():
+            name = str(key).replace(".", "\\.")
+            out.update(flatten(value, f"{prefix}.{name}" if prefix else name))
+    elif isinstance(values, list) and values and all(isinstance(v, dict) for v in values):
+        for i, value in enumerate(values):
+            out.update(flatten(value, f"{prefix}[{i}]"))
+    else:
+        out[prefix] = values
+    return out
+
+
+def values_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A readable diff of two values trees, one dotted key per line (``~`` changed, ``+`` added, ``-`` removed)."""
+    a, b = flatten(before), flatten(after)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a:
+            lines.append(f"+ {key}: {b[key]!r}")
+        elif key not in b:
+            lines.append(f"- {key}: {a[key]!r}")
+        elif a[key] != b[key]:
+            lines.append(f"~ {key}: {a[key]!r} -> {b[key]!r}")
+    return "\n".join(lines) if lines else "(no value changes)"

@@ -10,11 +10,13 @@ the exact action it would take (``ctx.plan``) instead of acting.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
 from kvfleet.fleet.inventory import Cluster, Inventory
@@ -50,19 +52,47 @@ class PlannedAction:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
-@dataclass
+class Status(enum.StrEnum):
+    """What a recorded step came to. A reconciler's ``Outcome`` is one of the first six; the others are steps
+    the workflows record around them (gates, markers, drift remediation). The value is what the history stores."""
+
+    CHANGED = "changed"
+    UNCHANGED = "unchanged"
+    PLANNED = "planned"
+    REFUSED = "refused"
+    FAILED = "failed"
+    REPORTED = "reported"
+    PASSED = "passed"  # a wave gate that passed
+    FAIL = "fail"  # a wave gate's verdict
+    REVIEW = "review"
+    NONE = "none"
+    ADVISED = "advised"
+    UNREACHABLE = "unreachable"
+    DEFERRED = "deferred"
+    SKIPPED_BY_GATE = "skipped_by_gate"
+    ABORTED = "aborted"
+    PAUSED_FOR_REVIEW = "paused_for_review"
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What one reconciler did on one cluster (or endpoint)."""
+    """What one reconciler did on one cluster (or endpoint). Immutable: ``detail`` is a read-only view; build a
+    new Outcome (``dataclasses.replace``) rather than changing one."""
 
     stage: str
     cluster: str
-    outcome: str  # changed | unchanged | planned | refused | failed | reported
-    detail: dict[str, Any] = field(default_factory=dict)
+    outcome: Status
+    detail: Mapping[str, Any] = field(default_factory=dict)
     endpoint: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Status(self.outcome))
+        object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
+
     def as_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "cluster": self.cluster, "endpoint": self.endpoint, "outcome": self.outcome,
-                "detail": self.detail}
+        """The shape the history and XCom store (unchanged: plain str and dict)."""
+        return {"stage": self.stage, "cluster": self.cluster, "endpoint": self.endpoint,
+                "outcome": self.outcome.value, "detail": dict(self.detail)}
 
 
 @dataclass
@@ -111,13 +141,13 @@ class StageContext:
         self.record(f"planned:{len(self.planned):04d}:{stage}", stage, "planned", endpoint=endpoint, action=action,
                     diff=diff)
 
-    def record(self, step: str, stage: str, outcome: str, *, endpoint: str | None = None, lob: str | None = None,
-               **detail: Any) -> Outcome:
+    def record(self, step: str, stage: str, outcome: Status | str, *, endpoint: str | None = None,
+               lob: str | None = None, **detail: Any) -> Outcome:
         if self.history is not None and self.step_key is not None:
-            self.history.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=outcome,
+            self.history.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=str(outcome),
                                                               cluster=self.cluster.name, endpoint=endpoint, lob=lob,
                                                               detail=detail), actor=self.actor)
-        return Outcome(stage, self.cluster.name, outcome, detail, endpoint)
+        return Outcome(stage, self.cluster.name, Status(outcome), detail, endpoint)
 
     @contextlib.contextmanager
     def write_ahead(self, action: str, target: str, *, endpoint: str | None = None) -> Iterator[WriteAhead | None]:

@@ -306,3 +306,21 @@ def test_rerender_now_and_deleting_the_endpoint(running: Env) -> None:
     wait_for("deployment, service and pods gone", lambda: not env.apps.list_namespaced_deployment("default").items
              and not [s for s in env.core.list_namespaced_service("default").items if s.metadata.name == "qwen"]
              and not env.core.list_namespaced_pod("default", label_selector="app=qwen").items)
+
+
+def test_the_rendered_service_serves_completions_through_the_api_server(sandbox_factory, kube_api) -> None:  # type: ignore[no-untyped-def]
+    """The Service the operator renders (name = the endpoint, port 8000 named http; an assumption, see
+    tests/conformance/facts/service_proxy.yaml) reaches the simulated vLLM through the Service proxy."""
+    sb = sandbox_factory(FLEET, controllers=("workloads", "operator", "vllm"), **FAST)
+    env = Env(sb, kube_api(sb, CLUSTER))
+    env.install_operator()
+    env.custom.create_namespaced_custom_object(*IEC[:3], IEC[3], iec("qwen"))
+    env.complete("qwen")
+    svc = env.core.read_namespaced_service("qwen", "default")
+    assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 8000, 8000)]
+    resp = env.core.api_client.call_api(
+        "/api/v1/namespaces/{namespace}/services/{name}/proxy/v1/completions", "POST",
+        {"namespace": "default", "name": "qwen:8000"}, [], {"Content-Type": "application/json"},
+        body={"prompt": "hello", "max_tokens": 2}, auth_settings=["BearerToken"], _preload_content=False)
+    raw = resp[0] if isinstance(resp, tuple) else resp
+    assert raw.status == 200 and json.loads(raw.data)["choices"]

@@ -1,7 +1,9 @@
 """Simulated vLLM pods with LMCache: the OpenAI API, ``/metrics`` and the LMCache log lines of every vLLM pod of
 a rendered Deployment, with a tiered KV cache that breaks exactly where the real one does.
 
-Attached to each cluster twin by ``kvfleet_sandbox.runtime`` (``attach(twin)``); reached only through the
+The model, with no socket or HTTP code: engines, caches, timing and logs. Its OpenAI server is
+``kvfleet_sandbox.controllers.vllm.openai_http``; both are attached to each cluster twin by
+``kvfleet_sandbox.runtime`` (``kvfleet_sandbox.controllers.vllm.attach(twin)``) and reached only through the
 Kubernetes API emulator: the API-server pod proxy (port 8000) and ``pods/log``. kvfleet's stage 5 and the
 benchmark measure these pods the way vLLM's own benchmark does, so TTFT is slept in *real* time (not scaled by the
 model clock) from ``kvfleet_sandbox.ttft_model``: each phase ends at a deadline counted from the request's arrival,
@@ -59,17 +61,13 @@ import collections
 import dataclasses
 import datetime as dt
 import hashlib
-import json
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_sandbox import ttft_model
 from kvfleet_sandbox.controllers import _lmcache as lm
-from kvfleet_sandbox.kube.store import ProxyResponse
 from kvfleet_sandbox.twin import ClusterTwin, L2Namespace
 
 VLLM_PORT = 8000
@@ -94,8 +92,6 @@ DEFAULT_TRAFFIC: dict[str, tuple[tuple[int, int, float], ...]] = {
 }
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
-_OUTPUT_WORDS = ("The", "cache", "hit", "saves", "prefill", "time", "on", "every", "replica", "of", "the",
-                 "endpoint", "when", "prompts", "share", "prefixes.")
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 
 
@@ -149,12 +145,6 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
     return "".join(parts) + "<|im_start|>assistant\n"
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 # --- per-pod state ---------------------------------------------------------------------------------------------
 
 class _Lru:
@@ -191,7 +181,7 @@ class _Lru:
 
 
 @dataclass
-class _Metrics:
+class Metrics:
     prefix_queries: int = 0
     prefix_hits: int = 0
     external_queries: int = 0
@@ -254,7 +244,7 @@ class PodEngine:
         self.private_l2 = L2Namespace()  # the container's own filesystem, for an fs:// path off Curvine
         self.lock = threading.Lock()
         self.log: collections.deque[tuple[dt.datetime, str]] = collections.deque(maxlen=LOG_LINES_PER_POD)
-        self.metrics = _Metrics()
+        self.metrics = Metrics()
         self.started = time.time()
         self.app = ((meta.get("labels") or {}).get("app") or "")
         self._startup_lines()
@@ -282,7 +272,7 @@ class PodEngine:
 # --- one request -------------------------------------------------------------------------------------------------
 
 @dataclass
-class _Plan:
+class RequestPlan:
     """What the engine decided at arrival; the timed part runs in ``_timeline``."""
 
     req_id: str
@@ -313,13 +303,43 @@ class VllmSimulation:
         self.l2_read_penalty_ms = 0.0  # added to every request that reads L2: a congested NVMe pool or network
         self.l2_reads_dropped: set[tuple[str, str]] = set()  # (namespace, endpoint) whose L2 lookups find nothing
         self._traffic: dict[str, tuple[tuple[int, int, float], ...]] = {}  # endpoint (app label) -> mix
-        twin.store.register_pod_proxy(self._proxy)
         twin.store.register_log_source(self._pod_log)
         twin.store.subscribe(self._on_event)
         twin.services["vllm"] = self
 
     def stop(self) -> None:
         self._stopped = True
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # --- what the OpenAI server (``openai_http``) asks of the engines ------------------------------------------
+
+    def engine_of(self, pod: dict[str, Any]) -> PodEngine | None:
+        """The engine of a Running vLLM pod (started on first sight), else None."""
+        return self._engine(pod)
+
+    def admit(self, engine: PodEngine, engine_id: str, tokens: list[str], output_tokens: int,
+              arrived: float) -> RequestPlan:
+        """A request arrives at ``arrived`` (``time.monotonic()``): cache lookup and retrieve now; its phases then
+        run on the model's schedule from that moment (``until_first_token``)."""
+        with engine.lock:
+            plan = self._plan(engine, engine_id, tokens, output_tokens)
+        plan.arrived = arrived
+        return plan
+
+    def decoded(self, engine: PodEngine, tokens: int) -> None:
+        with engine.lock:
+            engine.metrics.generation_tokens += tokens
+
+    def scrape(self, engine: PodEngine) -> tuple[Metrics, float]:
+        """A copy of the engine's counters plus its endpoint's traffic mix, and LMCache's local cache use."""
+        extra = self._synthetic(engine)
+        with engine.lock:
+            m = _combined(engine.metrics, extra)
+            return (dataclasses.replace(m, ttft_buckets=list(m.ttft_buckets), prompt_buckets=list(m.prompt_buckets)),
+                    engine.l1.used)
 
     # --- probes -------------------------------------------------------------------------------------------
 
@@ -341,9 +361,9 @@ class VllmSimulation:
         self._traffic[app] = rows
         return {"endpoint": app, "rows": len(rows)}
 
-    def _synthetic(self, engine: PodEngine) -> _Metrics:
+    def _synthetic(self, engine: PodEngine) -> Metrics:
         """What the endpoint's traffic mix adds to this pod's counters at this moment."""
-        extra = _Metrics()
+        extra = Metrics()
         mix = self.traffic_mix(engine.app)
         if not mix:
             return extra
@@ -448,7 +468,7 @@ class VllmSimulation:
             return engine.private_l2
         return None
 
-    def _plan(self, engine: PodEngine, req_id: str, tokens: list[str], output_tokens: int) -> _Plan:
+    def _plan(self, engine: PodEngine, req_id: str, tokens: list[str], output_tokens: int) -> RequestPlan:
         """Lookup at arrival (under the engine lock): L0, then LMCache's L1/L2 contiguous prefix; retrieve."""
         cfg, n = engine.config, len(tokens)
         chunks = lm.chunk_keys(tokens, engine.root, chunk_size=cfg.chunk_size, model_name=engine.model_path,
@@ -475,7 +495,7 @@ class VllmSimulation:
             else:
                 break
         hits = chunks[len(tiers) - 1].end if tiers else 0
-        plan = _Plan(req_id, n, chunks, computed, hits)
+        plan = RequestPlan(req_id, n, chunks, computed, hits)
         need = hits - computed - (1 if hits == n else 0)
         engine.write("INFO", lm.lookup_line(engine.version, req_id, n, computed, hits, need), "lookup")
         if need > 0:
@@ -500,7 +520,7 @@ class VllmSimulation:
                 engine.l0.put(c.key, c.tokens)
         return plan
 
-    def _retrieve(self, engine: PodEngine, plan: _Plan, tiers: list[str], l2: L2Namespace | None,
+    def _retrieve(self, engine: PodEngine, plan: RequestPlan, tiers: list[str], l2: L2Namespace | None,
                   target: lm.L2Target) -> None:
         cfg = engine.config
         skip = plan.computed // cfg.chunk_size * cfg.chunk_size  # LMCache masks vLLM's computed chunks
@@ -525,13 +545,13 @@ class VllmSimulation:
         # A partial retrieve leaves the rest to prefill; what was not loaded does not count as a hit.
         plan.hits = skip + plan.retrieved if plan.retrieved < plan.required else plan.hits
 
-    def _store(self, engine: PodEngine, plan: _Plan) -> None:
+    def _store(self, engine: PodEngine, plan: RequestPlan) -> None:
         """Write the new chunks (at the end of prefill): L1, then L2; log Stored or the write errors."""
         if plan.to_store:
             with engine.lock:
                 self._store_locked(engine, plan)
 
-    def _store_locked(self, engine: PodEngine, plan: _Plan) -> None:
+    def _store_locked(self, engine: PodEngine, plan: RequestPlan) -> None:
         pod = self.twin.store.get("", "pods", engine.name, engine.namespace) or {}
         container = vllm_container(pod) or {"name": engine.container}
         target = lm.resolve_l2(self.twin.store, pod, container, engine.config) if pod else lm.L2Target("none")
@@ -561,7 +581,7 @@ class VllmSimulation:
                                            engine.profile.kv_gb(stored), ms, ms * share, ms * (1 - share)), "store")
         engine.metrics.lm_stored += stored
 
-    def _account(self, engine: PodEngine, plan: _Plan) -> None:
+    def _account(self, engine: PodEngine, plan: RequestPlan) -> None:
         m = engine.metrics
         m.requests += 1
         m.prompt_tokens += plan.total
@@ -574,144 +594,29 @@ class VllmSimulation:
         m.lm_hit += plan.hits
         m.lm_retrieved += plan.retrieved
 
-    def _timeline(self, engine: PodEngine, plan: _Plan) -> Iterator[None]:
+    def until_first_token(self, engine: PodEngine, plan: RequestPlan) -> None:
         """Run the request's phases on the model's schedule, counted from the request's arrival: each phase ends
         at ``plan.arrived`` + the model time up to it, whatever the twin's own work (planning, hashing, the L2
         writes) took in between, so a busy machine delays the first token only past the model time, never
-        within it. LMCache's lines are logged when their phase ends; yields once at the first token. The store
-        runs even if the client goes away."""
+        within it. LMCache's lines are logged when their phase ends; returns at the first token. The store runs
+        even if the client goes away."""
         cost = plan.cost
         assert cost is not None
         f = cost.noise_factor
         load_ms = (cost.overhead_ms + cost.l1_read_ms + cost.l2_overhead_ms + cost.l2_read_ms) * f
         try:
-            _sleep_until(plan.arrived + load_ms / 1000)
+            sleep_until(plan.arrived + load_ms / 1000)
             if plan.retrieved:
                 read_ms = (cost.l1_read_ms + cost.l2_read_ms) * f
                 engine.write("INFO", lm.retrieve_line(engine.version, plan.req_id, plan.retrieved, plan.required,
                                                       plan.total, engine.profile.kv_gb(plan.retrieved), read_ms),
                              "retrieve")
-            _sleep_until(plan.arrived + (load_ms + cost.prefill_ms * f) / 1000)
+            sleep_until(plan.arrived + (load_ms + cost.prefill_ms * f) / 1000)
         finally:
             self._store(engine, plan)
-        _sleep_until(plan.arrived + cost.ttft_ms / 1000)
+        sleep_until(plan.arrived + cost.ttft_ms / 1000)
         with engine.lock:
             engine.metrics.observe_ttft(cost.ttft_ms / 1000)
-        yield
-
-    # --- HTTP ------------------------------------------------------------------------------------------------
-
-    def _proxy(self, namespace: str, pod: str, port: int, method: str, path: str, query: str,
-               headers: dict[str, str], body: Any) -> ProxyResponse | None:
-        arrived = time.monotonic()  # the model's clock for this request starts here (see ``_timeline``)
-        if self._stopped or port != VLLM_PORT:
-            return None
-        obj = self.twin.store.get("", "pods", pod, namespace)
-        if obj is None or vllm_container(obj) is None:
-            return None
-        if not pod_ready(obj):
-            return _json(503, _error("the vLLM server is not ready", "ServiceUnavailable", 503))
-        engine = self._engine(obj)
-        if engine is None:
-            return _json(503, _error("the vLLM server is not ready", "ServiceUnavailable", 503))
-        route = path.split("?", 1)[0].rstrip("/") or "/"
-        if method == "GET" and route in ("/health", "/ping"):
-            return ProxyResponse(200, {"Content-Type": "application/json"}, b"")
-        if method == "GET" and route == "/metrics":
-            return ProxyResponse(200, {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-                                 self._metrics(engine).encode())
-        if method == "GET" and route == "/v1/models":
-            return _json(200, {"object": "list", "data": [{
-                "id": engine.served_name, "object": "model", "created": int(engine.started), "owned_by": "vllm",
-                "root": engine.model_path, "parent": None, "max_model_len": CONTEXT_TOKENS}]})
-        if method == "POST" and route in ("/v1/completions", "/v1/chat/completions"):
-            try:
-                return self._generate(engine, route.endswith("chat/completions"), _body_json(body), arrived)
-            except BadRequest as exc:
-                return _json(exc.status, _error(str(exc), "BadRequestError", exc.status))
-        return _json(404, {"detail": "Not Found"})
-
-    def _generate(self, engine: PodEngine, chat: bool, request: dict[str, Any], arrived: float) -> ProxyResponse:
-        tokens = _prompt_tokens(request, chat)
-        max_tokens = request.get("max_completion_tokens") or request.get("max_tokens") or DEFAULT_MAX_TOKENS
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise BadRequest("max_tokens must be a positive integer")
-        if len(tokens) + max_tokens > CONTEXT_TOKENS:
-            raise BadRequest(
-                f"This model's maximum context length is {CONTEXT_TOKENS} tokens. However, you requested "
-                f"{len(tokens) + max_tokens} tokens ({len(tokens)} in the messages, {max_tokens} in the "
-                "completion). Please reduce the length of the messages or completion.")
-        output = min(max_tokens, MAX_OUTPUT_TOKENS)
-        req_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        # What the engine (and so LMCache) sees: prompt 0 of a completion, then assign_request_id's suffix.
-        engine_id = lm.engine_request_id(req_id, uuid.uuid4().hex, None if chat else 0)
-        with engine.lock:
-            plan = self._plan(engine, engine_id, tokens, output)
-        plan.arrived = arrived
-        stream = bool(request.get("stream"))
-        usage_wanted = bool((request.get("stream_options") or {}).get("include_usage"))
-        response = _Response(engine, req_id, chat, len(tokens), output, plan.computed)
-        if stream:
-            return ProxyResponse(200, {"Content-Type": "text/event-stream; charset=utf-8"},
-                                 self._sse(engine, plan, response, usage_wanted))
-        for _ in self._timeline(engine, plan):
-            pass
-        factor = plan.cost.noise_factor if plan.cost else 1.0
-        time.sleep(max(0, output - 1) * engine.profile.inter_token_ms * factor / 1000)
-        with engine.lock:
-            engine.metrics.generation_tokens += output
-        return _json(200, response.whole())
-
-    def _sse(self, engine: PodEngine, plan: _Plan, response: _Response, usage_wanted: bool) -> Iterator[bytes]:
-        for _ in self._timeline(engine, plan):
-            pass
-        itl = engine.profile.inter_token_ms * (plan.cost.noise_factor if plan.cost else 1.0) / 1000
-        first = time.monotonic()
-        for i, chunk in enumerate(response.stream_chunks()):
-            token = i if response.chat else i + 1  # a chat stream's first chunk is the role, sent with token 1
-            if token > 1:
-                _sleep_until(first + (token - 1) * itl)
-            yield _sse(chunk)
-        with engine.lock:
-            engine.metrics.generation_tokens += response.output
-        if usage_wanted:
-            yield _sse(response.usage_chunk())
-        yield b"data: [DONE]\n\n"
-
-    # --- metrics and logs --------------------------------------------------------------------------------------
-
-    def _metrics(self, engine: PodEngine) -> str:
-        extra = self._synthetic(engine)
-        with engine.lock:
-            m = _combined(engine.metrics, extra)
-            v = {"model_name": engine.served_name, "engine": "0"}
-            lmv = {"model_name": engine.served_name, "worker_id": "0"}
-            out: list[str] = []
-            _counter(out, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                     v, m.prefix_queries)
-            _counter(out, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                     v, m.prefix_hits)
-            _counter(out, "vllm:external_prefix_cache_queries", "External prefix cache queries from KV connector "
-                     "cross-instance cache sharing, in terms of number of queried tokens.", v, m.external_queries)
-            _counter(out, "vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
-                     "cross-instance cache sharing, in terms of number of cached tokens.", v, m.external_hits)
-            _counter(out, "vllm:prompt_tokens", "Number of prefill tokens processed.", v, m.prompt_tokens)
-            _counter(out, "vllm:generation_tokens", "Number of generation tokens processed.", v,
-                     m.generation_tokens)
-            _counter(out, "vllm:request_success", "Count of successfully processed requests.", v, m.requests)
-            _histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", v,
-                       m.ttft_buckets, m.ttft_sum, m.ttft_count)
-            _histogram(out, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", v,
-                       m.prompt_buckets, m.prompt_sum, m.prompt_count, PROMPT_BUCKETS)
-            _counter(out, "lmcache:num_requested_tokens", "Total number of tokens requested from lmcache", lmv,
-                     m.lm_requested)
-            _counter(out, "lmcache:num_hit_tokens", "Total number of tokens hit in lmcache", lmv, m.lm_hit)
-            _counter(out, "lmcache:num_stored_tokens", "Total number of tokens stored in lmcache", lmv,
-                     m.lm_stored)
-            rate = m.lm_hit / m.lm_requested if m.lm_requested else 0.0
-            _gauge(out, "lmcache:retrieve_hit_rate", "The hit rate for retrieve requests", lmv, rate)
-            _gauge(out, "lmcache:local_cache_usage", "Local cache usage (bytes) of lmcache", lmv, engine.l1.used)
-        return "\n".join(out) + "\n"
 
     def _pod_log(self, namespace: str, pod: str, container: str | None, since_time: dt.datetime | None,
                  since_seconds: int | None, tail_lines: int | None) -> str | None:
@@ -735,115 +640,11 @@ class VllmSimulation:
         return "".join(s + "\n" for _, s in lines)
 
 
-# --- OpenAI shapes ---------------------------------------------------------------------------------------------
-
-@dataclass
-class _Response:
-    engine: PodEngine
-    req_id: str
-    chat: bool
-    prompt_tokens: int
-    output: int
-    cached: int
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def _words(self) -> list[str]:
-        return [(" " if i else "") + _OUTPUT_WORDS[i % len(_OUTPUT_WORDS)] for i in range(self.output)]
-
-    def _usage(self) -> dict[str, Any]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.output,
-                "total_tokens": self.prompt_tokens + self.output, "prompt_tokens_details": None}
-
-    def _base(self, chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.req_id, "object": kind, "created": self.created, "model": self.engine.served_name}
-
-    def whole(self) -> dict[str, Any]:
-        text = "".join(self._words())
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": "length", "stop_reason": None}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
-        return {**self._base(False), "choices": [choice], "usage": self._usage()}
-
-    def stream_chunks(self) -> Iterator[dict[str, Any]]:
-        words = self._words()
-        if self.chat:  # vLLM's first chat chunk carries the role, sent when the first token is ready
-            yield {**self._base(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None}]}
-        for i, word in enumerate(words):
-            finish = "length" if i == len(words) - 1 else None
-            if self.chat:
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": word}, "logprobs": None,
-                                          "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": word, "logprobs": None, "finish_reason": finish, "stop_reason": None}
-            yield {**self._base(True), "choices": [choice]}
-
-    def usage_chunk(self) -> dict[str, Any]:
-        return {**self._base(True), "choices": [], "usage": self._usage()}
-
-
-def _prompt_tokens(request: dict[str, Any], chat: bool) -> list[str]:
-    if chat:
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages: a non-empty list is required")
-        return count_tokens(render_chat(messages))
-    prompt = request.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt.strip():
-        return count_tokens(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return [str(t) for t in prompt]
-    raise BadRequest("prompt: one non-empty string or token-id list is required (the sandbox serves one prompt "
-                     "per request)")
-
-
-def _body_json(body: Any) -> dict[str, Any]:
-    if not isinstance(body, bytes | bytearray | str):
-        body = b"".join(body) if body is not None else b""
-    try:
-        data = json.loads(body or b"{}")
-    except ValueError as exc:
-        raise BadRequest(f"request body is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    return data
-
-
-def _error(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
-def _json(status: int, payload: Any) -> ProxyResponse:
-    return ProxyResponse(status, {"Content-Type": "application/json"}, json.dumps(payload).encode())
-
-
-def _sleep_until(deadline: float) -> None:
+def sleep_until(deadline: float) -> None:
     """Sleep until ``time.monotonic()`` reaches ``deadline`` (not at all if it already has)."""
     left = deadline - time.monotonic()
     if left > 0:
         time.sleep(left)
-
-
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-
-
-def _counter(out: list[str], name: str, help_text: str, labels: dict[str, str], value: float) -> None:
-    out += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter",
-            f"{name}_total{_labels(labels)} {float(value)}"]
-
-
-def _gauge(out: list[str], name: str, help_text: str, labels: dict[str, str], value: float) -> None:
-    out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{_labels(labels)} {float(value)}"]
 
 
 def _parse_ts(raw: Any) -> float | None:
@@ -855,7 +656,7 @@ def _parse_ts(raw: Any) -> float | None:
         return None
 
 
-def _combined(m: _Metrics, extra: _Metrics) -> _Metrics:
+def _combined(m: Metrics, extra: Metrics) -> Metrics:
     """A pod's own counters plus what its endpoint's traffic mix adds (never stored: computed per scrape)."""
     if not extra.prompt_count:
         return m
@@ -864,16 +665,3 @@ def _combined(m: _Metrics, extra: _Metrics) -> _Metrics:
         lm_requested=m.lm_requested + extra.lm_requested, lm_hit=m.lm_hit + extra.lm_hit,
         prompt_buckets=[a + b for a, b in zip(m.prompt_buckets, extra.prompt_buckets, strict=True)],
         prompt_sum=m.prompt_sum + extra.prompt_sum, prompt_count=m.prompt_count + extra.prompt_count)
-
-
-def _histogram(out: list[str], name: str, help_text: str, labels: dict[str, str], buckets: list[int] | list[float],
-               total: float, count: float, bounds: tuple[float, ...] = TTFT_BUCKETS) -> None:
-    out += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    for bound, n in zip(bounds, buckets, strict=True):
-        out.append(f"{name}_bucket{_labels({**labels, 'le': str(bound)})} {float(n)}")
-    out.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {float(count)}")
-    out += [f"{name}_count{_labels(labels)} {float(count)}", f"{name}_sum{_labels(labels)} {total}"]
-
-
-def attach(twin: ClusterTwin) -> VllmSimulation:
-    return VllmSimulation(twin)

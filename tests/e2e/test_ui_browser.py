@@ -338,6 +338,19 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
     assert page.locator("#plot-drift g.bar").count() == len(cli_drift)
     page.screenshot(path=str(ARTIFACTS / "ui-drift.png"), full_page=True)
 
+    # every red finding (open and high/critical, or a remediation refused or failed) links to the runbook's drift
+    # section, which the page serves with the same anchors as the repository's rendering
+    from kvfleet.airflow.gates import RUNBOOK_ANCHORS
+
+    hrefs = page.eval_on_selector_all('table[id="drift-findings"] td[data-col="runbook"] a',
+                                      "links => links.map(a => a.getAttribute('href'))")
+    red = [r for r in cli_drift if (r["resolved_at"] is None and r["severity"] in ("critical", "high"))
+           or r.get("remediation_outcome") in ("refused", "failed")]
+    assert hrefs == [f"/kvfleet/runbook#{RUNBOOK_ANCHORS['drift']}"] * len(red)
+    page.goto(f"{api_server}/kvfleet/runbook#{RUNBOOK_ANCHORS['drift']}")
+    assert page.locator(f'h2[id="{RUNBOOK_ANCHORS["drift"]}"]').is_visible()
+    page.screenshot(path=str(ARTIFACTS / "ui-runbook.png"))
+
     # Curvine: every revision with its format flags, as `kvfleet audit curvine --cluster C --json`
     page.goto(f"{api_server}/kvfleet/curvine")
     for cluster in ("c-patch", "c-kyverno"):

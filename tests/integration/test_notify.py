@@ -296,14 +296,14 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
     text = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
                                params={"speedup_tolerance": 0.5}, slot=1, history=history)
     assert text.subject.startswith("kvfleet rollout c9 wave 1: 1 of 1 endpoints inconclusive, 1 open drift")
-    assert "| `llm/a` | retail | ⚠️ degraded | 1.00 | 1.50× | 1.35× | 2.70× | slow |" in text.body
+    assert "| `llm/a` | retail | ⚠ degraded | 1.00 | 1.50× | 1.35× | 2.70× | slow |" in text.body
     assert "| stale_pods | medium | Deployment llm/a |" in text.body
     assert "https://airflow.example.com/kvfleet/fleet?cluster=c9" in text.body
     down = History(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
     fallback = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
                                    params={}, slot=1, history=down)
     assert "the history could not be read: OperationalError" in fallback.body
-    assert "| `llm/a` | – | ⚠️ degraded | – |" in fallback.body  # the wave's own summary still shows
+    assert "| `llm/a` | – | ⚠ degraded | – |" in fallback.body  # the wave's own summary still shows
     approval = gates.for_curvine_approval(run_key="kvfleet_curvine_upgrade/r1", params={"version": "0.3.3"},
                                           preflight=[{"cluster": "c9", "outcome": "planned"}], history=history)
     assert "stale_pods" in approval.body and approval.subject.startswith("kvfleet Curvine upgrade to 0.3.3 on c9")

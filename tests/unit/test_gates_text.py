@@ -67,12 +67,12 @@ def test_canary_wave_is_called_canary() -> None:
 def test_review_body_has_each_endpoint_with_its_newest_verification_against_the_bar() -> None:
     body = review_text().body
     (a,) = table_rows(body, "`llm/chat-a`")
-    assert a[1:7] == ["search", "✅ pass", "1.00", "2.61×", "2.03×", "2.70×"]  # bar = 2.7 × (1 − 0.25) = 2.025
+    assert a[1:7] == ["search", "pass", "1.00", "2.61×", "2.03×", "2.70×"]  # bar = 2.7 × (1 − 0.25) = 2.025
     (b,) = table_rows(body, "`llm/chat-b`")
-    assert b[2] == "⚠️ degraded" and b[4] == "1.12× ⬇"  # below the bar is marked
+    assert b[2] == "⚠ degraded" and b[4] == "1.12× ⬇"  # below the bar is marked
     assert b[7] == "warm TTFT \\| slow proxy"  # a pipe in a diagnosis does not break the table
     (c,) = table_rows(body, "`llm/chat-c`")  # failed before it could be verified: its row comes from the wave
-    assert c[2] == "❌ fail" and c[3] == "–" and c[7] == "pods not ready after 1800 s"
+    assert c[2] == "**FAIL**" and c[3] == "–" and c[7] == "pods not ready after 1800 s"
 
 
 def test_the_bar_follows_the_tolerance() -> None:

@@ -41,7 +41,8 @@ RUNBOOK_ANCHORS = {
     "operator_paused": "7-recovering-from-an-operator-left-paused",
     "verification": "8-verifying-cross-pod-hits-on-demand-kvfleet_hit_verification-hourly",
 }
-VERDICT_MARK = {"pass": "✅ pass", "fail": "❌ fail", "degraded": "⚠️ degraded", "unverifiable": "⚠️ unverifiable"}
+# Plain text and a sign every font has (no emoji: a browser or mail client without an emoji font shows boxes).
+VERDICT_MARK = {"pass": "pass", "fail": "**FAIL**", "degraded": "⚠ degraded", "unverifiable": "⚠ unverifiable"}
 REVIEW_OPTION_TEXT = {
     "Approve": "go on: this cluster's next wave starts; the inconclusive endpoints keep the tiered cache.",
     "Skip endpoint": "go on as with Approve, and record the inconclusive endpoints listed above as skipped by "

@@ -35,6 +35,7 @@ from typing import Any
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import airflow_run_alive as airflow_run_alive  # its former home
 from kvfleet.airflow.context import cluster_context, run_info, scoped
+from kvfleet.airflow.params import WAVE_SLOTS
 from kvfleet.airflow.request import RolloutRequest
 from kvfleet.airflow.request import refuse_unknown_conf as refuse_unknown_conf  # its former home
 from kvfleet.clients.kube import sleep_or_stop
@@ -49,7 +50,7 @@ from kvfleet.stages.base import StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
-SLOTS = 5
+SLOTS = WAVE_SLOTS  # the DAG file lays out the same number of slots (one place: airflow/params.py)
 LEASE_TTL_S = ACTIVE_TTL_S  # while a task runs (heartbeat every 20 s)
 PARKED_LEASE_TTL_S = PARKED_TTL_S  # between tasks of the run: the gate's 2 h response timeout and a margin
 

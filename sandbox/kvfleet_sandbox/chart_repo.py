@@ -161,7 +161,7 @@ class ChartRepository:
         for items in entries.values():  # newest first, as `helm repo index` writes them
             items.sort(key=lambda e: _semver_key(e["version"]), reverse=True)
         generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return yaml.safe_dump({"apiVersion": "v1", "entries": entries, "generated": generated}, sort_keys=False)
+        return str(yaml.safe_dump({"apiVersion": "v1", "entries": entries, "generated": generated}, sort_keys=False))
 
     def package(self, filename: str) -> ChartPackage | None:
         with self._lock:

@@ -13,7 +13,9 @@ the chart's StatefulSets into pods; this module gives those pods Curvine's behav
 - **L2 availability**: once Curvine is installed, ``twin.l2.available`` follows "master pod Running and Ready".
 - **Master HTTP API** on the web port (9000) through the API server's pod proxy: ``/api/overview``,
   ``/api/workers``, ``/api/browse``, ``/api/config``, ``/metrics``, ``/report`` with the field names of FACTS.md
-  §3.5. Capacity is the sum of the LIVE workers' data dir sizes; ``fs_used`` the bytes of L2 files.
+  §3.5. Capacity is the sum of the LIVE workers' data dir sizes; ``fs_used`` the bytes of L2 files. This module
+  is the model and holds no HTTP code: it gives the bodies (``overview``, ``workers``, ``listing``,
+  ``config_of``, ``worker_infos``); ``master_http`` serves them.
 - **Pod logs** with start-up lines, including ``Delete(format) ...`` when a format happened.
 - The **chart repository** serving the stand-in charts (``kvfleet_sandbox.chart_repo``), one per process.
 - **Fault injection**: a Curvine pod whose container env has ``CURVINE_SANDBOX_FAULT=crashloop`` (e.g. through
@@ -28,20 +30,16 @@ the simulation first sees it, within a tick of its write; that is what a worker 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import re
 import threading
-import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kvfleet.fleet.constants as C
 from kvfleet_sandbox import chart_repo
-from kvfleet_sandbox.kube.store import ProxyResponse
-from kvfleet_sandbox.twin import ClusterTwin, L2Entry
+from kvfleet_sandbox.twin import ClusterTwin, L2Entry, L2Namespace
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +53,7 @@ ENV_FORMAT_JOURNAL = "CURVINE_FORMAT_JOURNAL"
 ENV_CLUSTER_ID = "CURVINE_CLUSTER_ID"
 ENV_DATA_DIRS = "CURVINE_WORKER_DATA_DIRS"
 ENV_FAULT = "CURVINE_SANDBOX_FAULT"  # "crashloop": the pod never becomes Ready (see the module docstring)
-_POD_NAME = re.compile(r"^(?:.*-)?curvine-(master|worker)-(\d+)$")
+POD_NAME = re.compile(r"^(?:.*-)?curvine-(master|worker)-(\d+)$")
 _DATA_DIR = re.compile(r"\[(?P<type>[A-Za-z_]+):(?P<size>[0-9.]+)\s*(?P<unit>[KMGTP]i?B?|B)?\](?P<path>\S+)")
 _TOML_DATA_DIR = re.compile(r'"(\[[^"\]]+\][^"]+)"')
 _UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
@@ -87,12 +85,24 @@ def _flag(env: dict[str, str], name: str) -> bool:
     return env.get(name, "false").strip().lower() == "true"
 
 
-def _running(pod: dict[str, Any] | None) -> bool:
-    return bool(pod) and (pod.get("status") or {}).get("phase") == "Running"
+def pod_running(pod: dict[str, Any] | None) -> bool:
+    return pod is not None and bool(pod) and (pod.get("status") or {}).get("phase") == "Running"
+
+
+def _l2_files(l2: L2Namespace) -> list[tuple[str, L2Entry]]:
+    """Every L2 file with its entry, in write order. L2Namespace has no read-only iterator over its entries; a
+    ``drop_where`` predicate that records each one and keeps it is one."""
+    files: list[tuple[str, L2Entry]] = []
+
+    def keep(path: str, entry: L2Entry) -> bool:
+        files.append((path, entry))
+        return False
+    l2.drop_where(keep)
+    return files
 
 
 def _ready(pod: dict[str, Any] | None) -> bool:
-    if not _running(pod):
+    if not pod_running(pod):
         return False
     conditions = (pod.get("status") or {}).get("conditions") or []  # type: ignore[union-attr]
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -106,7 +116,7 @@ def component_of(pod: dict[str, Any]) -> str | None:
         comp = labels.get("app.kubernetes.io/component")
         if comp in ("master", "worker"):
             return str(comp)
-    m = _POD_NAME.match(meta.get("name", ""))
+    m = POD_NAME.match(meta.get("name", ""))
     return m.group(1) if m else None
 
 
@@ -155,11 +165,10 @@ class CurvineSimulation:
         twin.services["curvine"] = self
         # Pods already running when we attach started before we watched: they are not re-formatted.
         for pod in self.store.list("", "pods"):
-            if component_of(pod) and _running(pod):
+            if component_of(pod) and pod_running(pod):
                 self._started[pod["metadata"]["uid"]] = pod["metadata"]["name"]
                 self._registered.add(pod["metadata"]["uid"])
         self.store.subscribe(self._on_event)
-        self.store.register_pod_proxy(self._proxy)
         self.store.register_log_source(self._pod_log)
         self._thread = threading.Thread(target=self._tick, name=f"curvine-{twin.name}", daemon=True)
         self._thread.start()
@@ -199,7 +208,7 @@ class CurvineSimulation:
     def overview(self) -> dict[str, Any]:
         """The body of ``GET /api/overview``."""
         self._sync()
-        live, lost = self._worker_infos()
+        live, lost = self.worker_infos()
         master = self.master_pod()
         ns = self.namespace() or C.CURVINE_NAMESPACE
         env = _env(master) if master else {}
@@ -224,7 +233,7 @@ class CurvineSimulation:
     def workers(self) -> dict[str, list[dict[str, Any]]]:
         """The body of ``GET /api/workers``: WorkerInfo lists (FACTS.md §3.5)."""
         self._sync()
-        live, lost = self._worker_infos()
+        live, lost = self.worker_infos()
         return {"live_workers": live, "lost_workers": lost}
 
     def placement(self) -> dict[str, str]:
@@ -268,7 +277,7 @@ class CurvineSimulation:
                 self._registrations += 1
             self._log(pod, f"received SIGTERM, {component} {name} stopping")
             return
-        if not _running(pod):
+        if not pod_running(pod):
             return
         with self._lock:
             if uid in self._started:
@@ -396,7 +405,7 @@ class CurvineSimulation:
                 self._sync()
                 self._refresh_availability()
                 if ticks % 4 == 0:  # the master notices live workers (and so, later, lost ones) by heartbeat
-                    self._worker_infos()
+                    self.worker_infos()
                 seen = state
             except Exception:
                 log.exception("curvine: periodic sync failed")
@@ -420,9 +429,7 @@ class CurvineSimulation:
 
     def _sync(self) -> None:
         """Assign every L2 file not yet placed to a worker, round-robin over the live workers in write order."""
-        entries: list[tuple[str, L2Entry]] = []
-        # L2Namespace has no read-only iterator over entries; a predicate that keeps everything is one.
-        self.twin.l2.drop_where(lambda path, entry: entries.append((path, entry)) is not None)
+        entries = _l2_files(self.twin.l2)
         live = [p["metadata"]["name"] for p in self._worker_pods() if self._live(p)]
         with self._lock:
             present = {path for path, _ in entries}
@@ -442,9 +449,8 @@ class CurvineSimulation:
         sts = self.store.get("apps", "statefulsets", C.CURVINE_WORKER_STS, ns) if ns else None
         return int(((sts or {}).get("spec") or {}).get("replicas") or 0)
 
-    def _worker_infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        entries: dict[str, int] = {}
-        self.twin.l2.drop_where(lambda path, entry: entries.__setitem__(path, entry.size) is not None)
+    def worker_infos(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        entries = {path: entry.size for path, entry in _l2_files(self.twin.l2)}
         with self._lock:
             placement = dict(self._placement)
         now_ms = _ms(self.twin.clock.now())
@@ -488,50 +494,13 @@ class CurvineSimulation:
                     if name not in live_names]
         return live, lost
 
-    def _dir_count(self) -> int:
-        dirs: set[str] = set()
-        for d in self.twin.l2.dirs():
-            while d and d != "/" and d not in dirs:
-                dirs.add(d)
-                d = d.rsplit("/", 1)[0]
-        return len(dirs)
-
-    # --- master HTTP (pod proxy) ------------------------------------------------------------------------------
-
-    def _proxy(self, namespace: str, pod: str, port: int, method: str, path: str, query: str,
-               headers: dict[str, str], body: bytes) -> ProxyResponse | None:
-        if port != C.CURVINE_MASTER_WEB_PORT or not _POD_NAME.match(pod) or "-master-" not in pod:
-            return None
-        obj = self.store.get("", "pods", pod, namespace)
-        if obj is None or component_of(obj) != "master":
-            return None
-        if not _running(obj):
-            return ProxyResponse(503, {"Content-Type": "text/plain"},
-                                 f"dial tcp :{port}: connect: connection refused (pod {pod} not running)\n".encode())
-        if method not in ("GET", "HEAD"):
-            return _json(405, {"error": f"method {method} not allowed"})
-        params = {k: v[-1] for k, v in urllib.parse.parse_qs(query or "", keep_blank_values=True).items()}
-        routes: dict[str, Callable[[], ProxyResponse]] = {
-            "/api/overview": lambda: _json(200, self.overview()),
-            "/api/workers": lambda: _json(200, self.workers()),
-            "/api/browse": lambda: self._browse(params.get("path", "/")),
-            "/api/config": lambda: _json(200, self._config(obj)),
-            "/metrics": lambda: ProxyResponse(200, {"Content-Type": "text/plain; version=0.0.4"},
-                                              self._metrics().encode()),
-            "/report": lambda: ProxyResponse(200, {"Content-Type": "text/plain"}, self._report().encode()),
-        }
-        handler = routes.get(path.rstrip("/") or "/")
-        if handler is None:
-            return _json(404, {"error": f"no route {path}"})
-        return handler()
-
-    def _browse(self, path: str) -> ProxyResponse:
-        if not self.master_running():
-            return _json(503, {"error": "master is not ready"})
+    def listing(self, path: str) -> list[dict[str, Any]] | None:
+        """The body of ``GET /api/browse?path=``: the file's own status, or the directory's children (sub
+        directories with the newest mtime below them); None if nothing is there. ``/`` is always listed."""
         path = "/" + path.strip("/") if path.strip("/") else "/"
-        files = {p: e for p, e in self._entries().items()}
+        files = self.entries()
         if path in files:
-            return _json(200, [_file_status(path, files[path])])
+            return [_file_status(path, files[path])]
         prefix = path.rstrip("/") + "/"
         children: dict[str, dict[str, Any]] = {}
         for p, entry in files.items():
@@ -546,54 +515,20 @@ class CurvineSimulation:
             else:
                 children[child] = _file_status(child, entry)
         if not children and path != "/":
-            return _json(404, {"error": f"File not found: {path}"})
-        return _json(200, [children[k] for k in sorted(children)])
+            return None
+        return [children[k] for k in sorted(children)]
 
-    def _entries(self) -> dict[str, L2Entry]:
-        entries: dict[str, L2Entry] = {}
-        self.twin.l2.drop_where(lambda path, entry: entries.__setitem__(path, entry) is not None)
-        return entries
+    def entries(self) -> dict[str, L2Entry]:
+        """Every L2 file with its entry (a copy)."""
+        return dict(_l2_files(self.twin.l2))
 
-    def _config(self, pod: dict[str, Any]) -> dict[str, Any]:
-        env = _env(pod)
-        return {"cluster_id": env.get(ENV_CLUSTER_ID, "curvine"),
-                "format_master": _flag(env, ENV_FORMAT_MASTER),
-                "format_worker": _flag(env, ENV_FORMAT_WORKER),
-                "format_journal": _flag(env, ENV_FORMAT_JOURNAL),
-                "master": {"rpc_port": MASTER_RPC_PORT, "web_port": C.CURVINE_MASTER_WEB_PORT},
-                "client": {"block_size": BLOCK_SIZE}}
-
-    def _metrics(self) -> str:
-        ov = self.overview()
-        live, _lost = self._worker_infos()
-        blocks = sum(w["block_num"] for w in live)
-        gauges = {
-            "capacity": ov["capacity"], "available": ov["available"], "fs_used": ov["fs_used"],
-            "num_blocks": blocks, "blocks_size_avg": (ov["fs_used"] // blocks) if blocks else 0,
-            "allocatable_capacity": ov["capacity"], "allocatable_available": ov["available"],
-            "inode_dir_num": ov["dir_total"], "inode_file_num": ov["files_total"],
-        }
-        lines = []
-        for name, value in gauges.items():
-            lines += [f"# TYPE {name} gauge", f"{name} {value}"]
-        lines.append("# TYPE worker_num gauge")
-        for tag, n in (("live", ov["live_workers"]), ("lost", ov["lost_workers"]), ("blacklist", 0),
-                       ("decommission", 0)):
-            lines.append(f'worker_num{{tag="{tag}"}} {n}')
-        return "\n".join(lines) + "\n"
-
-    def _report(self) -> str:
-        ov = self.overview()
-        live, _ = self._worker_infos()
-        cap = ov["capacity"] or 1
-        rows = [("active_master", ov["master_addr"]), ("capacity", ov["capacity"]),
-                ("available", f"{ov['available']} ({ov['available'] * 100 // cap}%)"),
-                ("fs_used", f"{ov['fs_used']} ({ov['fs_used'] * 100 // cap}%)"),
-                ("live_worker_num", ov["live_workers"]), ("lost_worker_num", ov["lost_workers"]),
-                ("inode_dir_num", ov["dir_total"]), ("inode_file_num", ov["files_total"]),
-                ("block_num", sum(w["block_num"] for w in live))]
-        text = "".join(f"{k:>20}: {v}\n" for k, v in rows)
-        return text + "".join(f"{'':>20}  {w['address']['hostname']}:{w['address']['rpc_port']}\n" for w in live)
+    def _dir_count(self) -> int:
+        dirs: set[str] = set()
+        for d in self.twin.l2.dirs():
+            while d and d != "/" and d not in dirs:
+                dirs.add(d)
+                d = d.rsplit("/", 1)[0]
+        return len(dirs)
 
     # --- pod logs -------------------------------------------------------------------------------------------
 
@@ -623,13 +558,20 @@ class CurvineSimulation:
         return "".join(text for ts, text in lines if cutoff is None or ts >= cutoff)
 
 
-def _json(status: int, body: Any) -> ProxyResponse:
-    return ProxyResponse(status, {"Content-Type": "application/json"}, json.dumps(body).encode())
-
-
 def _file_status(path: str, entry: L2Entry) -> dict[str, Any]:
     return {"path": path, "name": path.rsplit("/", 1)[-1], "is_dir": False, "len": entry.size,
             "mtime": _ms(entry.written_at), "block_size": BLOCK_SIZE, "replicas": 1, "file_type": "File"}
+
+
+def config_of(pod: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``GET /api/config`` of a master pod: what it was started with."""
+    env = _env(pod)
+    return {"cluster_id": env.get(ENV_CLUSTER_ID, "curvine"),
+            "format_master": _flag(env, ENV_FORMAT_MASTER),
+            "format_worker": _flag(env, ENV_FORMAT_WORKER),
+            "format_journal": _flag(env, ENV_FORMAT_JOURNAL),
+            "master": {"rpc_port": MASTER_RPC_PORT, "web_port": C.CURVINE_MASTER_WEB_PORT},
+            "client": {"block_size": BLOCK_SIZE}}
 
 
 def _host_path_data(pod: dict[str, Any]) -> bool:
@@ -653,7 +595,3 @@ def _started_at(pod: dict[str, Any], default: float) -> float:
         return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
     except ValueError:
         return default
-
-
-def attach(twin: ClusterTwin) -> CurvineSimulation:
-    return CurvineSimulation(twin)

@@ -218,6 +218,17 @@ def _curvine_dir_for_mount(store: KubeStore, pod: dict[str, Any], mount: dict[st
     return f"{base}/{sub}" if sub else base
 
 
+def _deepest_mount(container: dict[str, Any], url_path: str) -> tuple[int, dict[str, Any], str] | None:
+    """The container's volumeMount with the longest mountPath that ``url_path`` lies under: (its length, the
+    mount, the rest of the path below it), as the kubelet resolves nested mounts; None if under none."""
+    best: tuple[int, dict[str, Any], str] | None = None
+    for mount in container.get("volumeMounts") or []:
+        rest = _under(url_path, str(mount.get("mountPath", "")))
+        if rest is not None and (best is None or len(mount["mountPath"]) > best[0]):
+            best = (len(mount["mountPath"]), mount, rest)
+    return best
+
+
 def resolve_l2(store: KubeStore, pod: dict[str, Any], container: dict[str, Any], config: LmcacheConfig) -> L2Target:
     """Follow the pod's URL the way LMCache and the kubelet would: scheme → connector; for fs:// the URL path →
     the container's volumeMount it lies under → PVC → PV → Curvine path (``<fs-path>/pvc-<uid>``) + the rest."""
@@ -240,11 +251,7 @@ def resolve_l2(store: KubeStore, pod: dict[str, Any], container: dict[str, Any],
     fails = None
     if config.remote_serde == "cachegen":
         fails = "zip() argument 2 is shorter than argument 1 (cachegen serde under the fs connector)"
-    best: tuple[int, dict[str, Any], str] | None = None
-    for mount in container.get("volumeMounts") or []:
-        rest = _under(url_path, str(mount.get("mountPath", "")))
-        if rest is not None and (best is None or len(mount["mountPath"]) > best[0]):
-            best = (len(mount["mountPath"]), mount, rest)
+    best = _deepest_mount(container, url_path)
     if best is not None:
         base = _curvine_dir_for_mount(store, pod, best[1])
         if base is not None:

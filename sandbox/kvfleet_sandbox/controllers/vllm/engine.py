@@ -61,6 +61,7 @@ import collections
 import dataclasses
 import datetime as dt
 import hashlib
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -473,27 +474,14 @@ class VllmSimulation:
         cfg, n = engine.config, len(tokens)
         chunks = lm.chunk_keys(tokens, engine.root, chunk_size=cfg.chunk_size, model_name=engine.model_path,
                                dtype=engine.dtype, version=engine.version)
-        l0_tokens = 0
-        for c in chunks:
-            if c.tokens != cfg.chunk_size or c.key not in engine.l0:
-                break
-            engine.l0.touch(c.key)
-            l0_tokens = c.end
-        computed = min(l0_tokens, n - 1) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
+        computed = min(_l0_prefix(engine, chunks), n - 1) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
         pod = self.twin.store.get("", "pods", engine.name, engine.namespace) or {}
         container = vllm_container(pod) or {"name": engine.container}
         target = lm.resolve_l2(self.twin.store, pod, container, cfg) if pod else lm.L2Target("none")
         l2 = self._l2_store(engine, target)
         app = ((pod.get("metadata") or {}).get("labels") or {}).get("app", "")
-        tiers: list[str] = []
-        for c in chunks:
-            if c.key in engine.l1:
-                tiers.append("l1")
-            elif (l2 is not None and l2.available and (engine.namespace, app) not in self.l2_reads_dropped
-                  and l2.exists(target.path_of(c))):
-                tiers.append("l2")
-            else:
-                break
+        readable = l2 if l2 is not None and (engine.namespace, app) not in self.l2_reads_dropped else None
+        tiers = _tiers(engine, chunks, readable, target)
         hits = chunks[len(tiers) - 1].end if tiers else 0
         plan = RequestPlan(req_id, n, chunks, computed, hits)
         need = hits - computed - (1 if hits == n else 0)
@@ -506,19 +494,23 @@ class VllmSimulation:
         stored = 0 if writes_fail else sum(c.tokens for c in plan.to_store)
         plan.cost = ttft_model.request_cost(engine.profile, n, computed=computed, l1_tokens=plan.l1_tokens,
                                             l2_tokens=plan.l2_tokens, stored_tokens=stored,
-                                            output_tokens=output_tokens, rng=self.twin.rng,
+                                            output_tokens=output_tokens, rng=self._request_rng(engine, tokens),
                                             noise=self.twin.settings.ttft_noise)
         if plan.l2_tokens and self.l2_read_penalty_ms:
-            extra = self.l2_read_penalty_ms
-            cost = plan.cost
-            plan.cost = dataclasses.replace(cost, l2_overhead_ms=cost.l2_overhead_ms + extra,
-                                            ttft_ms=cost.ttft_ms + extra * cost.noise_factor,
-                                            e2e_ms=cost.e2e_ms + extra * cost.noise_factor)
+            plan.cost = _with_l2_penalty(plan.cost, self.l2_read_penalty_ms)
         self._account(engine, plan)
         for c in chunks:  # vLLM keeps the prompt's full blocks in its prefix cache
             if c.tokens == cfg.chunk_size:
                 engine.l0.put(c.key, c.tokens)
         return plan
+
+    def _request_rng(self, engine: PodEngine, tokens: list[str]) -> random.Random:
+        """The request's own noise stream, seeded by the sandbox seed, the pod, the prompt and how many requests
+        the pod served before: a request's model time is the same in every run, whichever thread drew from the
+        twin's shared generator first (called under the engine lock)."""
+        key = hashlib.sha256(" ".join(tokens).encode()).hexdigest()
+        seed = f"{self.twin.settings.seed}|{engine.namespace}/{engine.name}|{key}|{engine.metrics.requests}"
+        return random.Random(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
 
     def _retrieve(self, engine: PodEngine, plan: RequestPlan, tiers: list[str], l2: L2Namespace | None,
                   target: lm.L2Target) -> None:
@@ -638,6 +630,37 @@ class VllmSimulation:
         if tail_lines is not None:
             lines = lines[-tail_lines:] if tail_lines > 0 else []
         return "".join(s + "\n" for _, s in lines)
+
+
+def _l0_prefix(engine: PodEngine, chunks: list[lm.Chunk]) -> int:
+    """Tokens of the prompt's contiguous full-chunk prefix in vLLM's prefix cache (touched as used)."""
+    l0_tokens = 0
+    for c in chunks:
+        if c.tokens != engine.config.chunk_size or c.key not in engine.l0:
+            break
+        engine.l0.touch(c.key)
+        l0_tokens = c.end
+    return l0_tokens
+
+
+def _tiers(engine: PodEngine, chunks: list[lm.Chunk], l2: L2Namespace | None, target: lm.L2Target) -> list[str]:
+    """Where LMCache finds each chunk of the contiguous hit prefix: ``l1`` (the pod's CPU cache) or ``l2``."""
+    tiers: list[str] = []
+    for c in chunks:
+        if c.key in engine.l1:
+            tiers.append("l1")
+        elif l2 is not None and l2.available and l2.exists(target.path_of(c)):
+            tiers.append("l2")
+        else:
+            break
+    return tiers
+
+
+def _with_l2_penalty(cost: ttft_model.RequestCost, extra_ms: float) -> ttft_model.RequestCost:
+    """The fault ``set_l2_read_penalty``: every L2 read ``extra_ms`` slower (scaled by the request's noise)."""
+    return dataclasses.replace(cost, l2_overhead_ms=cost.l2_overhead_ms + extra_ms,
+                               ttft_ms=cost.ttft_ms + extra_ms * cost.noise_factor,
+                               e2e_ms=cost.e2e_ms + extra_ms * cost.noise_factor)
 
 
 def sleep_until(deadline: float) -> None:

@@ -105,9 +105,18 @@ def complete_once(api: Any, target: Target, *, max_tokens: int = 2, timeout_s: f
             return False, "no choices in the answer"
         return True, ""
     except ApiException as exc:
-        return False, f"HTTP {exc.status}"
+        return False, f"HTTP {exc.status}{_reason(exc.body)}"
     except Exception as exc:  # transport errors, timeouts, bad JSON: all count as a failed request
         return False, type(exc).__name__
+
+
+def _reason(body: Any) -> str:
+    """The Status message of an apiserver error, without the quoted names (so errors group by kind)."""
+    try:
+        message = str(json.loads(body).get("message") or "")
+    except (ValueError, TypeError, AttributeError):
+        return ""
+    return f": {message.split(chr(34))[0].strip()}" if message else ""
 
 
 class LoadGenerator:

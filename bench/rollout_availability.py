@@ -291,11 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     verdict = acceptance(results)
+    from kvfleet_sandbox.twin import SandboxSettings
+
+    pod_start_s = SandboxSettings().pod_startup_s * args.time_scale  # what a scale-to-zero gap is compared with
     if args.json:
-        print(json.dumps({"rate_per_endpoint": args.rate, "time_scale": args.time_scale, "results": results,
-                          "acceptance": verdict}), file=out, flush=True)
+        print(json.dumps({"rate_per_endpoint": args.rate, "time_scale": args.time_scale,
+                          "pod_start_s": pod_start_s, "results": results, "acceptance": verdict}),
+              file=out, flush=True)
     else:
         print_table(results)
+        print(f"\npod start time (scheduled to Ready) in this sandbox: {pod_start_s:.2f}s")
         print(f"\nacceptance (auto: 0 failed requests on every >=2-replica endpoint of a patch cluster): {verdict}")
     return 0 if verdict.get("auto_zero_failures") in (True, None) else 1
 

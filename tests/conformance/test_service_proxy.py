@@ -38,6 +38,9 @@ def kube() -> Iterator[tuple[KubeStore, KubeApiServer]]:
              body: Any) -> ProxyResponse | None:
         if store.get("", "pods", pod, namespace) is None:
             return None
+        if pod.startswith("vanishing-"):  # deleted while the request is on its way (the twin deletes at once)
+            store.delete("", "pods", pod, namespace)
+            return None
         return ProxyResponse(200, {"Content-Type": "application/json"},
                              json.dumps({"pod": pod, "port": port, "method": method, "path": path}).encode())
 
@@ -198,3 +201,14 @@ def test_patch_is_not_a_proxied_method(kube: tuple[KubeStore, KubeApiServer]) ->
     pod(store, "qwen-a")
     assert "PATCH" not in FACTS["proxy_path"]["methods"]
     assert proxy(server, "qwen:8000", method="PATCH", body={})[0] == 405
+
+
+def test_a_pod_deleted_while_a_request_is_on_its_way_does_not_fail_it(kube: tuple[KubeStore, KubeApiServer]) -> None:
+    store, server = kube
+    service(store)
+    pod(store, "vanishing-a")
+    pod(store, "qwen-b")
+    assert "grace period" in FACTS["endpoints_readiness"]["emulator_deleted_in_flight"]
+    answers = [proxy(server, "qwen:8000") for _ in range(10)]
+    assert {code for code, _ in answers} == {200} and {body["pod"] for _, body in answers} == {"qwen-b"}
+    assert store.get("", "pods", "vanishing-a", NS) is None

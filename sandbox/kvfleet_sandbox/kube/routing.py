@@ -22,7 +22,7 @@ from kvfleet_sandbox.kube import discovery, patching, protobuf, services, watchi
 from kvfleet_sandbox.kube.errors import ApiError, not_found
 from kvfleet_sandbox.kube.rbac import Attributes, acting_as, forbidden
 from kvfleet_sandbox.kube.resources import ResourceType
-from kvfleet_sandbox.kube.store import RequestRecord
+from kvfleet_sandbox.kube.store import ProxyResponse, RequestRecord
 
 if TYPE_CHECKING:
     from kvfleet_sandbox.kube.server import KubeApiServer, _Handler
@@ -378,25 +378,40 @@ class Request:
             raise ApiError(400, "BadRequest", f"no such port {port!r} on pod {pod['metadata']['name']}")
         return int(named[0]["containerPort"])
 
+    def _forward(self, pod: str, port: int) -> ProxyResponse | None:
+        return self.store.pod_proxy(self.route.namespace, pod, port, self.req.command, "/" + self.route.rest,
+                                    self.query, dict(self.req.headers.items()), self.body)
+
+    def _pod_proxy(self, raw: str) -> ProxyResponse:
+        name, _, port = raw.partition(":")
+        resp = self._forward(name, self._port(self._pod(name), port or None))
+        if resp is None:
+            raise ApiError(503, "ServiceUnavailable",
+                           f'no endpoints available for pod "{name}": no handler serves this pod')
+        return resp
+
+    def _service_proxy(self, raw: str) -> ProxyResponse:
+        """One Ready endpoint of the Service. A pod deleted between the choice and the delivery would, on a real
+        cluster, still be running its termination grace period and answer; the twin deletes at once, so the
+        request goes to another Ready endpoint instead (a few tries), never to a pod that is gone."""
+        namespace = self.route.namespace or "default"
+        for _ in range(3):
+            backend = services.resolve(self.store, namespace, raw)
+            resp = self._forward(backend.pod, backend.port)
+            if resp is not None:
+                return resp
+            if self.store.get("", "pods", backend.pod, namespace) is not None:
+                break
+        raise ApiError(503, "ServiceUnavailable", f'error trying to reach service: pod "{backend.pod}" does not '
+                                                  f"answer on port {backend.port}")
+
     def proxy(self) -> None:
         """``pods/{name}[:port]/proxy/...`` to that pod, or ``services/{id}/proxy/...`` to one Ready endpoint of the
         Service (``services.resolve``); both end in the store's pod-proxy handlers."""
         if self.req.command not in PROXY_METHODS:
             raise ApiError(405, "MethodNotAllowed", f"{self.req.command} is not supported by the proxy subresource")
         raw = self.route.name or ""
-        if self.rtype.key == ("", "services"):
-            backend = services.resolve(self.store, self.route.namespace or "default", raw)
-            name, port_number = backend.pod, backend.port
-            unreachable = f'error trying to reach service: pod "{name}" does not answer on port {port_number}'
-        else:
-            name, _, port = raw.partition(":")
-            port_number = self._port(self._pod(name), port or None)
-            unreachable = f'no endpoints available for pod "{name}": no handler serves this pod'
-        headers = dict(self.req.headers.items())
-        resp = self.store.pod_proxy(self.route.namespace, name, port_number, self.req.command,
-                                    "/" + self.route.rest, self.query, headers, self.body)
-        if resp is None:
-            raise ApiError(503, "ServiceUnavailable", unreachable)
+        resp = self._service_proxy(raw) if self.rtype.key == ("", "services") else self._pod_proxy(raw)
         if isinstance(resp.body, bytes | bytearray):
             self.req.send_bytes(resp.status, bytes(resp.body), resp.headers)
             return

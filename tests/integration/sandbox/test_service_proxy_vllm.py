@@ -153,7 +153,7 @@ def test_the_load_generator_counts_what_the_service_answers(twin: ClusterTwin, k
         time.sleep(0.02)
     stats = gen.stop()[target.ref]
     assert stats.failed >= 4 and stats.sent - stats.failed >= 4
-    assert set(stats.errors) == {"HTTP 503"}
+    assert set(stats.errors) == {"HTTP 503: no endpoints available for service"}
     assert len(stats.successes) == stats.sent - stats.failed == len(stats.latencies_s)
     summary = stats.summary()
     assert summary["endpoint"] == f"sandbox:{NS}/{APP}" and summary["failed"] == stats.failed

@@ -33,6 +33,13 @@ INDEXES: tuple[tuple[str, str], ...] = (
     # endpoint_changes: one endpoint's steps, by namespace/name or by bare name.
     ("step_events_endpoint", "ON step_events (endpoint, at) WHERE endpoint IS NOT NULL"),
     ("step_events_endpoint_name", "ON step_events (split_part(endpoint, '/', 2), at) WHERE endpoint IS NOT NULL"),
+    # ui_clusters and ui_lobs walk each table's distinct clusters / LOBs through these (a loose index scan) and
+    # read each cluster's newest time from the same index.
+    ("hit_verifications_cluster_at", "ON hit_verifications (cluster, at DESC)"),
+    ("curvine_releases_cluster_at", "ON curvine_releases (cluster, recorded_at DESC)"),
+    ("drift_findings_cluster_last_seen", "ON drift_findings (cluster, last_seen DESC)"),
+    ("drift_findings_lob", "ON drift_findings (lob) WHERE lob IS NOT NULL"),
+    ("step_events_endpoint_lob", "ON step_events (lob) WHERE stage = 'endpoint' AND lob IS NOT NULL"),
     # ui_fleet, rollout_by_lob: the newest endpoint step per (cluster, endpoint).
     ("step_events_endpoint_latest",
      "ON step_events (cluster, endpoint, id DESC) WHERE stage = 'endpoint' AND step LIKE 'endpoint:%'"),

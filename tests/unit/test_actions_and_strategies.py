@@ -43,7 +43,21 @@ def test_a_mixed_wave_pauses_once_never_zeroes_rolled_endpoints_and_restores_las
     wait_ready = seq[ready]
     assert isinstance(wait_ready, A.WaitPods)
     assert wait_ready.want == (("ns/a", 2), ("ns/b", 3), ("ns/c", 1))
+    assert isinstance(seq[-2], A.WaitRolledOut) and seq[-2].want == wait_ready.want  # observed before restore
     assert A.patch_wave_actions("ctrl", "run/1", []) == []
+    temporary = next(a for a in seq if isinstance(a, A.SetRolloutStrategy))
+    assert temporary.ops()[1] == {"op": "add", "path": "/metadata/annotations/kvfleet.io~1original-strategy",
+                                  "value": ORIGINAL}  # the original recorded on the object, for a later run
+    back = next(a for a in seq if isinstance(a, A.SetRolloutStrategy) and a.restore)
+    assert back.ops()[1] == {"op": "remove", "path": "/metadata/annotations/kvfleet.io~1original-strategy"}
+
+
+def test_a_strategy_left_by_a_killed_run_is_put_back_inside_its_own_pause() -> None:
+    left = A.SetRolloutStrategy("c:ns/a", "ns", "a", ORIGINAL, restore=True)
+    seq = A.strategy_repair_actions("ctrl", "run/2", [(left, 2)])
+    assert [type(a).__name__ for a in seq] == ["PauseOperator", "SetRolloutStrategy", "WaitRolledOut",
+                                               "RestoreOperator"]
+    assert A.strategy_repair_actions("ctrl", "run/2", []) == []
 
 
 def test_actions_render_marked_equivalents_and_compare_on_the_call_not_the_diff() -> None:

@@ -21,6 +21,8 @@ from typing import Any, ClassVar, Final
 from kvfleet.fleet import constants as C
 
 EQUIVALENT_MARK: Final = "(equivalent)"
+# On a Deployment while kvfleet's temporary rolling/surge strategy is on it: the strategy to put back.
+ORIGINAL_STRATEGY_ANNOTATION: Final = "kvfleet.io/original-strategy"
 
 
 def _compact(value: Any) -> str:
@@ -214,8 +216,10 @@ class PatchDeployment:
 
 @dataclass(frozen=True)
 class SetRolloutStrategy:
-    """Replace a Deployment's ``spec.strategy`` (canonical JSON): the temporary one of a rolling or surge
-    update, or the original one back (``restore``). A strategy change alone starts no rollout."""
+    """Replace a Deployment's ``spec.strategy`` (canonical JSON): the temporary one of a rolling or surge update,
+    which also records the original in the annotation ``ORIGINAL_STRATEGY_ANNOTATION`` (``original``), or the
+    original back (``restore``), which removes that annotation. A strategy change alone starts no rollout. The
+    annotation lets a later run put back what a run killed mid-wave left (``stages.endpoints``)."""
 
     kind: ClassVar[str] = "set_rollout_strategy"
     mutating: ClassVar[bool] = True
@@ -224,10 +228,21 @@ class SetRolloutStrategy:
     name: str
     strategy: str
     restore: bool = False
+    original: str | None = None  # set with a temporary strategy: recorded on the Deployment
+    annotations_exist: bool = True  # the live object has metadata.annotations (JSON patch adds the map if not)
     diff: None = None
 
     def ops(self) -> list[dict[str, Any]]:
-        return [{"op": "replace", "path": "/spec/strategy", "value": json.loads(self.strategy)}]
+        ops: list[dict[str, Any]] = [{"op": "add", "path": "/spec/strategy", "value": json.loads(self.strategy)}]
+        if self.restore:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(ORIGINAL_STRATEGY_ANNOTATION)}"})
+        elif self.original is not None and self.annotations_exist:
+            ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(ORIGINAL_STRATEGY_ANNOTATION)}",
+                        "value": self.original})
+        elif self.original is not None:
+            ops.append({"op": "add", "path": "/metadata/annotations",
+                        "value": {ORIGINAL_STRATEGY_ANNOTATION: self.original}})
+        return ops
 
     def target(self) -> str:
         return f"Deployment {self.namespace}/{self.name} strategy {self.strategy}"
@@ -236,6 +251,11 @@ class SetRolloutStrategy:
         why = "   # the original strategy back" if self.restore else ""
         return (f"kubectl patch deployment {self.name} -n {self.namespace} --type=json -p "
                 f"'{_compact(self.ops())}'{why}")
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON Pointer token (RFC 6901: ~ -> ~0, / -> ~1)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 @dataclass(frozen=True)
@@ -283,6 +303,26 @@ class WaitPods:
 
 
 @dataclass(frozen=True)
+class WaitRolledOut:
+    """Wait until each Deployment is observed and fully available at ``want`` replicas (status.observedGeneration
+    caught up with metadata.generation, updated = available = replicas = want). Before the operator comes back:
+    it re-renders a Deployment that is not fully available, and every patch bumped the generation."""
+
+    kind: ClassVar[str] = "wait_rolled_out"
+    mutating: ClassVar[bool] = False
+    want: tuple[tuple[str, int], ...]
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return ", ".join(f"{k}={n}" for k, n in self.want)
+
+    def equivalent(self) -> str:
+        return " && ".join(f"kubectl rollout status deployment {key.split('/', 1)[1]} -n {key.split('/', 1)[0]}"
+                           for key, _ in self.want) + "   # observed and fully available"
+
+
+@dataclass(frozen=True)
 class RerenderDeployment:
     """Kyverno mode: annotate the pod template (a rollout), so the operator re-renders through admission. The
     timestamp is taken when applied."""
@@ -323,7 +363,8 @@ class ApplyClusterPolicy:
 
 
 Action = (UpdateCluster | CreateAddon | UpdateAddon | ApplyEndpointConfig | PauseOperator | RestoreOperator | Scale
-          | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | RerenderDeployment | ApplyClusterPolicy)
+          | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | WaitRolledOut | RerenderDeployment
+          | ApplyClusterPolicy)
 
 
 def canonical(value: Any) -> str:
@@ -348,6 +389,7 @@ class WaveItem:
     patch: str  # the L2 JSON patch (canonical JSON), checked by a server dry run
     original_strategy: str | None = None  # the Deployment's spec.strategy (canonical JSON), restored
     temporary_strategy: str | None = None  # rolling/surge: the RollingUpdate fields used while patching
+    annotations_exist: bool = True  # the live Deployment has metadata.annotations
 
     @property
     def key(self) -> str:
@@ -367,7 +409,9 @@ def patch_wave_actions(controller: str, holder: str, items: list[WaveItem]) -> l
     rolled = [i for i in items if i.strategy != "scale-to-zero"]
     zeroed = [i for i in items if i.strategy == "scale-to-zero"]
     out: list[Action] = [PauseOperator(controller, holder)]
-    out += [SetRolloutStrategy(i.endpoint, i.namespace, i.name, i.temporary_strategy or "{}") for i in rolled]
+    out += [SetRolloutStrategy(i.endpoint, i.namespace, i.name, i.temporary_strategy or "{}",
+                               original=i.original_strategy, annotations_exist=i.annotations_exist)
+            for i in rolled]
     out += [Scale(i.endpoint, i.namespace, i.name, 0) for i in zeroed]
     if zeroed:
         out.append(WaitPods(tuple((i.key, 0) for i in zeroed), new_env=False))
@@ -380,5 +424,17 @@ def patch_wave_actions(controller: str, holder: str, items: list[WaveItem]) -> l
         original = i.original_strategy or "{}"
         out += [SetRolloutStrategy(i.endpoint, i.namespace, i.name, original, restore=True),
                 VerifyRendered(i.endpoint, i.namespace, i.name, strategy=original)]
+    out.append(WaitRolledOut(tuple((i.key, i.replicas) for i in items)))
     out.append(RestoreOperator(controller, holder))
     return out
+
+
+def strategy_repair_actions(controller: str, holder: str,
+                            left: list[tuple[SetRolloutStrategy, int]]) -> list[Action]:
+    """Put back the original strategies a killed run left (``left``: each restore with the Deployment's
+    replicas), inside a pause of their own: a strategy patch bumps the generation, and a running operator would
+    re-render the Deployment (dropping the L2 overlay) until the Deployment controller has observed it."""
+    if not left:
+        return []
+    return [PauseOperator(controller, holder), *[a for a, _ in left],
+            WaitRolledOut(tuple((f"{a.namespace}/{a.name}", n) for a, n in left)), RestoreOperator(controller, holder)]

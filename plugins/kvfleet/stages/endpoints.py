@@ -42,6 +42,7 @@ from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import hardware
 from kvfleet.fleet.actions import (
+    ORIGINAL_STRATEGY_ANNOTATION,
     Action,
     ApplyClusterPolicy,
     ApplyEndpointConfig,
@@ -53,6 +54,7 @@ from kvfleet.fleet.actions import (
     WaveItem,
     canonical,
     patch_wave_actions,
+    strategy_repair_actions,
 )
 from kvfleet.fleet.endpoint_spec import (
     cr_differences,
@@ -233,7 +235,8 @@ def _wave_items(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[
         items.append(WaveItem(ep.ref, ep.namespace, ep.name, replicas[ep.key], choice.strategy,
                               canonical(patches[ep.key]),
                               canonical(deps[ep.key]["spec"].get("strategy") or DEFAULT_STRATEGY),
-                              canonical(temporary) if temporary else None))
+                              canonical(temporary) if temporary else None,
+                              annotations_exist=bool(deps[ep.key]["metadata"].get("annotations"))))
         ctx.say(f"stage 4: {ep.key}: {choice.strategy} — {choice.reason}")
     return items, choices, refused
 
@@ -292,18 +295,14 @@ def patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str) -> dict[str,
         executor.run(ctx, STAGE, actions)
         return {"planned": [i.key for i in items], "refused": refused, "strategies": strategies}
     states: dict[str, str] = {i.key: "pending" for i in items}
-    if not items:
-        return {"states": states, "refused": refused, "strategies": strategies}
-    try:
-        executor.run(ctx, STAGE, actions[:-1], on_done=_progress(states))
-    except BaseException as exc:
+
+    def put_back(exc: BaseException) -> None:
         recovered = _recover(ctx, items, states)
         ctx.record(f"wave_state:{holder}", "endpoint", "failed", states=states,
                    replicas={i.key: i.replicas for i in items}, scaled_back=recovered,
                    strategies={i.key: i.strategy for i in items}, error=str(exc)[:500])
-        raise
-    finally:
-        executor.run(ctx, STAGE, actions[-1:])  # RestoreOperator, always last
+
+    _run_paused(ctx, actions, holder, on_done=_progress(states), on_failure=put_back)
     return {"states": states, "refused": refused, "strategies": strategies}
 
 
@@ -378,8 +377,41 @@ def _judge(ctx: StageContext, ep: Endpoint, cr: str, overlaid: bool, overlay: di
     return ctx.record(f"endpoint:{ep.key}", STAGE, outcome, endpoint=ep.key, lob=ep.lob, **detail)
 
 
+def leftover_strategies(ctx: StageContext, eps: list[Endpoint], holder: str) -> list[Action]:
+    """A run killed inside a rolling/surge wave leaves its temporary strategy on the Deployment, with the
+    original recorded next to it (``ORIGINAL_STRATEGY_ANNOTATION``). Called with the cluster's lease held and the
+    operator running, so no wave is in progress: the actions that put the originals back (in a pause)."""
+    left = []
+    for ep in eps:
+        dep = executor.read_deployment(ctx, ep.namespace, ep.name)
+        original = ((dep or {}).get("metadata", {}).get("annotations") or {}).get(ORIGINAL_STRATEGY_ANNOTATION)
+        if dep is not None and original:
+            left.append((SetRolloutStrategy(ep.ref, ep.namespace, ep.name, str(original), restore=True),
+                         int(dep["spec"].get("replicas") or 0)))
+    return strategy_repair_actions(operator_pause.controller_name(ctx), holder, left)
+
+
+def _run_paused(ctx: StageContext, actions: list[Action], holder: str,
+                on_done: Callable[[Action], None] | None = None,
+                on_failure: Callable[[BaseException], None] | None = None) -> None:
+    """Apply a sequence that starts with PauseOperator and ends with RestoreOperator: the restore runs whatever
+    happens, after ``on_failure`` has put the endpoints back."""
+    if ctx.dry_run or not actions:
+        executor.run(ctx, STAGE, actions)
+        return
+    try:
+        executor.run(ctx, STAGE, actions[:-1], on_done=on_done)
+    except BaseException as exc:
+        if on_failure is not None:
+            on_failure(exc)
+        raise
+    finally:
+        executor.run(ctx, STAGE, actions[-1:])  # RestoreOperator, always last
+
+
 def reconcile_wave(ctx: StageContext, eps: list[Endpoint], *, holder: str) -> list[Outcome]:
     operator_pause.require_running(ctx)
+    _run_paused(ctx, leftover_strategies(ctx, eps, holder), holder)
     results, outcomes = _apply_crs(ctx, eps)
     live_eps = [ep for ep in eps if ep.key in results]
     # In a dry run a CR still to be created has no Deployment yet: nothing to observe for the overlay.

@@ -174,6 +174,25 @@ def _wait_pods(ctx: StageContext, a: A.WaitPods) -> None:
              what=f"[{ctx.cluster.name}] wave pods", progress=ctx.progress)
 
 
+def _rolled_out(dep: dict[str, Any] | None, want: int) -> bool:
+    if dep is None:
+        return False
+    status = dep.get("status") or {}
+    return (int(status.get("observedGeneration") or 0) >= int(dep["metadata"].get("generation") or 1)
+            and int(dep["spec"].get("replicas") or 0) == want
+            and int(status.get("updatedReplicas") or 0) == want and int(status.get("availableReplicas") or 0) >= want
+            and int(status.get("replicas") or 0) == want)
+
+
+def _wait_rolled_out(ctx: StageContext, a: A.WaitRolledOut) -> None:
+    def check() -> tuple[bool, str]:
+        waiting = [key for key, want in a.want if not _rolled_out(read_deployment(ctx, *key.split("/", 1)), want)]
+        return not waiting, "waiting: " + ", ".join(waiting) if waiting else "all observed and fully available"
+
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
+             what=f"[{ctx.cluster.name}] Deployments rolled out", progress=ctx.progress)
+
+
 def _rerender(ctx: StageContext, a: A.RerenderDeployment) -> None:
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     patch = {"spec": {"template": {"metadata": {"annotations": {"kvfleet.io/rerender-requested-at": stamp}}}}}
@@ -206,6 +225,7 @@ _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.SetRolloutStrategy: _set_strategy,
     A.VerifyRendered: _verify,
     A.WaitPods: _wait_pods,
+    A.WaitRolledOut: _wait_rolled_out,
     A.RerenderDeployment: _rerender,
     A.ApplyClusterPolicy: _apply_policy,
 }

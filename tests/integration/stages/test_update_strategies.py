@@ -14,6 +14,7 @@ from stagekit import converge_cluster, endpoint, wait_pods_ready, with_cluster
 
 from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.plan import ROLLING as ROLLING_FIELDS
 from kvfleet.fleet.plan import make_plan
 from kvfleet.stages import addons, curvine, dry_run, endpoints, executor, operator_pause, tiered_storage
 
@@ -142,3 +143,43 @@ def test_rolling_and_surge_keep_every_endpoint_serving(fleet_env, make_ctx, inve
     assert [type(a).__name__ for a in applied] == ["SetRolloutStrategy", "SetRolloutStrategy", "WaitPods",
                                                    "SetRolloutStrategy", "SetRolloutStrategy", "RestoreOperator"]
     assert [a.restore for a in applied if isinstance(a, A.SetRolloutStrategy)] == [False, False, True, True]
+
+
+def test_a_temporary_strategy_left_by_a_killed_run_is_put_back_by_the_next(fleet_env, make_ctx,  # type: ignore[no-untyped-def]
+                                                                            inventory) -> None:
+    ctx = converge_cluster(make_ctx, PROD)
+    ep = endpoint(inventory, PROD, "retail-catalog-qa")
+    endpoints.reconcile_wave(ctx, [ep], holder="t/first")
+    twin = fleet_env.twin(PROD)
+
+    def deployment() -> dict[str, Any]:
+        dep: dict[str, Any] = twin.store.get("apps", "deployments", ep.name, ep.namespace)
+        return dep
+
+    original = deployment()["spec"]["strategy"]
+    # The killed run: paused, put its temporary strategy on, died; the teardown restored the operator.
+    operator_pause.pause(ctx, "t/killed")
+    executor.run(ctx, "endpoint", [A.SetRolloutStrategy(ep.ref, ep.namespace, ep.name, A.canonical(ROLLING_FIELDS),
+                                                        original=A.canonical(original))])
+    wait_for_state(lambda: deployment()["status"].get("observedGeneration") == deployment()["metadata"]["generation"])
+    operator_pause.restore(ctx, "t/killed")
+    assert deployment()["spec"]["strategy"] == ROLLING_FIELDS
+    assert deployment()["metadata"]["annotations"][A.ORIGINAL_STRATEGY_ANNOTATION] == A.canonical(original)
+
+    again = make_ctx(PROD)
+    (out,) = endpoints.reconcile_wave(again, [ep], holder="t/next")
+    assert out.outcome == "unchanged"  # the overlay was there all along
+    # Put back inside a pause of its own, the operator restored only once the Deployment is rolled out.
+    assert [type(a).__name__ for a in executor.journal(again)] == ["PauseOperator", "SetRolloutStrategy",
+                                                                   "WaitRolledOut", "RestoreOperator"]
+    assert deployment()["spec"]["strategy"] == original
+    assert A.ORIGINAL_STRATEGY_ANNOTATION not in deployment()["metadata"]["annotations"]
+
+
+def wait_for_state(predicate: Any, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "state not reached"
+        time.sleep(0.05)

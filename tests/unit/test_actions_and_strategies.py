@@ -120,6 +120,9 @@ def test_spare_gpus_counts_allocatable_minus_requested_on_schedulable_nodes() ->
     assert spare_gpus(nodes, pods) == 2
     assert spare_gpus(nodes, [*pods, _pod(None, 1, "Pending")]) == 1  # a Pending pod takes one first
     assert spare_gpus([_node("n", 1)], [_pod("n", 1), _pod("n", 1)]) == 0  # never negative
+    typed = {**_node("g6e", 2), "metadata": {"name": "g6e",
+                                              "labels": {"node.kubernetes.io/instance-type": "ml.g6e.4xlarge"}}}
+    assert spare_gpus([typed, _node("other", 4)], [], "ml.g6e.4xlarge") == 2  # node affinity: that type only
 
 
 FLEET = """

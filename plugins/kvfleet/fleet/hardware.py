@@ -96,13 +96,18 @@ def _schedulable(node: dict[str, Any]) -> bool:
     return ready and not (node.get("spec") or {}).get("unschedulable")
 
 
-def spare_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> int:
-    """How many more one-GPU pods the scheduler could place: per Ready, schedulable node, allocatable GPUs minus
-    the requests of the pods bound to it (never below 0), summed, less the GPUs Pending unbound pods wait for.
-    ``nodes`` and ``pods`` are API objects as dicts (camelCase)."""
+INSTANCE_TYPE_LABEL: Final = "node.kubernetes.io/instance-type"
+
+
+def spare_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], instance_type: str | None = None) -> int:
+    """How many more one-GPU pods the scheduler could place: per Ready, schedulable node (of ``instance_type``
+    when given: the operator's Deployments require it by node affinity), allocatable GPUs minus the requests of
+    the pods bound to it (never below 0), summed, less the GPUs Pending unbound pods wait for (all of them:
+    conservative). ``nodes`` and ``pods`` are API objects as dicts (camelCase)."""
     free = {}
     for n in nodes:
-        if _schedulable(n):
+        labels = n["metadata"].get("labels") or {}
+        if _schedulable(n) and instance_type in (None, labels.get(INSTANCE_TYPE_LABEL)):
             free[str(n["metadata"]["name"])] = _gpus((n.get("status") or {}).get("allocatable"))
     waiting = 0
     for p in pods:

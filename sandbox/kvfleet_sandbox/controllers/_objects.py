@@ -37,6 +37,8 @@ class ReconcileLoop:
         self._pass = pass_fn
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._done = threading.Condition()
+        self._passes = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -53,8 +55,21 @@ class ReconcileLoop:
                 due = self._pass()
             except Exception:
                 log.exception("%s: reconcile pass failed", self._thread.name)
+            with self._done:
+                self._passes += 1
+                self._done.notify_all()
             model_wait = self._tick if due is None else max(0.0, min(self._tick, due))
             self._wake.wait(max(MIN_WAIT_S, self._clock.real(model_wait)))
+
+    @property
+    def passes(self) -> int:
+        """How many passes have finished (failed ones included)."""
+        return self._passes
+
+    def wait_passes(self, n: int, timeout: float) -> bool:
+        """Block until ``n`` passes have finished in all, or ``timeout`` real seconds went by (then False)."""
+        with self._done:
+            return self._done.wait_for(lambda: self._passes >= n, timeout)
 
     def stop(self) -> None:
         self._stop.set()

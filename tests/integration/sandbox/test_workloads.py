@@ -131,7 +131,7 @@ def test_template_change_with_every_gpu_taken_deadlocks_on_max_surge(sb, core, a
     kubectl("set", "env", "deployment/llm", "LMCACHE_REMOTE_URL=fs://localhost:0/mnt/curvine/l2cache/")
     surge = wait_for("the surge pod", lambda: [p for p in pods_of(core, "llm") if p.metadata.name not in old_pods])
     assert len(surge) == 1
-    time.sleep(sb.clock.real(30))  # three pod start-ups: nothing moves
+    sb.twin(CLUSTER).services["workloads"].settle(30)  # three pod start-ups of the twin's clock: nothing moves
     pods = pods_of(core, "llm")
     assert {p.metadata.name for p in pods} == old_pods | {surge[0].metadata.name}
     assert next(p for p in pods if p.metadata.name == surge[0].metadata.name).status.phase == "Pending"
@@ -198,7 +198,10 @@ def test_statefulset_pods_are_ordered_and_an_on_delete_pod_stays_stale_until_kil
     assert ["db-1"] not in seen  # db-1 never came before db-0
     apps.patch_namespaced_stateful_set("db", "default", {"spec": {"template": {"spec": {"containers": [
         {"name": "db", "env": [{"name": "V", "value": "2"}]}]}}}})
-    time.sleep(sb.clock.real(20))
+    old_revision = core.read_namespaced_pod("db-0", "default").metadata.labels["controller-revision-hash"]
+    wait_for("the controller saw the new template", lambda: apps.read_namespaced_stateful_set(
+        "db", "default").status.update_revision not in (None, old_revision))
+    sb.twin(CLUSTER).services["workloads"].settle(20)
     assert {env_of(p)["V"] for p in pods_of(core, "db")} == {"1"}  # OnDelete: stale until the pod goes
     old_uid = core.read_namespaced_pod("db-1", "default").metadata.uid
     assert sb.twin(CLUSTER).services["workloads"].kill_pod("default", "db-1")
@@ -300,7 +303,7 @@ def test_curvine_pvc_binds_only_while_the_master_runs(sb, core, kube_api) -> Non
         e for e in core.list_namespaced_event("default", field_selector="involvedObject.name=curvine-pvc").items
         if e.reason == "ProvisioningFailed"])
     assert "curvine master" in event[0].message and "not reachable" in event[0].message
-    time.sleep(sb.clock.real(20))
+    twin.services["workloads"].settle(20)  # more passes of the binder, the master still down
     assert core.read_namespaced_persistent_volume_claim("curvine-pvc", "default").status.phase == "Pending"
     stub.running = True
     twin.services["workloads"].wake()

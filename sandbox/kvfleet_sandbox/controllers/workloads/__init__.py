@@ -35,12 +35,13 @@ happened since. Time: model time throughout (``twin.clock``); a pass runs on eve
 ``TICK_MODEL_S`` model seconds, or sooner when a pod start is due.
 
 Fault hooks, ``twin.services["workloads"]``: ``kill_pod(namespace, name)``, ``lose_node(node)``,
-``restore_node(node)``, ``add_nodes(n) -> [names]``, ``wake()``.
+``restore_node(node)``, ``add_nodes(n) -> [names]``, ``wake()``; for tests, ``settle(model_s)``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from kvfleet_sandbox.controllers._objects import ReconcileLoop, quantity
@@ -111,6 +112,19 @@ class WorkloadController:
         added = self.nodes.add(n)
         self.wake()
         return added
+
+    def settle(self, model_s: float = 0.0, timeout: float = 30.0) -> None:
+        """Wait until the twin's clock has moved ``model_s`` model seconds and then two passes have finished (so
+        one ran entirely after that moment): whatever the controllers would do by then is done. For tests that
+        assert that something does NOT happen, which a fixed sleep cannot prove on a busy machine (the loop may
+        not have run at all). Raises TimeoutError after ``timeout`` real seconds."""
+        clock = self.twin.clock
+        until = clock.now() + model_s
+        while clock.now() < until:
+            time.sleep(max(0.001, clock.real(until - clock.now())))
+        self._loop.wake()
+        if not self._loop.wait_passes(self._loop.passes + 2, timeout):
+            raise TimeoutError(f"workloads:{self.twin.name}: no two passes within {timeout} s")
 
     def stop(self) -> None:
         self._loop.stop()

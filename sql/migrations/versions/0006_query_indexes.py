@@ -40,6 +40,13 @@ INDEXES: tuple[tuple[str, str], ...] = (
     ("drift_findings_cluster_last_seen", "ON drift_findings (cluster, last_seen DESC)"),
     ("drift_findings_lob", "ON drift_findings (lob) WHERE lob IS NOT NULL"),
     ("step_events_endpoint_lob", "ON step_events (lob) WHERE stage = 'endpoint' AND lob IS NOT NULL"),
+    # ui_fleet: each endpoint's newest change (most steps are 'unchanged' drift checks, which it skips).
+    ("step_events_endpoint_change", "ON step_events (cluster, endpoint, at DESC, id DESC) "
+                                    "WHERE endpoint IS NOT NULL AND outcome NOT IN ('unchanged', 'planned', 'passed')"),
+    # ui_fleet: each endpoint's open drift (drift_findings_open leads with the cluster only).
+    ("drift_findings_open_endpoint", "ON drift_findings (cluster, endpoint) WHERE resolved_at IS NULL"),
+    # ui_fleet: each endpoint's newest verification.
+    ("hit_verifications_endpoint_latest", "ON hit_verifications (cluster, endpoint, id DESC)"),
     # ui_fleet, rollout_by_lob: the newest endpoint step per (cluster, endpoint).
     ("step_events_endpoint_latest",
      "ON step_events (cluster, endpoint, id DESC) WHERE stage = 'endpoint' AND step LIKE 'endpoint:%'"),

@@ -82,7 +82,7 @@ def test_failed_stages_and_a_wave_failed_after_its_crs_end_failed_and_the_crs_ar
     errors = {(s["task_id"], s["cluster"]): s for s in steps if s["step"].startswith("error:")}
     # c-kyverno failed in its stages, c-patch in its canary wave: each error step names its cluster and message
     assert set(errors) == {("cluster.stages", "c-kyverno"), ("cluster.wave_0", "c-patch")}, errors
-    assert "409" in errors[("cluster.stages", "c-kyverno")]["detail"]["error"], errors
+    assert "injected conflict" in errors[("cluster.stages", "c-kyverno")]["detail"]["error"], errors
     assert "pause the inference operator" in errors[("cluster.wave_0", "c-patch")]["detail"]["error"], errors
     # The failed wave applied both canary CRs before failing: written ahead, with their outcome ...
     changes = history.query("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-patch", endpoint=None,

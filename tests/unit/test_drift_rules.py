@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,11 +20,12 @@ PROD, STAGE = "ml-prod-use1", "ml-stage-usw2"
 
 
 @pytest.fixture(scope="module")
-def inv():  # type: ignore[no-untyped-def]
+def inv() -> Any:
     return load_inventory(ROOT / "fleet.example.yaml")
 
 
-def _vllm(ep, settings, *, url=C.L2_URL, seed=C.PYTHONHASHSEED, mount=True):  # type: ignore[no-untyped-def]
+def _vllm(ep: Any, settings: Any, *, url: str | None = C.L2_URL, seed: str | None = C.PYTHONHASHSEED,
+          mount: bool = True) -> dict[str, Any]:
     env = [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
            {"name": C.ENV_REMOTE_SERDE, "value": settings.serde}]
     if seed is not None:
@@ -36,7 +38,7 @@ def _vllm(ep, settings, *, url=C.L2_URL, seed=C.PYTHONHASHSEED, mount=True):  # 
     return c
 
 
-def _objects(ep, settings, **kw):  # type: ignore[no-untyped-def]
+def _objects(ep: Any, settings: Any, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     iec = render_iec(ep, settings)
     spec = {"containers": [_vllm(ep, settings, **kw)],
             "volumes": [{"name": C.L2_VOLUME_NAME, "persistentVolumeClaim": {"claimName": C.CURVINE_PVC}}]
@@ -49,7 +51,7 @@ def _objects(ep, settings, **kw):  # type: ignore[no-untyped-def]
     return iec, dep, pods
 
 
-def converged(inv, cluster: str) -> rules.ClusterObservation:  # type: ignore[no-untyped-def]
+def converged(inv: Any, cluster: str) -> rules.ClusterObservation:
     cl = inv.cluster(cluster)
     obs = rules.ClusterObservation(now=NOW, tiered_mode="Enable", tiered_percent=cl.memory_percent,
                                    operator={"metadata": {"annotations": {}}, "spec": {"replicas": 1}},
@@ -67,23 +69,23 @@ def converged(inv, cluster: str) -> rules.ClusterObservation:  # type: ignore[no
     return obs
 
 
-def kinds(findings):  # type: ignore[no-untyped-def]
+def kinds(findings: Any) -> list[str]:
     return sorted({f.kind for f in findings})
 
 
 @pytest.mark.parametrize("cluster", [PROD, STAGE])
-def test_a_converged_cluster_has_no_finding(inv, cluster) -> None:  # type: ignore[no-untyped-def]
+def test_a_converged_cluster_has_no_finding(inv: Any, cluster: Any) -> None:
     assert rules.classify(inv, cluster, converged(inv, cluster)) == []
 
 
-def _replace_dep(obs, ep, **kw):  # type: ignore[no-untyped-def]
+def _replace_dep(obs: Any, ep: Any, **kw: Any) -> Any:
     _iec, dep, pods = _objects(ep, **kw)
     obs.deployments = [d for d in obs.deployments if d["metadata"]["name"] != ep.name
                        or d["metadata"]["namespace"] != ep.namespace] + [dep]
     return dep, pods
 
 
-def test_operator_rerender_is_patch_lost_with_fields(inv) -> None:  # type: ignore[no-untyped-def]
+def test_operator_rerender_is_patch_lost_with_fields(inv: Any) -> None:
     obs = converged(inv, PROD)
     ep = inv.endpoints_of(PROD)[0]
     _replace_dep(obs, ep, settings=inv.settings, url=C.OPERATOR_L2_URL, mount=False)
@@ -98,7 +100,7 @@ def test_operator_rerender_is_patch_lost_with_fields(inv) -> None:  # type: igno
     assert url.expected == C.L2_URL and url.actual == C.OPERATOR_L2_URL
 
 
-def test_duplicate_url_and_missing_seed(inv) -> None:  # type: ignore[no-untyped-def]
+def test_duplicate_url_and_missing_seed(inv: Any) -> None:
     obs = converged(inv, PROD)
     ep = inv.endpoints_of(PROD)[1]
     dep, _ = _replace_dep(obs, ep, settings=inv.settings, seed=None)
@@ -108,7 +110,7 @@ def test_duplicate_url_and_missing_seed(inv) -> None:  # type: ignore[no-untyped
     assert {"duplicate_l2_url", "hash_seed_missing", "stale_pods"} <= set(kinds(found))
 
 
-def test_pods_that_disagree_on_the_seed(inv) -> None:  # type: ignore[no-untyped-def]
+def test_pods_that_disagree_on_the_seed(inv: Any) -> None:
     obs = converged(inv, PROD)
     ep = inv.endpoints_of(PROD)[0]
     pod = next(p for p in obs.pods if p["metadata"]["name"] == f"{ep.name}-0")
@@ -120,7 +122,7 @@ def test_pods_that_disagree_on_the_seed(inv) -> None:  # type: ignore[no-untyped
     assert mismatch.actual == f"{ep.name}-0=None, {ep.name}-1=0"
 
 
-def test_missing_unmanaged_cr_mismatch_and_pvc(inv) -> None:  # type: ignore[no-untyped-def]
+def test_missing_unmanaged_cr_mismatch_and_pvc(inv: Any) -> None:
     obs = converged(inv, PROD)
     gone, changed = inv.endpoints_of(PROD)[0], inv.endpoints_of(PROD)[1]
     obs.iecs = [i for i in obs.iecs if i["metadata"]["name"] != gone.name]
@@ -137,7 +139,7 @@ def test_missing_unmanaged_cr_mismatch_and_pvc(inv) -> None:  # type: ignore[no-
     assert next(f for f in found if f.kind == "endpoint_unmanaged").endpoint == f"{changed.namespace}/forgotten"
 
 
-def test_cluster_level_kinds(inv) -> None:  # type: ignore[no-untyped-def]
+def test_cluster_level_kinds(inv: Any) -> None:
     obs = converged(inv, STAGE)
     obs.tiered_percent = 40
     obs.addons["cert-manager"] = {"status": "DEGRADED", "version": "v1", "diffs": ["status DEGRADED"]}
@@ -153,7 +155,7 @@ def test_cluster_level_kinds(inv) -> None:  # type: ignore[no-untyped-def]
                                                                         "critical")
 
 
-def test_operator_paused_only_after_the_threshold(inv) -> None:  # type: ignore[no-untyped-def]
+def test_operator_paused_only_after_the_threshold(inv: Any) -> None:
     cl = inv.cluster(PROD)
     threshold = timedelta(minutes=inv.settings.operator_pause_threshold_minutes)
     by_hand = {"metadata": {"annotations": {}}, "spec": {"replicas": 0}}
@@ -168,7 +170,7 @@ def test_operator_paused_only_after_the_threshold(inv) -> None:  # type: ignore[
     assert rules.operator_findings(cl, inv, paused, NOW - threshold - timedelta(minutes=1), None) == []
 
 
-def test_a_pause_whose_pauser_is_dead_is_found_at_once(inv) -> None:  # type: ignore[no-untyped-def]
+def test_a_pause_whose_pauser_is_dead_is_found_at_once(inv: Any) -> None:
     cl = inv.cluster(PROD)
     at = (NOW - timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")  # far below the threshold
     paused = {"metadata": {"name": C.OPERATOR_HELM_DEPLOYMENT,
@@ -184,7 +186,7 @@ def test_a_pause_whose_pauser_is_dead_is_found_at_once(inv) -> None:  # type: ig
     assert rules.operator_findings(cl, inv, paused, NOW, None, other) == []
 
 
-def test_curvine_data_loss_against_the_last_snapshot(inv) -> None:  # type: ignore[no-untyped-def]
+def test_curvine_data_loss_against_the_last_snapshot(inv: Any) -> None:
     cl = inv.cluster(PROD)
     previous = {"files_total": 120, "capacity": 1000, "phase": "after", "step": "curvine_upgrade", "run_key": "r/1",
                 "at": NOW - timedelta(minutes=10)}
@@ -214,7 +216,7 @@ def test_kinds_cover_the_issue() -> None:
     assert issue <= rules.KINDS
 
 
-def test_kyverno_advice(inv) -> None:  # type: ignore[no-untyped-def]
+def test_kyverno_advice(inv: Any) -> None:
     assert rules.kyverno_advice(inv.cluster(PROD), 2) is None
     advice = rules.kyverno_advice(inv.cluster(PROD), 3)
     assert advice and "3 times in 7 days" in advice and "l2_injection: kyverno" in advice
@@ -230,11 +232,12 @@ def test_remediation_plan_groups_by_action() -> None:
     assert [x.kind for x in plan["patch_endpoints"]] == ["patch_lost_to_reconcile", "operator_l2_url"]
 
 
-def test_overloaded_kinds_are_split_so_a_query_by_kind_tells_the_truth(inv) -> None:  # type: ignore[no-untyped-def]
+def test_overloaded_kinds_are_split_so_a_query_by_kind_tells_the_truth(inv: Any) -> None:
     """Issue 21: one kind per condition (a missing add-on, a wrong version, a missing operator, a missing
     release, an unreadable master, a changed policy are each their own kind)."""
     cl = inv.cluster(PROD)
-    addons = {n: {"status": "ACTIVE", "version": "v1", "diffs": []} for n in C.ADDON_ORDER}
+    addons: dict[str, dict[str, Any] | None] = {n: {"status": "ACTIVE", "version": "v1", "diffs": []}
+                                                for n in C.ADDON_ORDER}
     addons["metrics-server"] = None
     addons["cert-manager"] = {"status": "DEGRADED", "version": "v1", "diffs": []}
     (pinned,) = [a for a in cl.addons if a.version]  # the example pins the operator add-on's version

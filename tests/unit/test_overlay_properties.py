@@ -63,6 +63,20 @@ def _get(parent: Any, key: str, path: str) -> Any:
     return parent[key]
 
 
+def _add(parent: Any, key: str, value: Any, path: str) -> None:
+    if isinstance(parent, list):
+        if key == "-":
+            parent.append(value)
+        elif key.isdigit() and int(key) <= len(parent):
+            parent.insert(int(key), value)
+        else:
+            raise PatchFailed(f"bad index {path}")
+    elif isinstance(parent, dict):
+        parent[key] = value
+    else:
+        raise PatchFailed(f"no container at {path}")
+
+
 def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     for op in ops:
@@ -77,17 +91,7 @@ def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any
             _get(parent, key, op["path"])
             parent[int(key) if isinstance(parent, list) else key] = copy.deepcopy(op["value"])
         elif op["op"] == "add":
-            if isinstance(parent, list):
-                if key == "-":
-                    parent.append(copy.deepcopy(op["value"]))
-                elif key.isdigit() and int(key) <= len(parent):
-                    parent.insert(int(key), copy.deepcopy(op["value"]))
-                else:
-                    raise PatchFailed(f"bad index {op['path']}")
-            elif isinstance(parent, dict):
-                parent[key] = copy.deepcopy(op["value"])
-            else:
-                raise PatchFailed(f"no container at {op['path']}")
+            _add(parent, key, copy.deepcopy(op["value"]), op["path"])
         else:
             raise PatchFailed(f"unsupported op {op['op']}")
     return doc

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from driftkit import PROD, STAGE
@@ -24,35 +26,36 @@ MUTATING_AWS = {"UpdateCluster", "CreateAddon", "UpdateAddon", "DeleteAddon", "C
 _runs = iter(range(1, 1000))
 
 
-def _run_ctx(drift_ctx, history, cluster=PROD, **kw):  # type: ignore[no-untyped-def]
+def _run_ctx(drift_ctx: Any, history: Any, cluster: str = PROD, **kw: Any) -> Any:
     run_key = f"kvfleet_drift_check/t{next(_runs)}"
     history.start_run(run_key, dag_id="kvfleet_drift_check", run_id=run_key, trigger="test", triggered_by=None,
                       params={})
     return drift_ctx(cluster, history=history, step_key=StepKey(run_key, "check_cluster"), **kw)
 
 
-def _check(drift_ctx, history, cluster=PROD, *, remediate=False, now=None, **kw):  # type: ignore[no-untyped-def]
+def _check(drift_ctx: Any, history: Any, cluster: str = PROD, *, remediate: bool = False,
+           now: datetime | None = None, **kw: Any) -> drift.DriftResult:
     return drift.check(_run_ctx(drift_ctx, history, cluster, **kw), remediate=remediate, now=now)
 
 
-def _open(history, cluster=PROD):  # type: ignore[no-untyped-def]
+def _open(history: Any, cluster: str = PROD) -> list[dict[str, Any]]:
     return [r for r in history.query("open_drift") if r["cluster"] == cluster]
 
 
-def _mutating(sandbox, cluster):  # type: ignore[no-untyped-def]
+def _mutating(sandbox: Any, cluster: str) -> dict[str, list[Any]]:
     store = sandbox.twin(cluster).store
     k8s = [(r.verb, r.resource, r.namespace, r.name) for r in store.request_log
            if r.verb in MUTATING_K8S and not r.dry_run]
     return {"k8s": k8s, "aws": [op for op in sandbox.aws.operations() if op in MUTATING_AWS]}
 
 
-def _reset(sandbox) -> None:  # type: ignore[no-untyped-def]
+def _reset(sandbox: Any) -> None:
     for twin in sandbox.twins.values():
         twin.store.reset_request_log()
     sandbox.aws.reset_request_log()
 
 
-def _wait(predicate, what, timeout=30.0):  # type: ignore[no-untyped-def]
+def _wait(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -60,7 +63,7 @@ def _wait(predicate, what, timeout=30.0):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def converged(drift_sandbox, drift_history):  # type: ignore[no-untyped-def]
+def converged(drift_sandbox: Any, drift_history: Any) -> Any:
     """Stages 1–3 and the three endpoints of the patch-mode cluster, rolled out once for the module."""
     from kvfleet.stages.base import StageContext, Timeouts
 
@@ -76,8 +79,8 @@ def converged(drift_sandbox, drift_history):  # type: ignore[no-untyped-def]
     return drift_sandbox
 
 
-def test_a_converged_cluster_has_no_finding_and_the_check_changes_nothing(converged, drift_ctx,
-                                                                           drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_a_converged_cluster_has_no_finding_and_the_check_changes_nothing(converged: Any, drift_ctx: Any,
+        drift_history: Any) -> None:
     _reset(converged)
     result = _check(drift_ctx, drift_history)
     assert result.reachable and [f.text() for f in result.findings] == []
@@ -85,11 +88,11 @@ def test_a_converged_cluster_has_no_finding_and_the_check_changes_nothing(conver
     assert _open(drift_history) == []
 
 
-def _ep(inv, name, cluster=PROD):  # type: ignore[no-untyped-def]
+def _ep(inv: Any, name: str, cluster: str = PROD) -> Any:
     return next(e for e in inv.endpoints if e.cluster == cluster and e.name == name)
 
 
-def _pods_settled(twin, ep, url):  # type: ignore[no-untyped-def]
+def _pods_settled(twin: Any, ep: Any, url: str) -> Callable[[], bool]:
     def ok() -> bool:
         pods = [p for p in twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}")
                 if not p["metadata"].get("deletionTimestamp")]
@@ -101,8 +104,8 @@ def _pods_settled(twin, ep, url):  # type: ignore[no-untyped-def]
     return ok
 
 
-def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fixes_it(
-        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fixes_it(converged: Any,
+        drift_ctx: Any, drift_history: Any) -> None:
     inv = converged.inventory
     ep = _ep(inv, "retail-assistant")
     twin = converged.twin(PROD)
@@ -161,8 +164,8 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
 
 
 
-def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse_values(
-        converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse_values(converged: Any,
+        drift_ctx: Any, drift_history: Any) -> None:
     ctx = drift_ctx(PROD)
     spec = ctx.cluster.curvine
     twin = converged.twin(PROD)
@@ -215,8 +218,8 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
     assert after.findings == [] and after.sync["resolved"] == 0  # the flag and the loss were resolved by `fixed`
 
 
-def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(
-        converged, drift_ctx, drift_history, kube_api) -> None:  # type: ignore[no-untyped-def]
+def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(converged: Any, drift_ctx: Any,
+        drift_history: Any, kube_api: Any) -> None:
     from kubernetes import client
 
     ctx = drift_ctx(PROD)
@@ -245,7 +248,7 @@ def test_operator_scaled_to_zero_by_hand_is_operator_paused_after_the_threshold(
     assert _check(drift_ctx, drift_history, now=later).findings == []
 
 
-def test_a_kvfleet_pause_left_behind_is_restored(converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_a_kvfleet_pause_left_behind_is_restored(converged: Any, drift_ctx: Any, drift_history: Any) -> None:
     from kvfleet.stages import operator_pause
 
     ctx = drift_ctx(PROD)
@@ -261,7 +264,7 @@ def test_a_kvfleet_pause_left_behind_is_restored(converged, drift_ctx, drift_his
     assert _check(drift_ctx, drift_history).findings == []
 
 
-def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history, kube_api) -> None:  # type: ignore[no-untyped-def]
+def test_pods_that_disagree_on_the_hash_seed(converged: Any, drift_ctx: Any, drift_history: Any, kube_api: Any) -> None:
     from kubernetes import client
 
     ep = _ep(converged.inventory, "payments-disputes")
@@ -287,7 +290,7 @@ def test_pods_that_disagree_on_the_hash_seed(converged, drift_ctx, drift_history
     assert _check(drift_ctx, drift_history).sync["resolved"] == 2
 
 
-def test_inventory_against_the_live_fleet(converged, drift_ctx) -> None:  # type: ignore[no-untyped-def]
+def test_inventory_against_the_live_fleet(converged: Any, drift_ctx: Any) -> None:
     """The live cluster stays converged; the inventory moves: every difference is a finding with its fields."""
     from kvfleet.fleet.inventory import AddonSpec, Endpoint
 
@@ -323,8 +326,8 @@ def test_inventory_against_the_live_fleet(converged, drift_ctx) -> None:  # type
     }
 
 
-def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged, drift_ctx,
-                                                                       drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged: Any, drift_ctx: Any,
+        drift_history: Any) -> None:
     # The kyverno-mode cluster was never rolled out: its check reports, among the rest, the missing policy.
     stage_first = _check(drift_ctx, drift_history, STAGE)
     assert {"policy_missing", "endpoint_missing", "addon_missing", "tiered_storage_mismatch"} <= \

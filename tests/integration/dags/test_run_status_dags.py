@@ -4,6 +4,8 @@ DAG-level callbacks (kvfleet.airflow.run_status) through dag.test() against a sa
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
+def conf(fleet: Path, **overrides: Any) -> dict[str, Any]:
     """Every Param explicitly: dag.test() keeps the Params of an earlier run in the same process."""
     base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 3,
             "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "none", "approval": "none",

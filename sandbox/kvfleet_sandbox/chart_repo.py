@@ -140,14 +140,6 @@ class ChartRepository:
             self._packages[pkg.filename] = pkg
         return pkg
 
-    def unpublish(self, name: str, version: str) -> None:
-        with self._lock:
-            self._packages.pop(f"{name}-{version}.tgz", None)
-
-    def chart_versions(self, name: str) -> list[str]:
-        with self._lock:
-            return [p.version for p in self._packages.values() if p.name == name]
-
     def index_yaml(self) -> str:
         with self._lock:
             packages = list(self._packages.values())

@@ -184,7 +184,3 @@ class EventRecorder:
             "source": {"component": self._component}, "reportingComponent": self._component,
             "firstTimestamp": when, "lastTimestamp": when, "count": 1,
         })
-
-    def forget(self, uid: str) -> None:
-        with self._lock:
-            self._sent = {k for k in self._sent if k[0] != uid}

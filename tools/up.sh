@@ -107,10 +107,13 @@ env.update({
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
     "KVFLEET_POLL_SECONDS": "0.2",  # the sandbox's control plane runs on a scaled clock
     "KVFLEET_STATE_DIR": str(up.parent),
+    "AIRFLOW_API_URL": f"http://127.0.0.1:{port}",  # `kvfleet gate` answers over the REST API as this user
+    "AIRFLOW_API_USER": user,
 })
 for key, value in sorted(env.items()):
     print(f"export {key}={shlex.quote(value)}")
 ENV
+echo "export AIRFLOW_API_PASSWORD=$(printf %q "$PASSWORD")" >>"$UP/env"
 chmod 600 "$UP/env"
 # shellcheck disable=SC1091
 source "$UP/sandbox/env"

@@ -349,3 +349,68 @@ def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged:
     assert len(_open(drift_history, STAGE)) == stage_open + 1
     back = _check(drift_ctx, drift_history, STAGE)
     assert back.reachable and back.sync["resolved"] == 1
+
+
+def test_an_l2_volume_on_the_wrong_claim_converges_in_one_remediation(
+        converged: Any, drift_ctx: Any, drift_history: Any, kube_api: Any) -> None:
+    """Issue 15: the volume named curvine-l2 points at another claim. It used to be flagged with no patch
+    operation, so the wave paused the operator, scaled to 0, patched nothing and raised, on every check."""
+    from kubernetes import client
+
+    from kvfleet.fleet.endpoint_spec import pvc_manifest
+    from kvfleet.stages import operator_pause
+
+    inv = converged.inventory
+    ep = _ep(inv, "payments-disputes")
+    ctx = drift_ctx(PROD)
+    api = kube_api(converged, PROD)  # a person with admin rights, not kvfleet's identity
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    twin = converged.twin(PROD)
+    wrong = "someone-elses-pvc"
+    core.create_namespaced_persistent_volume_claim(
+        ep.namespace, pvc_manifest(ep.namespace, inv.cluster(PROD).curvine.storage_class, name=wrong))
+    _wait(lambda: (twin.store.get("", "persistentvolumeclaims", wrong, ep.namespace).get("status") or {})
+          .get("phase") == "Bound", "the other claim Bound")
+
+    def on_claim(claim: str) -> Callable[[], bool]:
+        def ok() -> bool:
+            dep = twin.store.get("apps", "deployments", ep.name, ep.namespace)
+            vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+            pods = [p for p in twin.store.list("", "pods", ep.namespace, label_selector=f"app={ep.name}")
+                    if not p["metadata"].get("deletionTimestamp")]
+            ready = [p for p in pods if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                            for c in (p.get("status") or {}).get("conditions") or [])]
+            claims = {v["persistentVolumeClaim"]["claimName"] for p in ready for v in p["spec"]["volumes"]
+                      if v["name"] == C.L2_VOLUME_NAME}
+            return (vols[C.L2_VOLUME_NAME]["persistentVolumeClaim"]["claimName"] == claim
+                    and len(pods) == len(ready) == ep.replicas and claims == {claim})
+        return ok
+
+    # The edit is made as the safe sequence makes one (operator paused, scaled to 0), so the operator, restored
+    # on a fully available Deployment, leaves it alone.
+    operator_pause.pause(ctx, "t/hand-edit")
+    try:
+        apps.patch_namespaced_deployment_scale(ep.name, ep.namespace, {"spec": {"replicas": 0}})
+        dep = twin.store.get("apps", "deployments", ep.name, ep.namespace)
+        i = next(i for i, v in enumerate(dep["spec"]["template"]["spec"]["volumes"]) if v["name"] == C.L2_VOLUME_NAME)
+        apps.patch_namespaced_deployment(ep.name, ep.namespace, [
+            {"op": "replace", "path": f"/spec/template/spec/volumes/{i}/persistentVolumeClaim/claimName",
+             "value": wrong}])
+        apps.patch_namespaced_deployment_scale(ep.name, ep.namespace, {"spec": {"replicas": ep.replicas}})
+        _wait(on_claim(wrong), "pods on the wrong claim")
+    finally:
+        operator_pause.restore(ctx, "t/hand-edit")
+
+    try:
+        first = _check(drift_ctx, drift_history)
+        assert [(f.kind, f.field, f.actual) for f in first.findings] == [
+            ("patch_lost_to_reconcile", f"spec.template.spec.volumes[{C.L2_VOLUME_NAME}]", f"pvc {wrong}")]
+        _reset(converged)
+        fixed = _check(drift_ctx, drift_history, remediate=True)
+        (action,) = fixed.remediations
+        assert (action["action"], action["outcome"]) == ("patch_endpoints", "changed"), action
+        assert on_claim(C.CURVINE_PVC)()
+        assert _open(drift_history) == []  # converged in this one run
+        assert _check(drift_ctx, drift_history).findings == []
+    finally:
+        core.delete_namespaced_persistent_volume_claim(wrong, ep.namespace)

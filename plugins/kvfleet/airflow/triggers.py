@@ -1,0 +1,543 @@
+"""Triggers: kvfleet's waits and its drift watch run in Airflow's triggerer, not in a worker slot (issue 19,
+ARCHITECTURE principle 9).
+
+Called from the operators and task bodies that ``self.defer()`` (``LeaseFreeTrigger``, ``ClusterReadyTrigger``)
+and from ``dags/kvfleet_drift_watch.py`` (``KubeWatchTrigger`` inside an ``AssetWatcher``). The bake needs no
+trigger of ours: it is Airflow's own ``DateTimeTrigger``.
+
+Shapes follow the real Airflow 3.3.2 sources (read in ``apache-airflow-core`` 3.3.2 and the providers pinned in
+this venv):
+- ``airflow/triggers/base.py``: ``serialize()`` returns ``(classpath, kwargs)`` that re-create the trigger;
+  ``run()`` is an async generator of ``TriggerEvent``; a ``BaseEventTrigger`` (event-driven scheduling) is
+  identified by the hash of its classpath and kwargs, so its kwargs must not change while it runs, and the
+  triggerer injects ``asset_state_store`` (``AssetStateStoreAccessors``) before ``run()`` — the place a watcher
+  keeps its watermark across triggerer restarts (``airflow/jobs/triggerer_job_runner.py``).
+- ``providers/amazon/.../triggers/base.py`` (``AwsBaseWaiterTrigger``) and ``providers/cncf/kubernetes/triggers/
+  pod.py``: poll with ``asyncio.sleep`` between checks, yield exactly one event carrying ``status``
+  (``success`` / ``error``) and a message, and let the operator's resume method turn ``error`` into a failure.
+- ``providers/standard/triggers/temporal.py`` (``DateTimeTrigger``): the bake waits on it unchanged.
+
+Blocking clients (SQLAlchemy, boto3, the official kubernetes client) run in threads (``asyncio.to_thread`` or a
+daemon thread feeding an ``asyncio.Queue``), never on the triggerer's event loop. Heavy modules are imported
+inside ``run()`` only: the DAG file that builds a ``KubeWatchTrigger`` stays lean at parse time.
+
+Terminal-state algebra as in ``kvfleet.clients.hyperpod``: a state that can never become the target ends the
+wait at once with an ``error`` event naming the state and the service's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+log = logging.getLogger(__name__)
+
+SUCCESS: Final = "success"
+ERROR: Final = "error"
+CHANGED: Final = "changed"
+
+
+def _event(payload: dict[str, Any]) -> TriggerEvent:
+    return TriggerEvent(payload)  # type: ignore[no-untyped-call]
+
+
+def _classpath(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+# ---- the lease ----------------------------------------------------------------------------------------------
+class LeaseFreeTrigger(BaseTrigger):
+    """Waits until ``cluster``'s lease (``cluster_locks``, rules in ``kvfleet.history.leases``) is free, ours
+    (``holder``'s run), or held by the dead (expired ttl). The waiting task then takes it with ``try_take``: the
+    trigger only says when trying is worth it, so two waiters racing stay safe.
+
+    Fails fast: a history database that refuses us for good (the table is missing: migrations not applied; the
+    role lacks SELECT) is an ``error`` event, as is ``timeout_s`` running out (the user's patience, named with the
+    holder). A connection error is transient: it is logged and polled again."""
+
+    def __init__(self, cluster: str, holder: str, *, history_url: str | None = None, poll_s: float = 5.0,
+                 timeout_s: float | None = None, started_at: float | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.cluster, self.holder, self.history_url = cluster, holder, history_url
+        self.poll_s, self.timeout_s = float(poll_s), timeout_s
+        # Wall clock, so the deadline survives a triggerer restart (re-created from serialize()).
+        self.started_at = float(started_at) if started_at is not None else time.time()
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return _classpath(self), {"cluster": self.cluster, "holder": self.holder, "history_url": self.history_url,
+                                  "poll_s": self.poll_s, "timeout_s": self.timeout_s,
+                                  "started_at": self.started_at}
+
+    def _check(self) -> tuple[str | None, str]:
+        """(status or None: keep waiting, message). Runs in a thread."""
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+
+        from kvfleet.history.db import get_engine
+        from kvfleet.history.leases import Leases, judge, run_key_of, utcnow
+
+        try:
+            row = Leases(get_engine(self.history_url)).get(self.cluster)
+        except ProgrammingError as exc:  # undefined table, permission denied: waiting cannot fix it
+            return ERROR, f"lease table unreadable for {self.cluster}: {exc.orig}"
+        except OperationalError as exc:
+            log.warning("[%s] history database unreachable, polling again: %s", self.cluster, exc.orig)
+            return None, "history database unreachable"
+        if row is None:
+            return SUCCESS, f"no lease on {self.cluster}"
+        if run_key_of(str(row["holder"])) == run_key_of(self.holder):
+            return SUCCESS, f"the lease on {self.cluster} is held by our own run ({row['holder']})"
+        verdict = judge(row, utcnow())
+        if not verdict.alive:
+            return SUCCESS, f"the lease on {self.cluster} held by {row['holder']} is dead: {verdict.reason}"
+        return None, (f"{self.cluster} is locked by {row['holder']} ({row.get('purpose')}), {verdict.reason}")
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            status, message = await asyncio.to_thread(self._check)
+            if status is not None:
+                yield _event({"status": status, "cluster": self.cluster, "message": message})
+                return
+            waited = time.time() - self.started_at
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                yield _event({"status": ERROR, "cluster": self.cluster, "reason": "timeout",
+                                    "message": f"{message}; waited {waited:.0f}s of {self.timeout_s:.0f}s. Wait "
+                                               "for that run to finish, or stop it (a stopped run's lease is "
+                                               "free at once)."})
+                return
+            self.log.info("[%s] %s; waited %.0fs", self.cluster, message, waited)
+            await asyncio.sleep(self.poll_s)
+
+
+# ---- cluster readiness ----------------------------------------------------------------------------------------
+class ClusterReadyTrigger(BaseTrigger):
+    """Waits until the HyperPod cluster is ``InService`` (SageMaker DescribeCluster) or, with ``addon``, until
+    that EKS add-on of the cluster's EKS cluster is ``ACTIVE``. The states are the frozensets of
+    ``kvfleet.clients.hyperpod`` (``CLUSTER_OK``/``CLUSTER_FAILED``, ``ADDON_OK``/``ADDON_FAILED``): a failed
+    state, or a cluster or add-on that does not exist, is an ``error`` event at once with the service's
+    FailureMessage or health issues. SageMaker has no cluster waiter in botocore, so this polls as the amazon
+    provider's ``AwsBaseWaiterTrigger`` does (sleep between attempts, one event)."""
+
+    def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
+                 addon: str | None = None, poll_s: float = 10.0, timeout_s: float | None = None,
+                 started_at: float | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.cluster, self.region, self.aws_conn_id, self.addon = cluster, region, aws_conn_id, addon
+        self.poll_s, self.timeout_s = float(poll_s), timeout_s
+        self.started_at = float(started_at) if started_at is not None else time.time()
+        self._client: Any = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return _classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
+                                  "addon": self.addon, "poll_s": self.poll_s, "timeout_s": self.timeout_s,
+                                  "started_at": self.started_at}
+
+    def _hyperpod(self) -> Any:
+        if self._client is None:
+            from kvfleet.clients.hyperpod import HyperPodClient
+
+            self._client = HyperPodClient(self.region, self.aws_conn_id)
+        return self._client
+
+    def _check(self) -> tuple[str | None, str]:
+        """(status or None: keep waiting, message). Runs in a thread."""
+        from kvfleet.clients.hyperpod import ADDON_FAILED, ADDON_OK, CLUSTER_FAILED, CLUSTER_OK
+
+        cluster = self._hyperpod().describe_cluster(self.cluster)
+        if cluster is None:
+            return ERROR, f"HyperPod cluster {self.cluster!r} not found in {self.region}"
+        if cluster.status in CLUSTER_FAILED:
+            return ERROR, (f"HyperPod cluster {self.cluster} is {cluster.status}: "
+                           f"{cluster.failure_message or 'no FailureMessage'}")
+        if self.addon is None or cluster.status not in CLUSTER_OK:
+            ok = cluster.status in CLUSTER_OK
+            return (SUCCESS if ok else None), f"HyperPod cluster {self.cluster} is {cluster.status}"
+        state = self._hyperpod().describe_addon(cluster.eks_cluster_name, self.addon)
+        status = (state or {}).get("status", "MISSING")
+        if status in ADDON_OK:
+            return SUCCESS, f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is ACTIVE"
+        if state is None or status in ADDON_FAILED:
+            issues = "; ".join(f"{i.get('code')}: {i.get('message')}"
+                               for i in ((state or {}).get("health") or {}).get("issues", []))
+            return ERROR, (f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is {status}: "
+                           f"{issues or 'no health issues'}")
+        return None, f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is {status}"
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                status, message = await asyncio.to_thread(self._check)
+            except Exception as exc:  # kvfleet's classify(): PermanentError ends the wait, the rest is retried
+                from kvfleet.errors import PermanentError
+
+                if isinstance(exc, PermanentError):
+                    status, message = ERROR, str(exc)
+                else:
+                    status, message = None, f"transient: {exc}"
+            if status is not None:
+                yield _event({"status": status, "cluster": self.cluster, "addon": self.addon,
+                                    "message": message})
+                return
+            waited = time.time() - self.started_at
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                yield _event({"status": ERROR, "cluster": self.cluster, "addon": self.addon,
+                                    "reason": "timeout", "message": f"{message} after {waited:.0f}s"})
+                return
+            self.log.info("[%s] %s; waiting (%.0fs)", self.cluster, message, waited)
+            await asyncio.sleep(self.poll_s)
+
+
+# ---- the drift watch ----------------------------------------------------------------------------------------
+# kvfleet's own writes: the field manager kvfleet's clients declare (the API server records the manager in
+# managedFields; on a real API server with no fieldManager set it is the User-Agent's product token), or a
+# change id kvfleet writes with every change (annotation, or a label on Helm's release Secret via
+# ``helm upgrade --labels``). A change is kvfleet's when the newest managedFields entry is kvfleet's, or when the
+# change id is new in this version of the object.
+OWN_FIELD_MANAGER_PREFIX: Final = "kvfleet"
+OWN_CHANGE_ANNOTATION: Final = "kvfleet.io/change-id"
+# Annotations controllers rewrite on their own (Deployment revision): not a change of the desired state.
+_NOISY_ANNOTATION_PREFIXES: Final = ("deployment.kubernetes.io/",)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One watched collection: ``kind`` names it in events; ``api``/``method`` the client call; ``selector``
+    the label selector sent to the API server; ``keep`` a filter the server cannot express (a name prefix)."""
+
+    kind: str
+    api: str
+    method: str
+    selector: str | None = None
+    args: tuple[str, ...] = ()
+    fingerprint_of: tuple[str, ...] = ("spec",)
+    keep: Callable[[Mapping[str, Any]], bool] = field(default=lambda _obj: True)
+    events: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def _managed(selector_label: str) -> str:
+    return f"{selector_label}=kvfleet"
+
+
+def _is_curvine_release(obj: Mapping[str, Any]) -> bool:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get("name", "")).startswith("curvine")
+
+
+def _is_watched_deployment(obj: Mapping[str, Any]) -> bool:
+    from kvfleet.fleet.constants import MANAGED_BY_LABEL, OPERATOR_DEPLOYMENTS, OPERATOR_NAMESPACE
+
+    meta = obj.get("metadata") or {}
+    if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == "kvfleet":
+        return True
+    return meta.get("namespace") == OPERATOR_NAMESPACE and meta.get("name") in OPERATOR_DEPLOYMENTS
+
+
+def streams() -> tuple[Stream, ...]:
+    """What the drift watch watches, per cluster: the collections the drift check observes (``stages.drift``)."""
+    from kvfleet.fleet.constants import IEC_GROUP, IEC_PLURAL, IEC_VERSION, MANAGED_BY_LABEL
+
+    return (
+        Stream("InferenceEndpointConfig", "custom", "list_cluster_custom_object", _managed(MANAGED_BY_LABEL),
+               (IEC_GROUP, IEC_VERSION, IEC_PLURAL)),
+        # Every Deployment: the endpoints' (managed-by label) and the operator's controller (by name).
+        Stream("Deployment", "apps", "list_deployment_for_all_namespaces", keep=_is_watched_deployment),
+        # Pods come and go with every rollout and node loss (the Deployment shows what was asked); a Pod counts
+        # when its labels or annotations are changed by hand.
+        Stream("Pod", "core", "list_pod_for_all_namespaces", _managed(MANAGED_BY_LABEL), fingerprint_of=(),
+               events=frozenset({"MODIFIED"})),
+        # Helm's release records: a new revision (an upgrade or rollback by hand) is a new Secret; deleting an
+        # old one is Helm's own history pruning.
+        Stream("Secret", "core", "list_secret_for_all_namespaces", "owner=helm", fingerprint_of=("data",),
+               keep=_is_curvine_release, events=frozenset({"ADDED", "MODIFIED"})),
+    )
+
+
+def fingerprint(obj: Mapping[str, Any], parts: tuple[str, ...]) -> str:
+    """What a change of the desired state changes: labels, annotations (without controller noise), ``parts``."""
+    meta = obj.get("metadata") or {}
+    notes = {k: v for k, v in (meta.get("annotations") or {}).items()
+             if not k.startswith(_NOISY_ANNOTATION_PREFIXES)}
+    body = {"labels": meta.get("labels") or {}, "annotations": notes, **{p: obj.get(p) for p in parts}}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _change_id(obj: Mapping[str, Any] | None) -> str | None:
+    meta = (obj or {}).get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(OWN_CHANGE_ANNOTATION) or \
+        (meta.get("labels") or {}).get(OWN_CHANGE_ANNOTATION.replace("/", "."))
+    return str(value) if value else None
+
+
+def newest_manager(obj: Mapping[str, Any]) -> str | None:
+    entries = ((obj.get("metadata") or {}).get("managedFields")) or []
+    if not entries:
+        return None
+    newest = max(entries, key=lambda e: str(e.get("time") or ""))
+    return str(newest.get("manager") or "") or None
+
+
+def is_own_change(prev: Mapping[str, Any] | None, obj: Mapping[str, Any]) -> bool:
+    """Did a kvfleet run make this change? Its field manager wrote last, or it carries a new change id."""
+    manager = newest_manager(obj)
+    if manager is not None and manager.startswith(OWN_FIELD_MANAGER_PREFIX):
+        return True
+    change = _change_id(obj)
+    return change is not None and change != _change_id(prev)
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or '-'}/{meta.get('name')}"
+
+
+@dataclass
+class Burst:
+    """Changes seen since the last event; emitted once the watch has been quiet for ``quiet_s`` (or the burst
+    has lasted ``max_burst_s``: steady churn still reports)."""
+
+    first_at: float = 0.0
+    last_at: float = 0.0
+    changes: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, change: dict[str, str], now: float) -> None:
+        if not self.changes:
+            self.first_at = now
+        self.last_at = now
+        self.changes.append(change)
+
+    def due(self, now: float, quiet_s: float, max_burst_s: float) -> bool:
+        return bool(self.changes) and (now - self.last_at >= quiet_s or now - self.first_at >= max_burst_s)
+
+
+class _Watcher:
+    """One stream's list + watch loop in a daemon thread (the official client's watch is blocking), feeding
+    ``(kind, type, object)`` items to the trigger's queue. Resumes from ``rv``; a 410 Gone re-lists."""
+
+    def __init__(self, stream: Stream, access: Any, rv: str | None, put: Callable[[tuple[str, str, Any]], None],
+                 timeout_s: int) -> None:
+        self.stream, self.access, self.rv, self.put, self.timeout_s = stream, access, rv, put, timeout_s
+        self.stop = threading.Event()
+        self.watch: Any = None
+        self.thread = threading.Thread(target=self._run, name=f"kvfleet-watch-{stream.kind}", daemon=True)
+
+    def _fn(self) -> Callable[..., Any]:
+        return getattr(getattr(self.access, self.stream.api), self.stream.method)  # type: ignore[no-any-return]
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"label_selector": self.stream.selector} if self.stream.selector else {}
+
+    def relist(self) -> None:
+        resp = self._fn()(*self.stream.args, _preload_content=False, **self._kwargs())
+        try:
+            raw = json.loads(resp.data or b"{}")
+        finally:
+            resp.release_conn()
+        for obj in raw.get("items") or []:
+            self.put((self.stream.kind, "LISTED", obj))
+        self.rv = str((raw.get("metadata") or {}).get("resourceVersion") or "") or None
+
+    def _run(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        while not self.stop.is_set():
+            try:
+                if self.rv is None:
+                    self.relist()
+                self.watch = watch.Watch()
+                for event in self.watch.stream(self._fn(), *self.stream.args, resource_version=self.rv,
+                                               allow_watch_bookmarks=True, timeout_seconds=self.timeout_s,
+                                               deserialize=False, **self._kwargs()):
+                    obj = event.get("object") or {}
+                    self.rv = str((obj.get("metadata") or {}).get("resourceVersion") or self.rv)
+                    self.put((self.stream.kind, str(event.get("type")), obj))
+                    if self.stop.is_set():
+                        break
+            except ApiException as exc:
+                if self._failed(exc):
+                    return
+            except Exception as exc:  # network: back off, resume from self.rv
+                log.warning("[%s] watch interrupted (%s), resuming from %s", self.stream.kind, exc, self.rv)
+                self.stop.wait(1.0)
+
+    def _failed(self, exc: Any) -> bool:
+        if exc.status == 410:  # too old resource version: the history moved on; re-list
+            log.info("[%s] 410 Gone at resourceVersion %s: re-listing", self.stream.kind, self.rv)
+            self.rv = None
+            self.put((self.stream.kind, "RESYNC", {}))
+            return False
+        if exc.status in (401, 403, 404):
+            self.put((self.stream.kind, "FAILED", {"status": exc.status, "reason": str(exc.reason)}))
+            return True
+        log.warning("[%s] watch error %s, retrying", self.stream.kind, exc.status)
+        self.stop.wait(1.0)
+        return False
+
+
+class KubeWatchTrigger(BaseEventTrigger):
+    """A Kubernetes watch on one cluster for the drift check (issue 19, "Event-driven drift").
+
+    Watches the InferenceEndpointConfigs, Deployments and Pods kvfleet manages (``managed-by=kvfleet``), the
+    Inference Operator's controller Deployment and Curvine's Helm release Secrets (``owner=helm``, release name
+    ``curvine*``), each with ``resourceVersion`` and ``allowWatchBookmarks``: a bookmark advances the version
+    without an object, a 410 Gone re-lists (and reports a ``resync``: changes may have been missed). A change
+    counts when it changes what the desired state covers (``fingerprint``: labels, annotations, spec / data; a
+    status update does not), and when kvfleet's own runs did not make it (``is_own_change``).
+
+    One ``TriggerEvent`` per burst: after ``quiet_s`` without a further change (or ``max_burst_s`` of steady
+    churn). Its payload names the cluster, so the DAG scheduled on the asset checks that cluster only.
+
+    Restart: Airflow identifies an event trigger by its classpath and kwargs, so ``serialize()`` returns the
+    constructor's kwargs. The watermark (each stream's last resourceVersion) goes to the asset's state store after
+    every event (``asset_state_store``, injected by the triggerer); a restarted trigger resumes each watch from it
+    (or from ``resource_versions`` passed in). A resumed watch compares replayed versions with a fresh list, so a
+    change made while no triggerer ran still fires."""
+
+    def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
+                 quiet_s: float = 15.0, max_burst_s: float = 120.0, watch_timeout_s: int = 300,
+                 resource_versions: Mapping[str, str] | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.cluster, self.region, self.aws_conn_id = cluster, region, aws_conn_id
+        self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
+        self.resource_versions: dict[str, str] = dict(resource_versions or {})
+        self._watchers: list[_Watcher] = []
+        self._access: Any = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return _classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
+                                  "quiet_s": self.quiet_s, "max_burst_s": self.max_burst_s,
+                                  "watch_timeout_s": self.watch_timeout_s,
+                                  "resource_versions": dict(self.resource_versions)}
+
+    def checkpoint(self) -> tuple[str, dict[str, Any]]:
+        """``serialize()`` with the watermark reached so far: a trigger re-created from it resumes there."""
+        path, kwargs = self.serialize()
+        kwargs["resource_versions"] = {w.stream.kind: w.rv for w in self._watchers if w.rv} or \
+            kwargs["resource_versions"]
+        return path, kwargs
+
+    def _connect(self) -> Any:
+        from kvfleet.clients.hyperpod import HyperPodClient
+        from kvfleet.clients.kube import ClusterAccess
+
+        return ClusterAccess.from_hyperpod(HyperPodClient(self.region, self.aws_conn_id), self.cluster)
+
+    async def _saved_versions(self) -> dict[str, str]:
+        store = getattr(self, "asset_state_store", None)
+        if store is not None:
+            try:
+                saved = await store.aget("resource_versions")
+                if isinstance(saved, dict):
+                    return {str(k): str(v) for k, v in saved.items()}
+            except Exception as exc:  # the store is an optimisation: a fresh list is always correct
+                self.log.warning("[%s] no saved resourceVersions: %s", self.cluster, exc)
+        return dict(self.resource_versions)
+
+    async def _save_versions(self, versions: dict[str, str]) -> None:
+        self.resource_versions = versions
+        store = getattr(self, "asset_state_store", None)
+        if store is not None:
+            try:
+                await store.aset("resource_versions", versions)
+            except Exception as exc:
+                self.log.warning("[%s] resourceVersions not saved: %s", self.cluster, exc)
+
+    async def _start(self, queue: asyncio.Queue[tuple[str, str, Any]]) -> None:
+        loop = asyncio.get_running_loop()
+        saved = await self._saved_versions()
+        self._access = await asyncio.to_thread(self._connect)
+
+        def put(item: tuple[str, str, Any]) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        for stream in streams():
+            watcher = _Watcher(stream, self._access, saved.get(stream.kind), put, self.watch_timeout_s)
+            if watcher.rv is not None:  # resuming: the current state first, to compare replayed versions with
+                await asyncio.to_thread(watcher.relist)
+                watcher.rv = saved[stream.kind]
+            self._watchers.append(watcher)
+            watcher.thread.start()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
+        seen: dict[tuple[str, str], tuple[str, Mapping[str, Any]]] = {}
+        kinds = {s.kind: s for s in streams()}
+        burst = Burst()
+        try:
+            await self._start(queue)
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=min(self.quiet_s, 1.0))
+                except TimeoutError:
+                    item = None
+                if item is not None:
+                    failure = self._judge(item, kinds, seen, burst)
+                    if failure is not None:
+                        yield failure
+                        return
+                if burst.due(time.monotonic(), self.quiet_s, self.max_burst_s):
+                    yield await self._emit(burst)
+                    burst = Burst()
+        finally:
+            await self.cleanup()
+
+    def _judge(self, item: tuple[str, str, Any], kinds: Mapping[str, Stream],
+               seen: dict[tuple[str, str], tuple[str, Mapping[str, Any]]], burst: Burst) -> TriggerEvent | None:
+        kind, etype, obj = item
+        if etype == "FAILED":
+            return _event({"status": ERROR, "cluster": self.cluster, "kind": kind,
+                                 "message": f"watching {kind} on {self.cluster} refused: HTTP {obj['status']} "
+                                            f"{obj['reason']}; check kvfleet's RBAC (k8s/rbac) for list/watch"})
+        if etype == "RESYNC":
+            burst.add({"kind": kind, "type": "resync", "object": "*"}, time.monotonic())
+            return None
+        change = self._change(kinds[kind], etype, obj, seen)
+        if change is not None:
+            burst.add(change, time.monotonic())
+        return None
+
+    def _change(self, stream: Stream, etype: str, obj: Mapping[str, Any],
+                seen: dict[tuple[str, str], tuple[str, Mapping[str, Any]]]) -> dict[str, str] | None:
+        if etype not in ("LISTED", "ADDED", "MODIFIED", "DELETED") or not stream.keep(obj):
+            return None  # BOOKMARK: only the version moves (taken by the watcher)
+        key = (stream.kind, _ref(obj))
+        prev = seen.get(key)
+        print_ = fingerprint(obj, stream.fingerprint_of)
+        if etype == "DELETED":
+            seen.pop(key, None)
+        else:
+            seen[key] = (print_, obj)
+        if etype == "LISTED" or etype not in stream.events:
+            return None
+        if etype == "MODIFIED" and prev is not None and prev[0] == print_:
+            return None  # status, resourceVersion or controller noise only
+        if etype != "DELETED" and is_own_change(prev[1] if prev else None, obj):
+            return None
+        return {"kind": stream.kind, "type": etype.lower(), "object": _ref(obj),
+                "resource_version": str((obj.get("metadata") or {}).get("resourceVersion") or "")}
+
+    async def _emit(self, burst: Burst) -> TriggerEvent:
+        versions = {w.stream.kind: w.rv for w in self._watchers if w.rv}
+        await self._save_versions(versions)
+        objects = sorted({f"{c['kind']}:{c['object']}" for c in burst.changes})
+        return _event({"status": CHANGED, "cluster": self.cluster, "changes": len(burst.changes),
+                             "objects": objects[:50], "burst_s": round(burst.last_at - burst.first_at, 3),
+                             "emitted_at": datetime.now(UTC).isoformat(), "resource_versions": versions})
+
+    async def cleanup(self) -> None:
+        for watcher in self._watchers:
+            watcher.stop.set()
+            if watcher.watch is not None:
+                watcher.watch.stop()
+        self._watchers = []
+        if self._access is not None:
+            access, self._access = self._access, None
+            await asyncio.to_thread(access.close)

@@ -395,9 +395,20 @@ def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings
     eps = [declared[k] for k in sorted(by_ep) if k not in blocked and k in declared]
     if eps:
         wave = [f for ep in eps for f in by_ep[ep.key]]
-        out.append(_act(ctx, "patch_endpoints", wave, lambda: {
-            "endpoints": [o.as_dict() for o in endpoints.reconcile_wave(ctx, eps, holder=f"{holder}{SUFFIX}drift")]}))
+        out.append(_act(ctx, "patch_endpoints", wave, lambda: _patch_wave(ctx, eps, holder)))
     return out
+
+
+def _patch_wave(ctx: StageContext, eps: list[Endpoint], holder: str) -> dict[str, Any]:
+    """Stage 4's wave on the drifted endpoints. An endpoint the wave refused or could not converge makes the
+    remediation refused (recorded with the wave's reasons), never "changed"."""
+    outcomes = [o.as_dict() for o in endpoints.reconcile_wave(ctx, eps, holder=f"{holder}{SUFFIX}drift")]
+    bad = [o for o in outcomes if o["outcome"] in ("refused", "failed")]
+    if bad:
+        raise PermanentError("stage 4 did not converge: " + "; ".join(
+            f"{o['endpoint']} {o['outcome']}: {o['detail'].get('reason') or o['detail'].get('violations')}"
+            for o in bad))
+    return {"endpoints": outcomes}
 
 
 def _act(ctx: StageContext, action: str, found: list[rules.Finding],

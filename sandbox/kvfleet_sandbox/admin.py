@@ -22,7 +22,12 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
                           that AWS operation (e.g. ``UpdateCluster``); ``target`` as above; count 0 clears it
   ``api_network_failure`` ``count``, ``resource``, ``target`` as for ``api_conflict``: the connection of each of
                           those requests is closed without an answer (a temporary network failure)
-  ``clear``               error rate, latency, conflicts and network failures back to 0 on kube and AWS
+  ``fail_write``          ``resource`` (a kube resource, e.g. ``deployments``), ``nth`` (1..10000), ``code``
+                          (409, 422, 429, 500 or 503; 500): the nth write (PUT, PATCH or scale) of that
+                          resource on the cluster is answered with that status, once (``write_faults``);
+                          ``name``/``namespace`` (optional) count one object's writes only
+  ``clear``               error rate, latency, conflicts, network failures and fail_write faults back to 0 on
+                          kube and AWS
   ``operator_rerender``   ``services["operator"].rerender_now()``
   ``kill_pod``            ``services["workloads"].kill_pod(namespace, name)``
   ``lose_node``           ``services["workloads"].lose_node(node)``
@@ -52,6 +57,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from kvfleet_sandbox.write_faults import WriteFaults
+
 if TYPE_CHECKING:
     from kvfleet_sandbox.runtime import Sandbox
     from kvfleet_sandbox.twin import ClusterTwin
@@ -67,7 +74,7 @@ SERVICE_FAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "l2_read_penalty": ("vllm", "set_l2_read_penalty", ("ms",)),
     "l2_drop_reads": ("vllm", "drop_l2_reads", ("namespace", "endpoint")),
 }
-API_FAULTS = ("api_error_rate", "api_latency", "api_conflict", "api_network_failure", "clear")
+API_FAULTS = ("api_error_rate", "api_latency", "api_conflict", "api_network_failure", "fail_write", "clear")
 MAX_FAULT_COUNT = 10_000
 # The fields each kind reads (besides "cluster" and "kind"), and what each must be.
 FAULT_FIELDS: dict[str, dict[str, str]] = {
@@ -75,6 +82,7 @@ FAULT_FIELDS: dict[str, dict[str, str]] = {
     "api_latency": {"seconds": "number", "target": "target"},
     "api_conflict": {"count": "integer", "resource": "name", "target": "target"},
     "api_network_failure": {"count": "integer", "resource": "name", "target": "target"},
+    "fail_write": {"resource": "name", "nth": "integer", "code": "integer", "name": "name", "namespace": "name"},
     "clear": {"target": "target"},
     "operator_rerender": {},
     "kill_pod": {"namespace": "name", "name": "name"},
@@ -103,6 +111,8 @@ class AdminServer:
             raise ValueError(f"the sandbox admin endpoint binds to loopback only, not {host!r}")
         self.host, self.port = host, port
         self.sandbox: Sandbox | None = None
+        self._write_faults: dict[str, WriteFaults] = {}
+        self._write_faults_lock = threading.Lock()
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -178,8 +188,18 @@ class AdminServer:
         kind = body.get("kind")
         cluster = body.get("cluster")
         _check_fault_body(kind, cluster, body)
+        assert isinstance(kind, str)  # _check_fault_body refused anything else
+        if kind == "fail_write":
+            return self._write_fault(self._twins(cluster), body)
+        if kind == "clear":
+            for twin in self._twins(cluster):
+                self._write_faults_of(twin).clear()
         if kind in API_FAULTS:
             return self._api_fault(kind, cluster, body)
+        return self._service_fault(kind, cluster, body)
+
+    def _service_fault(self, kind: str, cluster: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        """A fault that calls a controller's hook (``SERVICE_FAULTS``) on one cluster."""
         if kind not in SERVICE_FAULTS:
             known = ", ".join((*API_FAULTS, *SERVICE_FAULTS))
             raise AdminError(400, f"unknown fault kind {kind!r}; known kinds: {known}")
@@ -209,7 +229,6 @@ class AdminServer:
         return {"ok": True, "cluster": twin.name, "kind": kind, "result": result}
 
     def _api_fault(self, kind: str, cluster: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        sb = self._sb()
         twins = self._twins(cluster)
         target = body.get("target", "all")
         if not isinstance(target, str) or target not in ("kube", "aws", "all"):
@@ -226,13 +245,41 @@ class AdminServer:
             attr, value = "latency_s", _number(body, "seconds", 0.0, 60.0)
         settings = [("error_rate", 0.0), ("latency_s", 0.0)] if kind == "clear" else [(attr, value)]
         for name, val in settings:
-            if target in ("kube", "all"):
-                for twin in twins:
-                    setattr(sb.servers[twin.name], name, val)
-            if target in ("aws", "all"):
-                # The AWS emulator sleeps its latency on the model clock; the admin API speaks real seconds.
-                setattr(sb.aws, name, val / sb.clock.scale if name == "latency_s" else val)
+            self._set_rate(twins, target, name, val)
         return {"ok": True, "kind": kind, "target": target, "clusters": [t.name for t in twins]}
+
+    def _set_rate(self, twins: list[ClusterTwin], target: str, name: str, val: float) -> None:
+        """``error_rate`` or ``latency_s`` (real seconds) on the kube servers and/or the AWS emulator."""
+        sb = self._sb()
+        if target in ("kube", "all"):
+            for twin in twins:
+                setattr(sb.servers[twin.name], name, val)
+        if target in ("aws", "all"):
+            # The AWS emulator sleeps its latency on the model clock; the admin API speaks real seconds.
+            setattr(sb.aws, name, val / sb.clock.scale if name == "latency_s" else val)
+
+    def _write_faults_of(self, twin: ClusterTwin) -> WriteFaults:
+        """The cluster's ``fail_write`` hook, registered on its store the first time it is needed."""
+        with self._write_faults_lock:
+            faults = self._write_faults.get(twin.name)
+            if faults is None:
+                faults = self._write_faults[twin.name] = WriteFaults(twin.store)
+            return faults
+
+    def _write_fault(self, twins: list[ClusterTwin], body: dict[str, Any]) -> dict[str, Any]:
+        if "resource" not in body or "nth" not in body:
+            raise AdminError(400, "fault 'fail_write' needs \"resource\" (e.g. \"deployments\") and \"nth\" "
+                                  "(1 = the next write)")
+        nth = _integer(body, "nth", 1, MAX_FAULT_COUNT)
+        code = _integer(body, "code", 400, 599) if "code" in body else 500
+        armed = {}
+        for twin in twins:
+            try:
+                armed[twin.name] = self._write_faults_of(twin).arm(
+                    body["resource"], nth, code, body.get("name"), body.get("namespace"))["armed"]
+            except ValueError as exc:
+                raise AdminError(400, f"fault 'fail_write': {exc}") from None
+        return {"ok": True, "kind": "fail_write", "clusters": armed}
 
     def _mutation_fault(self, kind: str, twins: list[ClusterTwin], target: str,
                         body: dict[str, Any]) -> tuple[int, str | None]:

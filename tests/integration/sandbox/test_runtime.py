@@ -242,6 +242,27 @@ def test_admin_conflict_and_network_failure_hit_only_the_next_mutations(sandbox:
     assert sandbox.aws.drops_left == 0 and sandbox.servers[name].drops_left == 0
 
 
+def test_admin_fail_write_refuses_only_the_nth_write_of_that_kind(sandbox: Sandbox, kube_api) -> None:
+    name = INVENTORY.clusters[0].name
+    core = client.CoreV1Api(kube_api(sandbox, name))
+    for cm in ("fw-a", "fw-b"):
+        core.create_namespaced_config_map("default", {"metadata": {"name": cm}, "data": {"v": "0"}})
+    status, answer = admin(sandbox, "/fault", {"cluster": name, "kind": "fail_write", "resource": "configmaps",
+                                               "name": "fw-a", "nth": 2, "code": 503})
+    assert status == 200 and answer["clusters"][name][0]["nth"] == 2
+    core.patch_namespaced_config_map("fw-b", "default", {"data": {"v": "1"}})  # another object: not counted
+    core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "1"}})  # write 1 goes through
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "2"}})
+    assert refused.value.status == 503 and "write 2 refused (sandbox fault fail_write)" in str(refused.value.body)
+    assert core.read_namespaced_config_map("fw-a", "default").data == {"v": "1"}  # nothing written
+    core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "3"}})  # once only
+    assert admin(sandbox, "/fault", {"cluster": name, "kind": "fail_write", "resource": "configmaps",
+                                     "nth": 1})[0] == 200
+    assert admin(sandbox, "/fault", {"kind": "clear"})[0] == 200  # clear disarms it
+    core.patch_namespaced_config_map("fw-b", "default", {"data": {"v": "4"}})
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"kind": "api_conflict"}, "count"),
     ({"kind": "api_conflict", "count": -1}, "count"),
@@ -251,6 +272,10 @@ def test_admin_conflict_and_network_failure_hit_only_the_next_mutations(sandbox:
     ({"kind": "api_network_failure", "count": 1, "resource": 7}, "resource"),
     ({"kind": "api_network_failure", "count": 1, "target": "dns"}, "target"),
     ({"kind": "api_conflict", "count": 1, "code": 409}, "code"),
+    ({"kind": "fail_write", "resource": "deployments"}, "nth"),
+    ({"kind": "fail_write", "resource": "deployments", "nth": 0}, "nth"),
+    ({"kind": "fail_write", "resource": "deployments", "nth": 1, "code": 404}, "code"),
+    ({"kind": "fail_write", "nth": 1}, "resource"),
     ({"kind": "l2_drop_reads", "cluster": "c", "namespace": "a", "endpoint": "b", "drop": 1}, "drop"),
     ({"kind": "l2_drop_reads", "cluster": "c", "namespace": "a", "endpoint": ""}, "endpoint"),
 ])

@@ -1,5 +1,6 @@
 """LMCache as the simulated vLLM pods see it: configuration from the pod's env, chunk keys, where L2 lives, and
-the exact log line formats. Private to ``vllm.py``; pure except for ``resolve_l2`` (which reads the store).
+the exact log line formats. Private to the vLLM simulation (``controllers/vllm``); pure except for ``resolve_l2``
+(which reads the store).
 
 Everything here follows FACTS.md §4: env names and defaults (§4.1), the fs:// URL and file layout (§4.2), the
 PYTHONHASHSEED-rooted hash chain (§4.3) and the verbatim format strings of 0.3.9 and 0.5.6 (§4.4).

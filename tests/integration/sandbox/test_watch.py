@@ -153,10 +153,11 @@ def test_a_too_old_resource_version_is_an_error_event_with_410(kube: tuple[KubeS
 
 def test_bookmarks_carry_the_current_resource_version(kube: tuple[KubeStore, KubeApiServer]) -> None:
     store, server = kube
+    # Every 0.3 s until 2 s before the deadline (the pre-timeout bookmark), then none: a 3 s watch gets several.
     server.bookmark_interval_s = 0.3
     configmap(store, "a")
     latest = configmap(store, "b")["metadata"]["resourceVersion"]
-    code, events = watch(server, f"resourceVersion={latest}&allowWatchBookmarks=true&timeoutSeconds=2")
+    code, events = watch(server, f"resourceVersion={latest}&allowWatchBookmarks=true&timeoutSeconds=3")
     bookmarks = [e for e in events if e["type"] == "BOOKMARK"]
     assert code == 200 and len(bookmarks) >= 2
     assert all(b["object"]["kind"] == "ConfigMap" and b["object"]["metadata"]["resourceVersion"] == latest

@@ -61,3 +61,53 @@ def test_the_gates_import_no_other_kvfleet_layer() -> None:
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         kvfleet = {m for m in imported if m.startswith("kvfleet")}
         assert all(m.startswith("kvfleet.fleet") or m == "kvfleet.errors" for m in kvfleet), kvfleet
+
+
+def _sts(node_selector: dict[str, str] | None) -> dict[str, object]:
+    pod: dict[str, object] = {"containers": [{"name": "worker", "args": []}]}
+    if node_selector is not None:
+        pod["nodeSelector"] = node_selector
+    return {"kind": "StatefulSet", "metadata": {"name": "curvine-worker"},
+            "spec": {"template": {"spec": pod}}}
+
+
+def test_a_render_with_no_objects_or_a_flag_is_refused() -> None:
+    with pytest.raises(GateRefused, match="rendered no objects"):
+        gates.refuse_rendered_flags("c-1", [], "upgrade", "helm upgrade --dry-run=server")
+    flagged = {"kind": "ConfigMap", "metadata": {"name": "curvine-config"},
+               "data": {"curvine-cluster.toml": "format_master = true\n"}}
+    with pytest.raises(GateRefused, match="upgrade refused on c-1 before any change"):
+        gates.refuse_rendered_flags("c-1", [flagged], "upgrade", "helm upgrade --dry-run=server")
+    ok = gates.refuse_rendered_flags("c-1", [_sts(None)], "upgrade", "render")
+    assert ok == {"rendered": "render", "objects": 1, "kinds": ["StatefulSet/curvine-worker"], "format_findings": []}
+
+
+def test_unpinned_workers_are_refused() -> None:
+    with pytest.raises(GateRefused, match="does not pin the workers"):
+        gates.refuse_unpinned_workers("c-1", [_sts(None)])
+
+
+def test_requested_workers_never_exceed_the_eligible_nodes() -> None:
+    nodes = ["n-1", "n-2"]
+    assert gates.requested_workers("c-1", 2, all_eligible=False, eligible=nodes, ineligible={}) == 2
+    assert gates.requested_workers("c-1", None, all_eligible=True, eligible=nodes, ineligible={}) == 2
+    assert gates.requested_workers("c-1", None, all_eligible=True, eligible=[], ineligible={}) == 1
+    with pytest.raises(GateRefused, match=r"3 workers asked, but only 2 node\(s\).*n-3: not a GPU node"):
+        gates.requested_workers("c-1", 3, all_eligible=False, eligible=nodes, ineligible={"n-3": "not a GPU node"})
+    with pytest.raises(PermanentError, match="at least 1"):
+        gates.requested_workers("c-1", 0, all_eligible=False, eligible=nodes, ineligible={})
+    with pytest.raises(PermanentError, match="target_workers"):
+        gates.requested_workers("c-1", None, all_eligible=False, eligible=nodes, ineligible={})
+
+
+def test_a_scale_out_is_due_for_an_idle_node_or_sustained_usage_only() -> None:
+    base = {"replicas": 2, "eligible": 3, "threshold": 0.8}
+    idle = gates.scale_out_due(**base, nodes_without_worker=["n-3"], usage=0.1, previous_usage=None)  # type: ignore[arg-type]
+    assert idle["due"] and idle["target"] == 3
+    spike = gates.scale_out_due(**base, nodes_without_worker=[], usage=0.9, previous_usage=0.5)  # type: ignore[arg-type]
+    assert not spike["due"] and spike["target"] == 2
+    sustained = gates.scale_out_due(**base, nodes_without_worker=[], usage=0.9, previous_usage=0.85)  # type: ignore[arg-type]
+    assert sustained["due"] and "above 80%" in sustained["reasons"][0]
+    full = gates.scale_out_due(replicas=3, eligible=3, nodes_without_worker=[], usage=0.9, previous_usage=None,
+                               threshold=0.8)
+    assert not full["due"] and "add GPU nodes" in full["reasons"][-1]

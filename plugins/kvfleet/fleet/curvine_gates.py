@@ -9,7 +9,7 @@ pod started with a format flag wipes the L2 metadata or cache) and §7.5 (helm's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvfleet.errors import GateRefused, PermanentError
@@ -71,3 +71,69 @@ def metadata_preserved(before: Mapping[str, Any], after: Mapping[str, Any], expi
     count to 0; a worker that formatted drops its share — both fail this rule.
     """
     return int(after.get("files_total") or 0) >= int(before.get("files_total") or 0) - max(0, expired_allowance)
+
+
+def refuse_rendered_flags(cluster: str, docs: Sequence[Mapping[str, Any]], action: str, what: str) -> dict[str, Any]:
+    """The format-flag check on what helm WOULD deploy (not on what kvfleet meant to pass): every ConfigMap's TOML
+    and every container's env and args in the rendered objects and hooks. GateRefused naming each place."""
+    if not docs:
+        raise GateRefused(f"{action} refused on {cluster}: {what} rendered no objects, so the format flags "
+                          "cannot be checked in what helm would deploy")
+    findings = cv.rendered_format_findings(docs)
+    if findings:
+        raise GateRefused(
+            f"{action} refused on {cluster} before any change: {what} would deploy a Curvine format flag "
+            f"that is not false — {'; '.join(findings)}. A pod starting with it wipes the L2 metadata or cache "
+            "(FACTS.md §3.3). Find what sets it (an override, the chart's defaults, the stored values) and remove it.")
+    kinds = sorted({f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs})
+    return {"rendered": what, "objects": len(docs), "kinds": kinds, "format_findings": []}
+
+
+def refuse_unpinned_workers(cluster: str, docs: Sequence[Mapping[str, Any]]) -> None:
+    """The rendered worker StatefulSet must pin the workers to the HyperPod nodes, one per node."""
+    placement = cv.placement_problems(docs)
+    if placement:
+        raise GateRefused(
+            f"scale-out refused on {cluster} before any change: the rendered worker StatefulSet does not "
+            f"pin the workers ({'; '.join(placement)}). Without the nodeSelector a worker can land on a non-GPU "
+            "node and write the NVMe hostPath onto its root disk; without the required anti-affinity two workers "
+            "can share one node's hostPath. The chart must honour worker.nodeSelector and worker.antiAffinity.type.")
+
+
+def requested_workers(cluster: str, target: int | None, *, all_eligible: bool, eligible: Sequence[str],
+                      ineligible: Mapping[str, str]) -> int:
+    """The on-demand scale-out's worker count: at least 1, and never more than the eligible nodes (a second
+    worker on one node would share its NVMe)."""
+    if all_eligible:
+        return max(1, len(eligible))
+    if target is None:
+        raise PermanentError(f"scale-out on {cluster}: give target_workers, or set all_eligible")
+    if target < 1:
+        raise PermanentError(f"target worker count {target} on {cluster}: at least 1")
+    if target > len(eligible):
+        raise GateRefused(
+            f"scale-out refused on {cluster}: {target} workers asked, but only {len(eligible)} "
+            f"node(s) are eligible ({', '.join(eligible) or 'none'}"
+            + (f"; not eligible: {'; '.join(f'{n}: {r}' for n, r in sorted(ineligible.items()))}"
+               if ineligible else "")
+            + "). A second worker on one node would share its NVMe: add GPU nodes first.")
+    return target
+
+
+def scale_out_due(*, replicas: int, eligible: int, nodes_without_worker: Sequence[str], usage: float,
+                  previous_usage: float | None, threshold: float) -> dict[str, Any]:
+    """The scheduled path's decision: why a scale-out is due (or not), and to how many workers. Usage counts
+    only when the previous snapshot was above the threshold too (one spike is not a trend)."""
+    reasons = []
+    if nodes_without_worker:
+        reasons.append(f"{len(nodes_without_worker)} GPU node(s) without a Curvine worker: "
+                       f"{', '.join(nodes_without_worker)}")
+    if usage > threshold and (previous_usage is None or previous_usage > threshold):
+        reasons.append(f"fs_used/capacity {usage:.0%} above {threshold:.0%}"
+                       + (f" (and {previous_usage:.0%} at the previous snapshot)" if previous_usage is not None
+                          else ""))
+    target = max(replicas, eligible)
+    if reasons and target == replicas:
+        reasons.append("but every eligible node already runs a worker: add GPU nodes to grow the pool")
+        return {"due": False, "reasons": reasons, "target": replicas}
+    return {"due": bool(reasons), "reasons": reasons, "target": target if reasons else replicas}

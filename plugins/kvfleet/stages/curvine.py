@@ -249,19 +249,8 @@ def verify_flags_false(ctx: StageContext) -> dict[str, bool | None]:
 
 
 def refuse_rendered_flags(ctx: StageContext, docs: list[dict[str, Any]], action: str, what: str) -> dict[str, Any]:
-    """The format-flag check on what helm WOULD deploy (not on what kvfleet meant to pass): every ConfigMap's TOML
-    and every container's env and args in the rendered objects and hooks. GateRefused naming each place."""
-    if not docs:
-        raise GateRefused(f"{action} refused on {ctx.cluster.name}: {what} rendered no objects, so the format flags "
-                          "cannot be checked in what helm would deploy")
-    findings = cv.rendered_format_findings(docs)
-    if findings:
-        raise GateRefused(
-            f"{action} refused on {ctx.cluster.name} before any change: {what} would deploy a Curvine format flag "
-            f"that is not false — {'; '.join(findings)}. A pod starting with it wipes the L2 metadata or cache "
-            "(FACTS.md §3.3). Find what sets it (an override, the chart's defaults, the stored values) and remove it.")
-    kinds = sorted({f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs})
-    return {"rendered": what, "objects": len(docs), "kinds": kinds, "format_findings": []}
+    """The format-flag gate on what helm would deploy (the judge: ``fleet.curvine_gates.refuse_rendered_flags``)."""
+    return gates.refuse_rendered_flags(ctx.cluster.name, docs, action, what)
 
 
 def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:

@@ -30,6 +30,7 @@ from kvfleet.clients.helm import render
 from kvfleet.clients.kube import call, wait_for
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.inventory import size_to_bytes
 from kvfleet.stages import curvine as stage3
@@ -167,20 +168,10 @@ def observe(ctx: StageContext) -> PoolState:
 
 
 def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, Any]:
-    """The scheduled path's decision: why a scale-out is due (or not), and to how many workers."""
-    reasons = []
-    if state.nodes_without_worker:
-        reasons.append(f"{len(state.nodes_without_worker)} GPU node(s) without a Curvine worker: "
-                       f"{', '.join(state.nodes_without_worker)}")
-    previous = _previous_usage(ctx)
-    if state.usage > req.threshold and (previous is None or previous > req.threshold):
-        reasons.append(f"fs_used/capacity {state.usage:.0%} above {req.threshold:.0%}"
-                       + (f" (and {previous:.0%} at the previous snapshot)" if previous is not None else ""))
-    target = max(state.replicas, len(state.eligible))
-    if reasons and target == state.replicas:
-        reasons.append("but every eligible node already runs a worker: add GPU nodes to grow the pool")
-        return {"due": False, "reasons": reasons, "target": state.replicas}
-    return {"due": bool(reasons), "reasons": reasons, "target": target if reasons else state.replicas}
+    """The scheduled path's decision (the judge: ``fleet.curvine_gates.scale_out_due``)."""
+    return gates.scale_out_due(replicas=state.replicas, eligible=len(state.eligible),
+                               nodes_without_worker=state.nodes_without_worker, usage=state.usage,
+                               previous_usage=_previous_usage(ctx), threshold=req.threshold)
 
 
 def _previous_usage(ctx: StageContext) -> float | None:
@@ -194,19 +185,8 @@ def _previous_usage(ctx: StageContext) -> float | None:
 
 
 def requested_target(ctx: StageContext, state: PoolState, req: ScaleRequest) -> int:
-    if req.all_eligible:
-        return max(1, len(state.eligible))
-    assert req.target is not None
-    if req.target < 1:
-        raise PermanentError(f"target worker count {req.target} on {ctx.cluster.name}: at least 1")
-    if req.target > len(state.eligible):
-        raise GateRefused(
-            f"scale-out refused on {ctx.cluster.name}: {req.target} workers asked, but only {len(state.eligible)} "
-            f"node(s) are eligible ({', '.join(state.eligible) or 'none'}"
-            + (f"; not eligible: {'; '.join(f'{n}: {r}' for n, r in sorted(state.ineligible.items()))}"
-               if state.ineligible else "")
-            + "). A second worker on one node would share its NVMe: add GPU nodes first.")
-    return req.target
+    return gates.requested_workers(ctx.cluster.name, req.target, all_eligible=req.all_eligible,
+                                   eligible=state.eligible, ineligible=state.ineligible)
 
 
 def refuse_unsafe_scale_in(ctx: StageContext, state: PoolState, target: int, req: ScaleRequest) -> dict[str, Any]:
@@ -233,13 +213,7 @@ def check_render(ctx: StageContext, args: list[str], target: int) -> dict[str, A
     docs = ctx.helm.upgrade_render(args)
     rendered = stage3.refuse_rendered_flags(ctx, docs, "scale-out", f"helm upgrade worker.replicas={target} "
                                                                     "(--dry-run=server)")
-    placement = cv.placement_problems(docs)
-    if placement:
-        raise GateRefused(
-            f"scale-out refused on {ctx.cluster.name} before any change: the rendered worker StatefulSet does not "
-            f"pin the workers ({'; '.join(placement)}). Without the nodeSelector a worker can land on a non-GPU "
-            "node and write the NVMe hostPath onto its root disk; without the required anti-affinity two workers "
-            "can share one node's hostPath. The chart must honour worker.nodeSelector and worker.antiAffinity.type.")
+    gates.refuse_unpinned_workers(ctx.cluster.name, docs)
     return rendered
 
 

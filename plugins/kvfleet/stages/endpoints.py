@@ -221,9 +221,13 @@ def _wave_items(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[
     room. Returns (items, choices, refused: key -> reason); a refused endpoint is left untouched."""
     deps = {ep.key: _deployment(ctx, ep) for ep in eps}
     replicas = {ep.key: int(deps[ep.key]["spec"].get("replicas") or 0) for ep in eps}
-    asked = [(ep.key, *ctx.inventory.update_strategy(ep), replicas[ep.key]) for ep in eps]
-    spare = live_spare_gpus(ctx) if any(a in ("auto", "surge") for _, a, _, _ in asked) else 0
-    choices = choose_wave_strategies([(k, a, n, where) for k, a, where, n in asked], spare)
+    asked = []
+    for ep in eps:
+        strategy, where = ctx.inventory.update_strategy(ep)
+        asked.append((ep.key, strategy, replicas[ep.key], where))
+    # One LIST of nodes and one of pods, only when a choice depends on the GPU room.
+    spare = live_spare_gpus(ctx) if any(a[1] in ("auto", "surge") for a in asked) else 0
+    choices = choose_wave_strategies(asked, spare)
     items: list[WaveItem] = []
     refused: dict[str, str] = {}
     for ep in eps:

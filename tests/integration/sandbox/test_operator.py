@@ -97,6 +97,17 @@ class Env:
         return wait_for(f"{name} settled", lambda: (a := self.addon(name))["status"] not in
                         ("CREATING", "UPDATING", "DELETING") and a)
 
+    def reconciled(self, model_s: float) -> None:
+        """The twin's clock moved ``model_s`` model seconds and the operator then finished two passes, so at least
+        one periodic reconcile ran entirely after that moment (a fixed sleep proves nothing on a busy machine:
+        the loop may not have run at all)."""
+        clock = self.sb.clock
+        until = clock.now() + model_s
+        while clock.now() < until:
+            time.sleep(max(0.001, clock.real(until - clock.now())))
+        loop = self.twin.services["operator"]._loop  # the operator's ReconcileLoop (_objects), which counts passes
+        assert loop.wait_passes(loop.passes + 2, 30), "the operator did not reconcile"
+
     def install_dependencies(self) -> None:
         for name in ADDON_ORDER[:-1]:
             self.eks.create_addon(clusterName=EKS, addonName=name)
@@ -260,7 +271,7 @@ def test_the_patch_survives_pause_and_restore_until_the_cr_changes(running: Env)
     assert all(any(m.mount_path == "/mnt/curvine/l2cache" for m in p.spec.containers[0].volume_mounts) for p in pods)
     env.kubectl("scale", "deployment", OPERATOR_DEPLOYMENT, "-n", OPERATOR_NAMESPACE, "--replicas=1")
     env.wait_operator_ready()
-    time.sleep(env.sb.clock.real(2.5 * FAST["operator_resync_s"]))  # two periodic reconciles
+    env.reconciled(2 * FAST["operator_resync_s"])  # periodic reconciles of the running operator
     assert env.urls("qwen") == [FS_URL]
     assert env.get_iec("qwen")["status"]["state"] == "DeploymentComplete"
     env.custom.patch_namespaced_custom_object(*IEC[:3], IEC[3], "qwen",
@@ -297,7 +308,7 @@ def test_rerender_now_and_deleting_the_endpoint(running: Env) -> None:
     operator = env.twin.services["operator"]
     env.kubectl("annotate", "deployment", "qwen", "team/note=kept-until-rerender")
     env.kubectl("label", "deployment", "qwen", "extra=manual")
-    time.sleep(env.sb.clock.real(2 * FAST["operator_resync_s"]))
+    env.reconciled(FAST["operator_resync_s"])
     assert env.apps.read_namespaced_deployment("qwen", "default").metadata.labels.get("extra") == "manual"
     assert operator.rerender_now("default", "qwen") == [("default", "qwen")]
     wait_for("labels re-rendered", lambda: "extra" not in env.apps.read_namespaced_deployment("qwen", "default")

@@ -20,6 +20,7 @@ from kubernetes import client
 from kvfleet.fleet import lmcache_log
 from kvfleet.fleet.constants import L2_URL, OPERATOR_L2_URL
 from kvfleet_sandbox.controllers import vllm
+from kvfleet_sandbox.kube.store import KubeStore
 from kvfleet_sandbox.twin import Clock, ClusterTwin, SandboxSettings
 
 pytestmark = pytest.mark.integration
@@ -378,3 +379,68 @@ def test_api_surface_metrics_health_models_and_errors(twin_factory, api):
     assert reply["usage"]["prompt_tokens"] == 4 and reply["choices"][0]["message"]["role"] == "assistant"
     stats = twin.services["vllm"].pod_cache_stats(NS, "ep-a")
     assert stats["l2"]["kind"] == "curvine" and stats["requests"] == 3
+
+
+# --- TTFT on the model's schedule (issue 21: deterministic TTFT under test) ---------------------------------------
+
+def _admit(twin: ClusterTwin, pod: str, text: str, arrived: float):  # type: ignore[no-untyped-def]
+    sim = twin.services["vllm"]
+    engine = sim.engine_of(twin.store.get("", "pods", pod, NS))
+    return sim, engine, sim.admit(engine, f"cmpl-{uuid.uuid4().hex}-0-abcd1234", text.split(), 1, arrived)
+
+
+class _FakeTime:
+    """The engine's ``time`` module with a clock that only ``sleep`` moves (no real waiting, no timing)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+    time = staticmethod(time.time)
+
+
+def test_phases_end_at_deadlines_from_arrival_so_the_twins_own_delay_is_not_added(twin_factory, monkeypatch):
+    twin = twin_factory()
+    vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV)
+    fake = _FakeTime()
+    monkeypatch.setattr(vllm.engine, "time", fake)
+    # Just arrived: the first token comes exactly the model TTFT after arrival.
+    sim, engine, plan = _admit(twin, "ep-a", prompt(2000), fake.now)
+    sim.until_first_token(engine, plan)
+    assert fake.slept == pytest.approx(plan.cost.ttft_ms / 1000, abs=1e-9) and engine.metrics.lm_stored == 2000
+    # The twin was busy for 0.2 s after arrival: only the rest of the model time is waited, not all of it again.
+    fake.slept = 0.0
+    sim, engine, plan = _admit(twin, "ep-a", prompt(2000), fake.now - 0.2)
+    sim.until_first_token(engine, plan)
+    assert fake.slept == pytest.approx(plan.cost.ttft_ms / 1000 - 0.2, abs=1e-9)
+    # Busier than the whole model time: no wait at all, and the store still lands before the first token.
+    fake.slept, stored = 0.0, engine.metrics.lm_stored
+    sim, engine, plan = _admit(twin, "ep-a", prompt(2000), fake.now - 60)
+    sim.until_first_token(engine, plan)
+    assert fake.slept == 0.0 and engine.metrics.lm_stored == stored + 2000
+
+
+def test_a_requests_model_ttft_is_seeded_by_the_request_not_by_thread_order():
+    text = prompt(2000)
+    factors = []
+    for draws_before in (0, 7):  # other threads (pod names, hash roots) drawing from the twin's shared generator
+        twin = ClusterTwin(name="c1", eks_name="c1-eks", region="us-west-2", store=KubeStore("c1"),
+                           aws=None, clock=Clock(0.02), settings=SandboxSettings(),  # type: ignore[arg-type]
+                           gpu_instance_type="ml.g5.4xlarge", gpu_nodes=["gpu-a"])
+        twin.controllers.append(vllm.attach(twin))
+        try:
+            vllm_pod(twin, "ep-a", "gpu-a", [{"name": "PYTHONHASHSEED", "value": "0"}], mount=False)
+            for _ in range(draws_before):
+                twin.rng.random()
+            _, _, plan = _admit(twin, "ep-a", text, time.monotonic() + 3600)  # never waited for
+            factors.append(plan.cost.noise_factor)
+        finally:
+            twin.stop()
+    assert factors[0] != 1.0 and factors[0] == factors[1]

@@ -66,17 +66,6 @@ def test_permanent_fails_fast_is_the_boundary_and_keeps_the_return_value() -> No
     assert body(1) == 2 and body.__name__ == "body"
 
 
-def test_the_former_permanent_fails_fast_still_fails_a_permanent_error_fast() -> None:
-    from kvfleet.airflow.errors import permanent_fails_fast as former
-
-    @former
-    def body() -> None:
-        raise GateRefused("no")
-
-    with pytest.raises(AirflowFailException):
-        body()
-
-
 @pytest.mark.parametrize("status", [400, 403, 404, 422])
 def test_a_kubernetes_4xx_that_escaped_is_permanent(status: int) -> None:
     with pytest.raises(AirflowFailException, match=f"Kubernetes {status}"):

@@ -209,4 +209,4 @@ def task_boundary(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-permanent_fails_fast = task_boundary  # the former name (``kvfleet.airflow.errors``), now the whole boundary
+permanent_fails_fast = task_boundary  # the former name, kept: the whole boundary fails permanent errors fast

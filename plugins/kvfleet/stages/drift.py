@@ -48,6 +48,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients.curvine import CurvineMaster
+from kvfleet.clients.helm import ReleaseNotFound
 from kvfleet.clients.kube import api_error
 from kvfleet.errors import GateRefused, KvfleetError, PermanentError
 from kvfleet.fleet import constants as C
@@ -148,9 +149,7 @@ def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
         obs.policy_checked = True
     try:
         obs.curvine_values = ctx.helm.values(C.CURVINE_RELEASE, cl.curvine.namespace)
-    except PermanentError as exc:
-        if "not found" not in str(exc).lower():
-            raise
+    except ReleaseNotFound:
         obs.curvine_error = "release not found"
     if obs.curvine_values is not None:
         try:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvfleet.airflow import run_status
-from kvfleet.airflow.errors import permanent_fails_fast
+from kvfleet.airflow.boundary import permanent_fails_fast
 from kvfleet.errors import GateRefused, InventoryError
 from kvfleet.history.repo import History
 

@@ -69,9 +69,9 @@ class ProxyResponse:
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One change as watchers see it; ``prev`` is the object before a MODIFIED change (the cacher's
-    ``PrevObject``), so a watch with a selector can turn an object leaving it into DELETED and one entering it
-    into ADDED."""
+    """One change as watchers see it; ``prev`` is what selectors can test of the object before a MODIFIED change
+    (the cacher's ``PrevObject``; labels and the supported field-selector fields only), so a watch with a selector
+    can turn an object leaving it into DELETED and one entering it into ADDED."""
 
     rv: int
     type: str
@@ -88,6 +88,22 @@ def now_rfc3339() -> str:
 def _content(obj: dict[str, Any]) -> dict[str, Any]:
     """What ``generation`` tracks: everything outside metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _selector_view(obj: dict[str, Any]) -> dict[str, Any]:
+    """What a watch's selectors can test on the previous version of an object (labels and the field selectors
+    the apiserver supports for common kinds), kept instead of a full copy so the history stays small."""
+    meta = obj.get("metadata") or {}
+    view: dict[str, Any] = {"metadata": {k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "labels")
+                                         if k in meta}}
+    for section, keys in (("spec", ("nodeName", "schedulerName", "serviceAccountName")), ("status", ("phase",))):
+        part = obj.get(section) or {}
+        if isinstance(part, dict) and any(k in part for k in keys):
+            view[section] = {k: part[k] for k in keys if k in part}
+    for key in ("type", "involvedObject", "reason"):
+        if key in obj:
+            view[key] = copy.deepcopy(obj[key])
+    return view
 
 
 def _dotted(path: str) -> list[str]:
@@ -217,7 +233,7 @@ class KubeStore:
     def _emit(self, events: list[WatchEvent], kind: str, rtype: ResourceType, obj: dict[str, Any],
               prev: dict[str, Any] | None = None) -> None:
         ev = WatchEvent(self._rv, kind, rtype.group, rtype.plural, copy.deepcopy(obj),
-                        copy.deepcopy(prev) if prev is not None else None)
+                        _selector_view(prev) if prev is not None else None)
         self._history.append(ev)
         for q in list(self._watchers):
             q.put(ev)

@@ -14,6 +14,10 @@ bodies, decoded for Secret, ConfigMap and Namespace (``protobuf``); client-go se
 over TLS, so the server speaks TLS too (``tls``) and refuses anonymous requests (401), as EKS does; RBAC
 (``rbac``) is enforced for every user outside ``system:masters``.
 
+Watch follows the watch cache (``watching``: resourceVersion replay, bookmarks, 410 as an ERROR event,
+timeoutSeconds), so ``kubectl rollout status`` and ``kubectl wait`` work; ``services/<name>:<port>/proxy`` routes to
+a Ready, non-terminating pod of the Service (``services``), as the apiserver does over the endpoints controller.
+
 Limitations worth knowing: deletion is immediate (no finalizers, no graceful deletion, no garbage collection of
 owned objects); server-side apply removes what the same field manager stopped applying but does not model
 ownership across managers or apply conflicts; CRD versions share one stored shape (only ``apiVersion`` is

@@ -3,7 +3,8 @@ then the verb's handler against the ``KubeStore``.
 
 Called from the server's request handler for every request. It renders what clients expect: objects in the
 requested version, lists with ``limit``/``continue``, ``Table`` output when kubectl asks for it, ``Status`` on
-delete, chunked JSON lines for ``watch=true``, text for ``pods/log``, and the pod proxy with streamed bodies.
+delete, watch streams (``watching``), text for ``pods/log``, and the pod and Service proxies (``services``) with
+streamed bodies.
 """
 
 from __future__ import annotations

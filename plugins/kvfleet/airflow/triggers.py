@@ -293,6 +293,16 @@ def is_own_change(prev: Mapping[str, Any] | None, obj: Mapping[str, Any]) -> boo
     return change is not None and change != _change_id(prev)
 
 
+def _what_changed(prev: Mapping[str, Any] | None, obj: Mapping[str, Any]) -> str:
+    """For the log: which top-level parts differ from the version seen before."""
+    if prev is None:
+        return ""
+    meta, old = obj.get("metadata") or {}, prev.get("metadata") or {}
+    parts = [k for k in ("labels", "annotations") if meta.get(k) != old.get(k)]
+    parts += [k for k in ("spec", "data") if obj.get(k) != prev.get(k)]
+    return f": {', '.join(parts)} changed" if parts else ""
+
+
 def _ref(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or '-'}/{meta.get('name')}"
@@ -355,8 +365,10 @@ class _Watcher:
                 self.watch = watch.Watch()
                 for event in self.watch.stream(self._fn(), *self.stream.args, resource_version=self.rv,
                                                allow_watch_bookmarks=True, timeout_seconds=self.timeout_s,
-                                               deserialize=False, **self._kwargs()):
-                    obj = event.get("object") or {}
+                                               **self._kwargs()):
+                    # raw_object: the dict as sent. (deserialize=False would skip building models, but the
+                    # client's own 410 handling then reads a "raw_object" key that plain JSON lacks: KeyError.)
+                    obj = event.get("raw_object") or {}
                     self.rv = str((obj.get("metadata") or {}).get("resourceVersion") or self.rv)
                     self.put((self.stream.kind, str(event.get("type")), obj))
                     if self.stop.is_set():
@@ -416,6 +428,10 @@ class KubeWatchTrigger(BaseEventTrigger):
                                   "quiet_s": self.quiet_s, "max_burst_s": self.max_burst_s,
                                   "watch_timeout_s": self.watch_timeout_s,
                                   "resource_versions": dict(self.resource_versions)}
+
+    def ready(self) -> bool:
+        """Every stream listed (or resumed) and watching: a change from now on is seen."""
+        return len(self._watchers) == len(streams()) and all(w.rv for w in self._watchers)
 
     def checkpoint(self) -> tuple[str, dict[str, Any]]:
         """``serialize()`` with the watermark reached so far: a trigger re-created from it resumes there."""
@@ -521,6 +537,8 @@ class KubeWatchTrigger(BaseEventTrigger):
             return None  # status, resourceVersion or controller noise only
         if etype != "DELETED" and is_own_change(prev[1] if prev else None, obj):
             return None
+        self.log.info("[%s] %s %s %s (rv %s)%s", self.cluster, stream.kind, etype.lower(), _ref(obj),
+                      (obj.get("metadata") or {}).get("resourceVersion"), _what_changed(prev[1] if prev else None, obj))
         return {"kind": stream.kind, "type": etype.lower(), "object": _ref(obj),
                 "resource_version": str((obj.get("metadata") or {}).get("resourceVersion") or "")}
 

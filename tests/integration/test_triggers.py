@@ -1,0 +1,315 @@
+"""kvfleet's triggers (``kvfleet.airflow.triggers``) run as the triggerer runs them: ``run()`` on an asyncio loop,
+against the sandbox (AWS emulator, Kubernetes API emulator with watch) and the embedded PostgreSQL.
+
+Each trigger: re-created from ``serialize()`` it is the same trigger; it waits while waiting is right, ends with
+one ``success`` event when the thing is ready, and with an ``error`` event at once on a terminal state. The watch
+fires on a change made by hand with the real ``kubectl`` and not on one carrying kvfleet's change id, and a watch
+re-created from its checkpoint resumes from its last resourceVersion.
+
+The ``timeout`` of ``_first_event`` is a guard against a hang, not a timed assertion."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvfleet.airflow import triggers
+from kvfleet.airflow.triggers import (
+    OWN_CHANGE_ANNOTATION,
+    ClusterReadyTrigger,
+    KubeWatchTrigger,
+    LeaseFreeTrigger,
+)
+from kvfleet.fleet.inventory import Inventory, load_inventory
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
+PROD = "ml-prod-use1"
+ROLLED = ("retail-assistant", "payments-disputes")
+
+
+def _inventory() -> Inventory:
+    inv = load_inventory(ROOT / "fleet.example.yaml")
+    return dataclasses.replace(inv, endpoints=tuple(e for e in inv.endpoints
+                                                    if e.cluster != PROD or e.name in ROLLED))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One sandbox for the module, pointed at by the process environment as Airflow connections would be;
+    stages 1–3 and two endpoints rolled out on the prod cluster."""
+    from kvfleet.stages import addons, curvine, endpoints, tiered_storage
+    from kvfleet.stages.base import StageContext, Timeouts
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
+
+    sandbox = start_sandbox(_inventory(), tmp_path_factory.mktemp("triggers"), SandboxSettings(time_scale=0.005))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in sandbox.exports().items():
+            mp.setenv(key, value)
+        mp.setenv("KVFLEET_POLL_SECONDS", "0.05")
+        mp.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # boto3 reads AWS_ENDPOINT_URL natively
+        inv = _inventory()  # the same inventory, typed as kvfleet's (the sandbox holds a structural one)
+        ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None,
+                           timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30))
+        try:
+            for stage in (tiered_storage, addons, curvine):
+                stage.reconcile(ctx)
+            endpoints.reconcile_wave(ctx, list(inv.endpoints_of(PROD)), holder="t/rollout")
+            ctx.close()
+            yield sandbox
+        finally:
+            sandbox.stop()
+
+
+async def _first(trigger: Any, action: Callable[[], None] | None, ready: Callable[[], bool] | None,
+                 timeout: float) -> dict[str, Any]:
+    agen: AsyncIterator[Any] = trigger.run()
+    nxt = asyncio.ensure_future(agen.__anext__())
+    try:
+        if ready is not None:
+            while not ready():
+                assert not nxt.done(), f"the trigger ended before it was ready: {nxt.result().payload}"
+                await asyncio.sleep(0.05)
+        if action is not None:
+            await asyncio.to_thread(action)
+        event = await asyncio.wait_for(nxt, timeout)
+        return dict(event.payload)
+    finally:
+        if not nxt.done():
+            nxt.cancel()
+        await agen.aclose()  # type: ignore[attr-defined]
+
+
+def _first_event(trigger: Any, action: Callable[[], None] | None = None, *,
+                 ready: Callable[[], bool] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    return asyncio.run(_first(trigger, action, ready, timeout))
+
+
+def _roundtrip(trigger: Any) -> Any:
+    import importlib
+
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert again.serialize() == (classpath, kwargs)
+    return again
+
+
+# ---- serialize ------------------------------------------------------------------------------------------------
+def test_every_trigger_is_recreated_from_its_plain_serialized_kwargs() -> None:
+    lease = LeaseFreeTrigger("c1", "kvfleet_rollout/r1", history_url="postgresql+psycopg2://x/y", poll_s=2,
+                             timeout_s=600)
+    made = [lease,
+            ClusterReadyTrigger("c1", "us-east-1", aws_conn_id="aws_x", addon="metrics-server", timeout_s=60),
+            KubeWatchTrigger("c1", "us-east-1", quiet_s=3, resource_versions={"Deployment": "42"})]
+    for trigger in made:
+        classpath, _ = trigger.serialize()
+        assert classpath.startswith("kvfleet.airflow.triggers.")
+        _roundtrip(trigger)
+    # The deadline is wall-clock from the first defer: a trigger re-created after a restart keeps it.
+    again = _roundtrip(made[0])
+    assert isinstance(again, LeaseFreeTrigger) and again.started_at == lease.started_at
+
+
+# ---- the lease ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def leases(fresh_db_url: str) -> Any:
+    from kvfleet.history.db import get_engine
+    from kvfleet.history.leases import Leases
+
+    return Leases(get_engine(fresh_db_url))
+
+
+def test_lease_trigger_waits_for_a_live_holder_and_fires_when_it_releases(leases: Any, fresh_db_url: str) -> None:
+    leases.try_take(PROD, "kvfleet_curvine_upgrade/u1", "curvine upgrade")
+    trigger = LeaseFreeTrigger(PROD, "kvfleet_rollout/r1", history_url=fresh_db_url, poll_s=0.05)
+
+    def release_after_a_few_polls() -> None:
+        time.sleep(0.3)
+        assert leases.release(PROD, "kvfleet_curvine_upgrade/u1")
+
+    event = _first_event(trigger, release_after_a_few_polls)
+    assert event["status"] == "success" and event["message"] == f"no lease on {PROD}"
+
+
+def test_lease_trigger_fires_at_once_for_a_dead_holder_and_for_our_own_run(leases: Any, fresh_db_url: str) -> None:
+    from kvfleet.history.leases import utcnow
+
+    leases.try_take(PROD, "kvfleet_rollout/old", "rollout", now=utcnow() - timedelta(minutes=5))
+    event = _first_event(LeaseFreeTrigger(PROD, "kvfleet_rollout/r2", history_url=fresh_db_url, poll_s=0.05))
+    assert event["status"] == "success" and "is dead" in event["message"] and "expired" in event["message"]
+
+    leases.try_take(PROD, "kvfleet_rollout/r2#ml-prod-use1", "rollout")
+    event = _first_event(LeaseFreeTrigger(PROD, "kvfleet_rollout/r2", history_url=fresh_db_url, poll_s=0.05))
+    assert event["status"] == "success" and "our own run" in event["message"]
+
+
+def test_lease_trigger_gives_up_with_the_holder_named_when_its_deadline_passed(leases: Any,
+                                                                                fresh_db_url: str) -> None:
+    leases.try_take(PROD, "kvfleet_curvine_upgrade/u2", "curvine upgrade")
+    # Re-created after a restart with the original start: the deadline is already behind it.
+    trigger = LeaseFreeTrigger(PROD, "kvfleet_rollout/r3", history_url=fresh_db_url, poll_s=0.05, timeout_s=30,
+                               started_at=time.time() - 31)
+    event = _first_event(trigger)
+    assert event["status"] == "error" and event["reason"] == "timeout"
+    assert "kvfleet_curvine_upgrade/u2 (curvine upgrade)" in event["message"]
+
+
+def test_lease_trigger_fails_fast_when_the_lease_table_is_unreadable(leases: Any, fresh_db_url: str) -> None:
+    """The table is gone (a database restored without kvfleet's schema): no wait can fix it."""
+    from sqlalchemy import text
+
+    with leases.engine.begin() as conn:
+        conn.execute(text("DROP TABLE cluster_locks"))
+    event = _first_event(LeaseFreeTrigger(PROD, "kvfleet_rollout/r4", history_url=fresh_db_url, poll_s=0.05))
+    assert event["status"] == "error" and "lease table unreadable" in event["message"]
+    assert "cluster_locks" in event["message"]
+
+
+# ---- cluster readiness ------------------------------------------------------------------------------------------
+def test_cluster_ready_trigger_succeeds_on_inservice_and_an_active_addon(fleet: Any) -> None:
+    from kvfleet.fleet.constants import OPERATOR_ADDON
+
+    event = _first_event(ClusterReadyTrigger(PROD, "us-east-1", aws_conn_id=None, poll_s=0.05))
+    assert event["status"] == "success" and "InService" in event["message"]
+    event = _first_event(ClusterReadyTrigger(PROD, "us-east-1", aws_conn_id=None, addon=OPERATOR_ADDON,
+                                             poll_s=0.05))
+    assert event["status"] == "success" and f"{OPERATOR_ADDON}" in event["message"] and "ACTIVE" in event["message"]
+
+
+def test_cluster_ready_trigger_fails_fast_on_a_missing_cluster_and_a_failed_addon(fleet: Any) -> None:
+    from kvfleet.clients.hyperpod import HyperPodClient
+
+    event = _first_event(ClusterReadyTrigger("no-such-cluster", "us-east-1", aws_conn_id=None, poll_s=0.05))
+    assert event["status"] == "error" and "'no-such-cluster' not found" in event["message"]
+
+    hp = HyperPodClient("us-east-1", None)
+    eks = hp.require_cluster(PROD).eks_cluster_name
+    fleet.aws.fail_addon(eks, "metrics-server", "metrics-server: image pull backoff in kube-system")
+    hp.update_addon(eks, "metrics-server", None, {"replicas": 2}, "OVERWRITE")
+    event = _first_event(ClusterReadyTrigger(PROD, "us-east-1", aws_conn_id=None, addon="metrics-server",
+                                             poll_s=0.05))
+    assert event["status"] == "error" and event["addon"] == "metrics-server"
+    assert "FAILED" in event["message"] and "image pull backoff" in event["message"]
+
+
+def test_cluster_ready_trigger_waits_through_updating_and_fails_fast_on_failed(fleet: Any) -> None:
+    from kvfleet.clients.hyperpod import HyperPodClient
+
+    hp = HyperPodClient("us-east-1", None)
+    fleet.aws.fail_next_update(PROD, "InsufficientInstanceCapacity for ml.g6e.4xlarge")
+    current = hp.require_cluster(PROD)
+    hp.update_tiered_storage(PROD, "Enable", 30 if current.tiered_storage.memory_percent != 30 else 40,
+                             current.node_recovery or "Automatic")
+    event = _first_event(ClusterReadyTrigger(PROD, "us-east-1", aws_conn_id=None, poll_s=0.05))
+    assert event["status"] == "error"
+    assert "is Failed" in event["message"] and "InsufficientInstanceCapacity" in event["message"]
+
+
+# ---- the drift watch ------------------------------------------------------------------------------------------
+def _kubectl(fleet: Any, *args: str) -> None:
+    env = {**os.environ, "KUBECONFIG": str(fleet.kubeconfig)}
+    subprocess.run([str(KUBECTL), "--context", PROD, *args], check=True, env=env, capture_output=True, timeout=60)
+
+
+def _patch_env(fleet: Any, ep: Any, value: str, annotations: dict[str, str] | None = None) -> Callable[[], None]:
+    body: dict[str, Any] = {"spec": {"template": {"spec": {"containers": [
+        {"name": ep.name, "env": [{"name": "KVFLEET_WATCH_TEST", "value": value}]}]}}}}
+    if annotations:
+        body["metadata"] = {"annotations": annotations}
+    return lambda: _kubectl(fleet, "-n", ep.namespace, "patch", "deployment", ep.name, "--type", "strategic",
+                            "-p", json.dumps(body))
+
+
+def _ep(fleet: Any, name: str) -> Any:
+    return next(e for e in fleet.inventory.endpoints if e.cluster == PROD and e.name == name)
+
+
+def test_watch_fires_once_on_a_kubectl_patch_by_hand_and_not_on_kvfleets_own_change(fleet: Any) -> None:
+    own, by_hand = _ep(fleet, "retail-assistant"), _ep(fleet, "payments-disputes")
+    trigger = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
+
+    def both() -> None:
+        # kvfleet's write carries a new change id (here on an annotation the operator does not render: an env
+        # patch would be re-rendered away by the running operator, itself a change); the hand patch does not.
+        _kubectl(fleet, "-n", own.namespace, "annotate", "deployment", own.name, "--overwrite",
+                 f"{OWN_CHANGE_ANNOTATION}=t/run-{uuid.uuid4().hex[:6]}", "kvfleet.io/original-strategy=rolling")
+        _patch_env(fleet, by_hand, "by-hand-1")()
+
+    event = _first_event(trigger, both, ready=trigger.ready)
+    assert event["status"] == "changed" and event["cluster"] == PROD
+    assert event["objects"] == [f"Deployment:{by_hand.namespace}/{by_hand.name}"]
+    assert set(event["resource_versions"]) == {"InferenceEndpointConfig", "Deployment", "Pod", "Secret"}
+
+
+def test_watch_recreated_from_its_checkpoint_resumes_and_sees_a_change_made_while_it_was_down(fleet: Any) -> None:
+    ep = _ep(fleet, "payments-disputes")
+    first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
+    event = _first_event(first, _patch_env(fleet, ep, "before-restart"), ready=first.ready)
+    assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
+    _, kwargs = first.checkpoint()
+    assert kwargs["resource_versions"] == event["resource_versions"]
+
+    _patch_env(fleet, ep, "while-down")()  # no trigger runs now
+    again = KubeWatchTrigger(**{k: v for k, v in json.loads(json.dumps(kwargs)).items()})
+    resumed = _first_event(again, ready=again.ready)
+    assert resumed["status"] == "changed" and resumed["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
+
+
+def test_watch_reports_a_resync_when_its_resource_version_is_gone(fleet: Any) -> None:
+    """A watermark older than the API server's history: 410 Gone, a re-list, and one event (changes may have
+    been missed while it was down, so the drift check runs)."""
+    store = fleet.twin(PROD).store
+    old = str(store.get("apps", "deployments", "payments-disputes", "payments")["metadata"]["resourceVersion"])
+    # Push the version the watch resumes from out of the API server's history (ConfigMap churn, unwatched).
+    store.create("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                    "metadata": {"name": "churn", "namespace": "default"}, "data": {"n": "0"}})
+    from kvfleet_sandbox.kube.store import HISTORY_LIMIT
+
+    for n in range(HISTORY_LIMIT + 1):
+        store.patch("", "configmaps", "churn", "default", {"data": {"n": str(n)}}, "application/merge-patch+json")
+    trigger = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30,
+                               resource_versions={"Deployment": old})
+    event = _first_event(trigger)
+    assert event["status"] == "changed" and "Deployment:*" in event["objects"]
+
+
+def test_fingerprint_ignores_status_and_controller_annotations_and_sees_spec_labels_and_annotations() -> None:
+    base = {"metadata": {"name": "d", "labels": {"a": "1"}, "annotations": {"x": "1"}}, "spec": {"replicas": 2},
+            "status": {"readyReplicas": 1}}
+    same = json.loads(json.dumps(base))
+    same["status"]["readyReplicas"] = 2
+    same["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "7"
+    assert triggers.fingerprint(base, ("spec",)) == triggers.fingerprint(same, ("spec",))
+    for path in (("spec", "replicas"), ("metadata", "labels"), ("metadata", "annotations")):
+        other = json.loads(json.dumps(base))
+        other[path[0]][path[1]] = 3 if path[1] == "replicas" else {"changed": "yes"}
+        assert triggers.fingerprint(base, ("spec",)) != triggers.fingerprint(other, ("spec",)), path
+
+
+def test_own_change_is_told_by_field_manager_or_a_new_change_id() -> None:
+    def obj(manager: str | None = None, change: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"annotations": {OWN_CHANGE_ANNOTATION: change} if change else {}}
+        if manager:
+            meta["managedFields"] = [{"manager": "kube-controller-manager", "time": "2026-01-01T00:00:00Z"},
+                                     {"manager": manager, "time": "2026-01-01T00:00:01Z"}]
+        return {"metadata": meta}
+
+    assert triggers.is_own_change(None, obj("kvfleet"))
+    assert not triggers.is_own_change(None, obj("kubectl-patch"))
+    assert triggers.is_own_change(obj(change="r1"), obj(change="r2"))
+    # A later hand edit keeps kvfleet's old change id: it is not kvfleet's.
+    assert not triggers.is_own_change(obj(change="r1"), obj(change="r1"))

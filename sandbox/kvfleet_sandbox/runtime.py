@@ -70,7 +70,7 @@ TOKEN_PREFIX = "k8s-aws-v1."
 KVFLEET_ACCESS_KEY = "sandbox"  # what exports() gives kvfleet as AWS_ACCESS_KEY_ID
 ADMIN_ACCESS_KEY = "sandbox-admin"  # EKS-shaped tokens of the sandbox's admin (eks_token)
 ADMIN = UserInfo("kubernetes-admin", ("system:masters",))
-RBAC_DIR = Path(__file__).resolve().parents[3] / "k8s" / "rbac"
+RBAC_DIR = Path(__file__).resolve().parents[2] / "k8s" / "rbac"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
 # vCPUs by size suffix (AWS instance type docs) and GiB of memory per vCPU by family.

@@ -559,3 +559,20 @@ class KubeWatchTrigger(BaseEventTrigger):
         if self._access is not None:
             access, self._access = self._access, None
             await asyncio.to_thread(access.close)
+
+
+def clusters_of_events(events: Mapping[Any, Any] | None) -> list[str]:
+    """The clusters named by the watch events that triggered a ``kvfleet_drift_watch`` run.
+
+    ``events`` is the run's ``triggering_asset_events`` (asset -> asset events). An asset event made from a
+    trigger event carries ``extra = {"from_trigger": True, "payload": <TriggerEvent.payload>}``
+    (``airflow/models/trigger.py``, ``Trigger.submit_event``); the payload names the cluster. An ``error``
+    payload (a watch refused) still names its cluster: the drift check then records why it cannot see it."""
+    found: set[str] = set()
+    for asset_events in (events or {}).values():
+        for event in asset_events or []:
+            extra = getattr(event, "extra", None) or (event.get("extra") if isinstance(event, Mapping) else None)
+            cluster = ((extra or {}).get("payload") or {}).get("cluster")
+            if cluster:
+                found.add(str(cluster))
+    return sorted(found)

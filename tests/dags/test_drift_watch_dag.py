@@ -1,0 +1,66 @@
+"""kvfleet_drift_watch: one watched asset per inventory cluster (a ``KubeWatchTrigger`` in an ``AssetWatcher``),
+a run scoped to the clusters its asset events name, and the drift check's own task bodies doing the work."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events
+
+pytestmark = pytest.mark.e2e
+
+
+def test_one_watched_asset_per_inventory_cluster(dagbag: Any, example_fleet: Any) -> None:
+    dag = dagbag.get_dag("kvfleet_drift_watch")
+    assert dag is not None and dag.catchup is False and dag.max_active_runs == 1
+    inventory = {c["name"]: c["region"] for c in yaml.safe_load(example_fleet.read_text())["clusters"]}
+    assets = list(dag.timetable.asset_condition.objects)
+    assert sorted(a.name for a in assets) == sorted(f"kvfleet_cluster_changed_{n}" for n in inventory)
+    for asset in assets:
+        (watcher,) = asset.watchers
+        trigger = watcher.trigger
+        if isinstance(trigger, dict):  # the serialized DAG keeps the trigger's classpath and kwargs
+            classpath, kwargs = trigger["classpath"], trigger["kwargs"]
+        else:
+            classpath, kwargs = trigger.serialize()
+        assert classpath == "kvfleet.airflow.triggers.KubeWatchTrigger"
+        assert asset.name == f"kvfleet_cluster_changed_{kwargs['cluster']}"
+        assert kwargs["region"] == inventory[kwargs["cluster"]] and kwargs["quiet_s"] == 15.0
+    assert dag.get_task("summary").trigger_rule == "none_failed"
+
+
+def test_the_clusters_of_a_run_are_those_its_asset_events_name() -> None:
+    def event(payload: dict[str, Any]) -> Any:
+        return SimpleNamespace(extra={"from_trigger": True, "payload": payload})
+
+    events = {"a1": [event({"status": "changed", "cluster": "c2"}), event({"status": "changed", "cluster": "c1"})],
+              "a2": [event({"status": "error", "cluster": "c3", "message": "watch refused"})],
+              "a3": [SimpleNamespace(extra={})]}
+    assert clusters_of_events(events) == ["c1", "c2", "c3"]
+    assert clusters_of_events(None) == []
+    assert KubeWatchTrigger("c1", "us-east-1").serialize()[1]["cluster"] == "c1"
+
+
+def test_a_run_checks_only_the_changed_cluster(dagbag: Any, history: Any, example_fleet: Any, tmp_path: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
+
+    sandbox = start_sandbox(example_fleet, tmp_path / "sb", SandboxSettings(time_scale=0.005))
+    try:
+        for key, value in sandbox.exports().items():
+            monkeypatch.setenv(key, value)
+        dag = dagbag.get_dag("kvfleet_drift_watch")
+        # dag.test() carries no asset events: the clusters param stands in for the watch's payload.
+        dr = dag.test(run_conf={"fleet": str(example_fleet), "clusters": ["ml-prod-use1"]})
+    finally:
+        sandbox.stop()
+    assert dr.state == "success"
+    run = history.run(f"kvfleet_drift_watch/{dr.run_id}")
+    assert run is not None and run["status"] == "success"
+    assert run["summary"]["clusters"] == ["ml-prod-use1"]
+    assert {r["cluster"] for r in history.query("open_drift")} == {"ml-prod-use1"}

@@ -13,10 +13,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import dag, task
 
-from kvfleet.airflow import callbacks
+from kvfleet.airflow import callbacks, notify
+from kvfleet.airflow.operators import CurvineApprovalOperator
 from kvfleet.airflow.params import CURVINE_APPROVE_TASK, CURVINE_NO_APPROVAL_TASK, curvine_upgrade_params
 
 
@@ -53,12 +53,11 @@ def kvfleet_curvine_upgrade() -> None:
 
         return curvine.approval_route(clusters, params)
 
-    approve = ApprovalOperator(
+    approve = CurvineApprovalOperator(
         task_id=CURVINE_APPROVE_TASK,
         subject="Curvine upgrade to {{ params.version }} on {{ params.clusters or 'every cluster' }}",
-        body="The preflight task's log shows, per cluster, the exact helm command and the values diff. Every "
-             "format flag stays false; approving does not allow an override that sets one.",
         response_timeout=timedelta(hours=24),
+        notifiers=[notify.gate_waiting_notifier()],
     )
     straight_on = EmptyOperator(task_id=CURVINE_NO_APPROVAL_TASK)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.sdk import dag, task, task_group
 
-from kvfleet.airflow import callbacks
+from kvfleet.airflow import callbacks, notify
 from kvfleet.airflow.operators import WaveGateOperator
 from kvfleet.airflow.params import WAVE_SLOTS, rollout_params
 
@@ -84,7 +84,8 @@ def kvfleet_rollout() -> None:
             upstream >> wave
             upstream = wave
             if slot < WAVE_SLOTS - 1:
-                gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot)
+                gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot,
+                                        notifiers=[notify.gate_waiting_notifier()])
                 wave >> gate
                 previous, upstream = gate.output, gate
         # A teardown WITHOUT a setup: it runs once everything upstream is done, whatever their states, so a

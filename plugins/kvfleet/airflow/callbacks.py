@@ -36,6 +36,7 @@ def on_dag_success(context: Any) -> None:
     module = _run_status()
     if module is not None:
         module.on_dag_success(context)
+    _notify_run_end(context)
 
 
 def on_dag_failure(context: Any) -> None:
@@ -43,3 +44,15 @@ def on_dag_failure(context: Any) -> None:
     module = _run_status()
     if module is not None:
         module.on_dag_failure(context)
+    _notify_run_end(context)
+
+
+def _notify_run_end(context: Any) -> None:
+    """After the run's status is written: notify (SNS, webhook) when it ended failed or completed_with_failures.
+    A notification never fails a run, and nothing is sent when no destination is configured."""
+    try:
+        from kvfleet.airflow import notify
+
+        notify.run_end_notifier()(context)
+    except Exception:
+        log.exception("kvfleet: run-end notification")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvfleet.airflow import params as kvparams
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
@@ -29,8 +30,8 @@ from kvfleet.stages.curvine_upgrade import UpgradeRequest
 
 log = logging.getLogger(__name__)
 
-APPROVE_TASK = "approve"
-NO_APPROVAL_TASK = "no_approval"
+APPROVE_TASK = kvparams.CURVINE_APPROVE_TASK
+NO_APPROVAL_TASK = kvparams.CURVINE_NO_APPROVAL_TASK
 
 
 def _scope(params: dict[str, Any]) -> Inventory:
@@ -52,6 +53,16 @@ def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[l
 # ---- upgrade ---------------------------------------------------------------------------------------------------
 
 
+_UPGRADE = kvparams.curvine_upgrade_params()
+_SCALE = kvparams.curvine_scale_out_params()
+
+
+def _param(params: dict[str, Any], key: str, declared: dict[str, Any]) -> Any:
+    """A Param's value, or its default from ``airflow/params.py`` (the one place defaults live) when absent."""
+    value = params.get(key)
+    return declared[key].value if value is None or value == "" else value
+
+
 def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
     version = str(params.get("version") or "").strip()
     if not version:
@@ -65,7 +76,8 @@ def upgrade_request(params: dict[str, Any]) -> UpgradeRequest:
     curvine_gates.refuse_flag_overrides("the selected clusters", raw)
     return UpgradeRequest(
         version=version, overrides=curvine_gates.normalize_overrides(raw),
-        rollback=bool(params.get("rollback", True)), timeout_s=float(params.get("timeout_minutes") or 15) * 60,
+        rollback=bool(_param(params, "rollback", _UPGRADE)),
+        timeout_s=float(_param(params, "timeout_minutes", _UPGRADE)) * 60,
         expired_allowance=int(params.get("expired_files_allowance") or 0),
         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60, l2_check=params.get("l2_check") or "file")
 
@@ -147,8 +159,8 @@ def scale_request(params: dict[str, Any]) -> ScaleRequest:
     return ScaleRequest(target=int(target) if target not in (None, "") else None,
                         all_eligible=bool(params.get("all_eligible")),
                         allow_scale_in=bool(params.get("allow_scale_in")),
-                        threshold=float(params.get("threshold_percent") or 80) / 100,
-                        timeout_s=float(params.get("timeout_minutes") or 15) * 60,
+                        threshold=float(_param(params, "threshold_percent", _SCALE)) / 100,
+                        timeout_s=float(_param(params, "timeout_minutes", _SCALE)) * 60,
                         lock_wait_s=float(params.get("lock_wait_minutes") or 0) * 60)
 
 

@@ -50,6 +50,10 @@ def check_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     finally:
         ctx.close()
     out = result.as_dict()
+    from kvfleet.airflow import notify  # new findings, an unreachable cluster, a refused remediation: never raises
+    from kvfleet.airflow.context import run_info
+
+    notify.notify_drift(out, run_info().run_key)
     log.info("[%s] %d finding(s), %s; observed in %.2fs%s", cluster, len(result.findings), result.sync,
              result.observe_s, f"; advice: {result.advice}" if result.advice else "")
     return out

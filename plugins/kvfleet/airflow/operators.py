@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.providers.standard.operators.hitl import HITLOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 
 from kvfleet.fleet import gates
 
@@ -50,12 +50,18 @@ class WaveGateOperator(HITLOperator):
             return {"decision": decision, "reason": reason, "cluster": wave.get("cluster"), "by": "kvfleet"}
         if decision == gates.ASK_REVIEW:
             self.options, self.defaults = list(gates.REVIEW_OPTIONS), ["Abort"]
-            self.subject = f"kvfleet: inconclusive verification on {wave.get('cluster')} ({wave.get('waves')})"
-            self.body = "\n".join(f"- {e}: {v}" for e, v in sorted((wave.get("endpoints") or {}).items()))
         else:
             self.options, self.defaults = list(gates.APPROVAL_OPTIONS), ["Reject"]
-            self.subject = f"kvfleet: approve the next wave on {wave.get('cluster')} after {wave.get('waves')}?"
-            self.body = "\n".join(f"- {e}: {v}" for e, v in sorted((wave.get("endpoints") or {}).items()))
+        # The form a human reads: which run, cluster and wave, the verifications and open drift as evidence, and
+        # what each option does (kvfleet.airflow.gates; the history is read, and a gate opens even without it).
+        from kvfleet.airflow import gates as gate_text
+        from kvfleet.airflow.context import run_info
+
+        text = gate_text.for_wave_gate(asked=decision, run_key=run_info(dict(context)).run_key, wave=wave,
+                                       reason=reason, params=context["params"], slot=self.slot,
+                                       options=self.options, default=self.defaults[0],
+                                       timeout=self.response_timeout)
+        self.subject, self.body = text.subject, text.body
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
@@ -79,6 +85,21 @@ class WaveGateOperator(HITLOperator):
             actor=who or "timeout")
         return {"decision": result, "reason": f"{chosen} by {who or 'timeout default'}", "cluster": wave.get("cluster"),
                 "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}
+
+
+class CurvineApprovalOperator(ApprovalOperator):
+    """The Curvine upgrade's approval: its subject and body are the preflight's evidence per cluster (revision,
+    chart, values diff, the exact helm command) and the open drift, built by ``kvfleet.airflow.gates``."""
+
+    def execute(self, context: Any) -> Any:
+        from kvfleet.airflow import gates as gate_text
+        from kvfleet.airflow.context import run_info
+
+        pre = [p for p in (context["ti"].xcom_pull(task_ids="preflight") or []) if p]
+        text = gate_text.for_curvine_approval(run_key=run_info(dict(context)).run_key, params=context["params"],
+                                              preflight=list(pre), timeout=self.response_timeout)
+        self.subject, self.body = text.subject, text.body
+        return super().execute(context)
 
 
 def _iso(value: Any) -> str | None:

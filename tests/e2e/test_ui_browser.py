@@ -122,8 +122,7 @@ class Sandbox:
 def _conf(fleet: Path, **overrides: Any) -> dict[str, Any]:
     base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 3,
             "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "verify", "approval": "none",
-            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10,
-            "_drill_fail_after_scale_down": False}
+            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10}
     return {**base, **overrides}
 
 

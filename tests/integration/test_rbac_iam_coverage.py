@@ -241,6 +241,11 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
     pg.ensure_database("rbac_replay")
     history = History(get_engine(pg.url("rbac_replay")))
     inv = load_inventory(ROOT / "fleet.example.yaml")
+    # The patch cluster is replayed with the scale-to-zero strategy: `auto` rolls 2-replica endpoints (no scale
+    # subresource), and the scale grant must still be proven used, since scale-to-zero needs it.
+    inv = dataclasses.replace(inv, clusters=tuple(
+        dataclasses.replace(c, update_strategy="scale-to-zero") if c.name == PATCH_CLUSTER else c
+        for c in inv.clusters))
     sandbox = start_sandbox(inv, tmp_path_factory.mktemp("rbac-sandbox"), SandboxSettings(time_scale=0.01))
     try:
         with pytest.MonkeyPatch.context() as mp:

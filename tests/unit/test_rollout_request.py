@@ -35,10 +35,9 @@ def test_missing_or_null_keys_take_the_param_defaults() -> None:
 def test_given_values_are_kept_and_typed() -> None:
     req = RolloutRequest.from_params({**_defaults(), "fleet": "f.yaml", "clusters": ["c-1"], "wave_size": 7,
                                       "bake_minutes": 1.5, "gate": "none", "lock_wait_minutes": 0.02,
-                                      "aws_conn_id": "aws_prod", "_drill_fail_after_scale_down": True})
+                                      "aws_conn_id": "aws_prod"})
     assert req.clusters == ("c-1",) and req.wave_size == 7 and req.bake_s == 90 and not req.gated
     assert req.lock_wait_s == pytest.approx(1.2) and req.aws_conn_id == "aws_prod"
-    assert req.drill_fail_after_scale_down  # carried until the drill lives in the twin
     with pytest.raises(dataclasses.FrozenInstanceError):
         req.wave_size = 1  # type: ignore[misc]
 

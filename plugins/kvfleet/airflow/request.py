@@ -16,8 +16,8 @@ from typing import Any
 
 from kvfleet.errors import PermanentError
 
-# Run-conf keys that are not Params: the AWS connection (run-for-real.md) and the fault drill of the tests.
-EXTRA_CONF_KEYS = frozenset({"aws_conn_id", "_drill_fail_after_scale_down"})
+# Run-conf keys that are not Params: the AWS connection (run-for-real.md).
+EXTRA_CONF_KEYS = frozenset({"aws_conn_id"})
 DEFAULT_AWS_CONN_ID = "aws_default"
 
 
@@ -34,7 +34,7 @@ def refuse_unknown_conf(params: Mapping[str, Any]) -> None:
     unknown = sorted(str(k)[:60] for k in params if k not in known)
     if unknown:
         raise PermanentError(f"run conf: unknown key(s) {', '.join(repr(k) for k in unknown[:10])}; the known keys "
-                             f"are {', '.join(sorted(known - {'_drill_fail_after_scale_down'}))}. Fix the spelling "
+                             f"are {', '.join(sorted(known))}. Fix the spelling "
                              "or drop the key; nothing was changed.")
 
 
@@ -79,8 +79,6 @@ class RolloutRequest:
     lock_wait_s: float
     prompt_tokens: int
     aws_conn_id: str = DEFAULT_AWS_CONN_ID
-    # TO BE REMOVED (issue 21: fault injection moves into the twin's admin API): the hidden test drill.
-    drill_fail_after_scale_down: bool = False
 
     @property
     def gated(self) -> bool:
@@ -99,5 +97,4 @@ class RolloutRequest:
             bake_s=float(v["bake_minutes"]) * 60, gate=str(v["gate"]), approval=str(v["approval"]),
             remediate_drift=bool(v["remediate_drift"]), speedup_tolerance=float(v["speedup_tolerance"]),
             lock_wait_s=float(v["lock_wait_minutes"]) * 60, prompt_tokens=int(v["prompt_tokens"]),
-            aws_conn_id=str(params.get("aws_conn_id") or DEFAULT_AWS_CONN_ID),
-            drill_fail_after_scale_down=bool(params.get("_drill_fail_after_scale_down")))
+            aws_conn_id=str(params.get("aws_conn_id") or DEFAULT_AWS_CONN_ID))

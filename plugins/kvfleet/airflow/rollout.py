@@ -189,8 +189,6 @@ def _verify_and_record(ctx: StageContext, ep: Endpoint, req: RolloutRequest, ste
 def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], req: RolloutRequest,
                   holder: str) -> tuple[str, dict[str, str]]:
     ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
-    # req.drill_fail_after_scale_down is accepted but no longer reaches the stage: stages/endpoints.py dropped the
-    # hook (b5b9d11); the drill moves into the twin's admin API (issue 21), and the field goes with it.
     outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder)
     broken = {str(o.endpoint): "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
               for o in outcomes if o.outcome in ("failed", "refused")}

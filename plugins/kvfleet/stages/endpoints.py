@@ -63,6 +63,7 @@ from kvfleet.fleet.endpoint_spec import (
     l2_patch,
     l2_violations,
     overlay_violations,
+    pod_is_live,
     render_iec,
 )
 from kvfleet.fleet.inventory import Endpoint
@@ -157,7 +158,7 @@ def endpoint_violations(ctx: StageContext, ep: Endpoint, dep: dict[str, Any] | N
     out = [f"deployment: {v.text()}" for v in l2_violations(dep["spec"]["template"]["spec"], ep.name,
                                                              ctx.inventory.settings)]
     for pod in pods if pods is not None else _pods(ctx, ep):
-        if (pod.get("status") or {}).get("phase") not in ("Running", "Pending"):
+        if not pod_is_live(pod):
             continue
         out += [f"pod {pod['metadata']['name']}: {v.text()}"
                 for v in l2_violations(pod["spec"], ep.name, ctx.inventory.settings)]
@@ -170,7 +171,7 @@ def _needs_overlay(ctx: StageContext, ep: Endpoint) -> bool:
     if overlay_violations(dep["spec"]["template"]["spec"], ep.name, ctx.inventory.settings):
         return True
     return any(overlay_violations(p["spec"], ep.name, ctx.inventory.settings) for p in _pods(ctx, ep)
-               if (p.get("status") or {}).get("phase") in ("Running", "Pending"))
+               if pod_is_live(p))
 
 
 def _validated_patches(ctx: StageContext, eps: list[Endpoint]) -> tuple[dict[str, list[dict[str, Any]]],

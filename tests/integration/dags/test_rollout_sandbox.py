@@ -18,8 +18,7 @@ def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
     """Every Param explicitly: dag.test() keeps the Params of an earlier run in the same process."""
     base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 3,
             "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "verify", "approval": "none",
-            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10,
-            "_drill_fail_after_scale_down": False}
+            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10}
     return {**base, **overrides}
 
 
@@ -131,7 +130,11 @@ def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(d
                                                                                small_fleet) -> None:
     dag = dagbag.get_dag("kvfleet_rollout")
     base = conf(small_fleet, clusters=["c-patch"])
-    broken = dag.test(run_conf={**base, "_drill_fail_after_scale_down": True})
+    # The wave dies inside the pause: the twin refuses kvfleet's second write of alpha-chat's Deployment (after
+    # its temporary update strategy, the overlay patch itself) with a permanent 422.
+    sandbox_process.admin("/fault", {"cluster": "c-patch", "kind": "fail_write", "resource": "deployments",
+                                     "name": "alpha-chat", "namespace": "alpha", "nth": 2, "code": 422})
+    broken = dag.test(run_conf=base)
     assert broken.state == "failed"
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # teardown restored it
     broken_key = f"kvfleet_rollout/{broken.run_id}"

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 QUIET_S = float(os.environ.get("KVFLEET_DRIFT_WATCH_QUIET_S", "15"))
 
 
-def _inventory_clusters(fleet: str) -> list[tuple[str, str]]:
-    """(name, region) of every inventory cluster, read as plain YAML (the full inventory model is for tasks).
+def _inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
+    """(name, region, Curvine namespace) of every inventory cluster, read as plain YAML (the full inventory
+    model is for tasks).
     A relative path is the working directory's, else the checkout's (as ``kvfleet`` resolves it)."""
     path = Path(fleet)
     if not path.is_absolute() and not path.exists():
@@ -42,17 +43,19 @@ def _inventory_clusters(fleet: str) -> list[tuple[str, str]]:
         log.warning("kvfleet_drift_watch: inventory %s unreadable (%s): no cluster is watched; "
                     "kvfleet_drift_check's schedule still covers the fleet", path, exc)
         return []
-    return [(str(c["name"]), str(c.get("region") or "us-east-1"))
+    return [(str(c["name"]), str(c.get("region") or "us-east-1"),
+             str((c.get("curvine") or {}).get("namespace") or "curvine"))
             for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
 
 
-def cluster_asset(name: str, region: str) -> Asset:
+def cluster_asset(name: str, region: str, curvine_namespace: str) -> Asset:
     return Asset(name=f"kvfleet_cluster_changed_{name}", group="kvfleet", watchers=[AssetWatcher(
         name=f"kvfleet_watch_{name}",
-        trigger=KubeWatchTrigger(name, region, aws_conn_id="aws_default", quiet_s=QUIET_S))])
+        trigger=KubeWatchTrigger(name, region, aws_conn_id="aws_default", curvine_namespace=curvine_namespace,
+                                 quiet_s=QUIET_S))])
 
 
-ASSETS = [cluster_asset(name, region) for name, region in _inventory_clusters(DEFAULT_FLEET)]
+ASSETS = [cluster_asset(*cluster) for cluster in _inventory_clusters(DEFAULT_FLEET)]
 
 
 @dag(

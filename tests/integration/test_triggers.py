@@ -46,16 +46,44 @@ def _inventory() -> Inventory:
                                                     if e.cluster != PROD or e.name in ROLLED))
 
 
+def rbac_with_watch(target: Path) -> Path:
+    """k8s/rbac with the grants the drift watch needs (``triggers.RBAC_*_RULES``) added to kvfleet's
+    ClusterRoles: the change proposed for k8s/rbac, applied to this module's sandbox only."""
+    import shutil
+
+    import yaml
+
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (ROOT / "k8s" / "rbac").iterdir():
+        if path.suffix != ".yaml":
+            shutil.copy(path, target / path.name)
+            continue
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        for doc in docs:
+            name = doc.get("metadata", {}).get("name")
+            if doc.get("kind") == "ClusterRole" and name == "kvfleet:cluster":
+                doc["rules"] += [dict(r) for r in triggers.RBAC_CLUSTER_RULES]
+            if doc.get("kind") == "ClusterRole" and name == "kvfleet:curvine-namespace":
+                doc["rules"] += [dict(r) for r in triggers.RBAC_CURVINE_NAMESPACE_RULES]
+        (target / path.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return target
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One sandbox for the module, pointed at by the process environment as Airflow connections would be;
-    stages 1–3 and two endpoints rolled out on the prod cluster."""
+    stages 1–3 and two endpoints rolled out on the prod cluster. kvfleet's identity is held to k8s/rbac plus
+    the drift watch's ``watch`` grants."""
     from kvfleet.stages import addons, curvine, endpoints, tiered_storage
     from kvfleet.stages.base import StageContext, Timeouts
-    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox import runtime
     from kvfleet_sandbox.twin import SandboxSettings
 
-    sandbox = start_sandbox(_inventory(), tmp_path_factory.mktemp("triggers"), SandboxSettings(time_scale=0.005))
+    tmp = tmp_path_factory.mktemp("triggers")
+    with pytest.MonkeyPatch.context() as rbac:
+        rbac.setattr(runtime, "RBAC_DIR", rbac_with_watch(tmp / "rbac"))
+        sandbox = runtime.start_sandbox(_inventory(), tmp / "sandbox", SandboxSettings(time_scale=0.005))
+    assert sandbox.rbac_enforced
     with pytest.MonkeyPatch.context() as mp:
         for key, value in sandbox.exports().items():
             mp.setenv(key, value)
@@ -250,7 +278,7 @@ def test_watch_fires_once_on_a_kubectl_patch_by_hand_and_not_on_kvfleets_own_cha
         _patch_env(fleet, by_hand, "by-hand-1")()
 
     event = _first_event(trigger, both, ready=trigger.ready)
-    assert event["status"] == "changed" and event["cluster"] == PROD
+    assert event["status"] == "changed" and event["cluster"] == PROD, event
     assert event["objects"] == [f"Deployment:{by_hand.namespace}/{by_hand.name}"]
     assert set(event["resource_versions"]) == {"InferenceEndpointConfig", "Deployment", "Pod", "Secret"}
 
@@ -285,6 +313,26 @@ def test_watch_reports_a_resync_when_its_resource_version_is_gone(fleet: Any) ->
                                resource_versions={"Deployment": old})
     event = _first_event(trigger)
     assert event["status"] == "changed" and "Deployment:*" in event["objects"]
+
+
+def test_watch_refused_by_rbac_is_an_error_event_naming_the_grant() -> None:
+    """Without the watch grants (k8s/rbac as committed today), kvfleet's identity is refused: one error event
+    at once, not a silent watch."""
+    from kubernetes.client.exceptions import ApiException
+
+    refused: list[Any] = []
+
+    def put(item: tuple[str, str, Any]) -> None:
+        refused.append(item)
+
+    watcher = triggers._Watcher(triggers.streams()[0], None, "1", put, 5)
+    assert watcher._failed(ApiException(status=403, reason="Forbidden")) is True  # the stream stops
+    assert refused == [("InferenceEndpointConfig", "FAILED", {"status": 403, "reason": "Forbidden"})]
+    trigger = KubeWatchTrigger(PROD, "us-east-1")
+    kinds = {s.kind: s for s in triggers.streams()}
+    event = trigger._judge(refused[0], kinds, {}, triggers.Burst())
+    assert event is not None and event.payload["status"] == "error"
+    assert "HTTP 403" in event.payload["message"] and "RBAC" in event.payload["message"]
 
 
 def test_fingerprint_ignores_status_and_controller_annotations_and_sees_spec_labels_and_annotations() -> None:

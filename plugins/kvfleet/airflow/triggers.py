@@ -28,6 +28,7 @@ wait at once with an ``error`` event naming the state and the service's own mess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -240,7 +241,7 @@ def _is_watched_deployment(obj: Mapping[str, Any]) -> bool:
     return meta.get("namespace") == OPERATOR_NAMESPACE and meta.get("name") in OPERATOR_DEPLOYMENTS
 
 
-def streams() -> tuple[Stream, ...]:
+def streams(curvine_namespace: str = "curvine") -> tuple[Stream, ...]:
     """What the drift watch watches, per cluster: the collections the drift check observes (``stages.drift``)."""
     from kvfleet.fleet.constants import IEC_GROUP, IEC_PLURAL, IEC_VERSION, MANAGED_BY_LABEL
 
@@ -255,9 +256,20 @@ def streams() -> tuple[Stream, ...]:
                events=frozenset({"MODIFIED"})),
         # Helm's release records: a new revision (an upgrade or rollback by hand) is a new Secret; deleting an
         # old one is Helm's own history pruning.
-        Stream("Secret", "core", "list_secret_for_all_namespaces", "owner=helm", fingerprint_of=("data",),
-               keep=_is_curvine_release, events=frozenset({"ADDED", "MODIFIED"})),
+        Stream("Secret", "core", "list_namespaced_secret", "owner=helm", (curvine_namespace,),
+               fingerprint_of=("data",), keep=_is_curvine_release, events=frozenset({"ADDED", "MODIFIED"})),
     )
+
+
+# The grants the watch needs beyond the drift check's LISTs (k8s/rbac): ``watch`` on the same collections; the
+# Helm release Secrets are watched in Curvine's namespace only (kvfleet:curvine-namespace), never cluster-wide.
+RBAC_CLUSTER_RULES: Final = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["watch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["watch"]},
+    {"apiGroups": ["inference.sagemaker.aws.amazon.com"], "resources": ["inferenceendpointconfigs"],
+     "verbs": ["watch"]},
+)
+RBAC_CURVINE_NAMESPACE_RULES: Final = ({"apiGroups": [""], "resources": ["secrets"], "verbs": ["watch"]},)
 
 
 def fingerprint(obj: Mapping[str, Any], parts: tuple[str, ...]) -> str:
@@ -387,7 +399,11 @@ class _Watcher:
             self.put((self.stream.kind, "RESYNC", {}))
             return False
         if exc.status in (401, 403, 404):
-            self.put((self.stream.kind, "FAILED", {"status": exc.status, "reason": str(exc.reason)}))
+            try:
+                detail = str(json.loads(exc.body or "{}").get("message") or exc.reason)
+            except (TypeError, ValueError):
+                detail = str(exc.reason)
+            self.put((self.stream.kind, "FAILED", {"status": exc.status, "reason": detail}))
             return True
         log.warning("[%s] watch error %s, retrying", self.stream.kind, exc.status)
         self.stop.wait(1.0)
@@ -414,10 +430,11 @@ class KubeWatchTrigger(BaseEventTrigger):
     change made while no triggerer ran still fires."""
 
     def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
-                 quiet_s: float = 15.0, max_burst_s: float = 120.0, watch_timeout_s: int = 300,
-                 resource_versions: Mapping[str, str] | None = None) -> None:
+                 curvine_namespace: str = "curvine", quiet_s: float = 15.0, max_burst_s: float = 120.0,
+                 watch_timeout_s: int = 300, resource_versions: Mapping[str, str] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.cluster, self.region, self.aws_conn_id = cluster, region, aws_conn_id
+        self.curvine_namespace = curvine_namespace
         self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
         self.resource_versions: dict[str, str] = dict(resource_versions or {})
         self._watchers: list[_Watcher] = []
@@ -425,13 +442,14 @@ class KubeWatchTrigger(BaseEventTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return _classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
-                                  "quiet_s": self.quiet_s, "max_burst_s": self.max_burst_s,
+                                  "curvine_namespace": self.curvine_namespace, "quiet_s": self.quiet_s,
+                                  "max_burst_s": self.max_burst_s,
                                   "watch_timeout_s": self.watch_timeout_s,
                                   "resource_versions": dict(self.resource_versions)}
 
     def ready(self) -> bool:
         """Every stream listed (or resumed) and watching: a change from now on is seen."""
-        return len(self._watchers) == len(streams()) and all(w.rv for w in self._watchers)
+        return len(self._watchers) == len(streams(self.curvine_namespace)) and all(w.rv for w in self._watchers)
 
     def checkpoint(self) -> tuple[str, dict[str, Any]]:
         """``serialize()`` with the watermark reached so far: a trigger re-created from it resumes there."""
@@ -472,9 +490,10 @@ class KubeWatchTrigger(BaseEventTrigger):
         self._access = await asyncio.to_thread(self._connect)
 
         def put(item: tuple[str, str, Any]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            with contextlib.suppress(RuntimeError):  # the loop closed: this trigger has ended
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        for stream in streams():
+        for stream in streams(self.curvine_namespace):
             watcher = _Watcher(stream, self._access, saved.get(stream.kind), put, self.watch_timeout_s)
             if watcher.rv is not None:  # resuming: the current state first, to compare replayed versions with
                 await asyncio.to_thread(watcher.relist)
@@ -485,7 +504,7 @@ class KubeWatchTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
         seen: dict[tuple[str, str], tuple[str, Mapping[str, Any]]] = {}
-        kinds = {s.kind: s for s in streams()}
+        kinds = {s.kind: s for s in streams(self.curvine_namespace)}
         burst = Burst()
         try:
             await self._start(queue)

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCHES = ("ttft_table.py", "drift_check.py", "rollout_availability.py", "parse_time.py", "audit_scale.py")
+BENCHES = ("ttft_table.py", "drift_check.py", "rollout_availability.py", "parse_time.py", "audit_scale.py",
+           "drift_latency.py")
 
 
 def main() -> int:

@@ -5,17 +5,21 @@ Called from the operators and task bodies that ``self.defer()`` (``LeaseFreeTrig
 and from ``dags/kvfleet_drift_watch.py`` (``KubeWatchTrigger`` inside an ``AssetWatcher``). The bake needs no
 trigger of ours: it is Airflow's own ``DateTimeTrigger``.
 
-Shapes follow the real Airflow 3.3.2 sources (read in ``apache-airflow-core`` 3.3.2 and the providers pinned in
-this venv):
+Shapes follow the real sources installed here (apache-airflow-core 3.3.2, apache-airflow-providers-amazon
+9.39.0, -cncf-kubernetes 10.25.0, -standard 1.21.0):
 - ``airflow/triggers/base.py``: ``serialize()`` returns ``(classpath, kwargs)`` that re-create the trigger;
   ``run()`` is an async generator of ``TriggerEvent``; a ``BaseEventTrigger`` (event-driven scheduling) is
   identified by the hash of its classpath and kwargs, so its kwargs must not change while it runs, and the
   triggerer injects ``asset_state_store`` (``AssetStateStoreAccessors``) before ``run()`` — the place a watcher
-  keeps its watermark across triggerer restarts (``airflow/jobs/triggerer_job_runner.py``).
-- ``providers/amazon/.../triggers/base.py`` (``AwsBaseWaiterTrigger``) and ``providers/cncf/kubernetes/triggers/
-  pod.py``: poll with ``asyncio.sleep`` between checks, yield exactly one event carrying ``status``
-  (``success`` / ``error``) and a message, and let the operator's resume method turn ``error`` into a failure.
-- ``providers/standard/triggers/temporal.py`` (``DateTimeTrigger``): the bake waits on it unchanged.
+  keeps its watermark across triggerer restarts (``airflow/jobs/triggerer_job_runner.py``). An event becomes an
+  asset event with ``extra={"from_trigger": True, "payload": ...}`` (``airflow/models/trigger.py``).
+- ``airflow/providers/amazon/aws/triggers/base.py`` (``AwsBaseWaiterTrigger``) and
+  ``airflow/providers/cncf/kubernetes/triggers/pod.py`` (``KubernetesPodTrigger``): poll with ``asyncio.sleep``
+  between checks, yield one event carrying ``status`` (``success`` / ``error``) and a message, and let the
+  operator's resume method turn ``error`` into a failure.
+- ``airflow/providers/standard/triggers/temporal.py`` (``DateTimeTrigger``): the bake waits on it unchanged.
+- ``kubernetes/watch/watch.py`` (kubernetes 36.0.3): with ``timeout_seconds`` set, a 410 in the stream raises
+  ``ApiException(410)`` instead of retrying, so the re-list is ours.
 
 Blocking clients (SQLAlchemy, boto3, the official kubernetes client) run in threads (``asyncio.to_thread`` or a
 daemon thread feeding an ``asyncio.Queue``), never on the triggerer's event loop. Heavy modules are imported

@@ -23,9 +23,10 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   ``api_network_failure`` ``count``, ``resource``, ``target`` as for ``api_conflict``: the connection of each of
                           those requests is closed without an answer (a temporary network failure)
   ``fail_write``          ``resource`` (a kube resource, e.g. ``deployments``), ``nth`` (1..10000), ``code``
-                          (409, 422, 429, 500 or 503; 500): the nth write (PUT, PATCH or scale) of that
-                          resource on the cluster is answered with that status, once (``write_faults``);
-                          ``name``/``namespace`` (optional) count one object's writes only
+                          (409, 422, 429, 500 or 503; 500): the nth write (PUT, PATCH or scale; dry runs
+                          and status writes do not count) of that resource on the cluster is answered with
+                          that status, once (``write_faults``); ``name``/``namespace`` (optional) count one
+                          object's writes only
   ``clear``               error rate, latency, conflicts, network failures and fail_write faults back to 0 on
                           kube and AWS
   ``operator_rerender``   ``services["operator"].rerender_now()``

@@ -3,11 +3,11 @@ of a cluster is refused with a chosen status, once. It replaces test hooks in pr
 rollout right after the wave is scaled down": counting the wave's Deployment writes, the product's own scale-downs
 go through and the write after them fails, exactly as an API server that starts refusing would make it fail.
 
-What counts as a write: every UPDATE that passes admission on the cluster's API store, i.e. each PUT or PATCH of
-the object through the API server (the product's, kubectl's, helm's), each write of its ``scale`` subresource,
-and writes of in-cluster controllers that go through admission (the Inference Operator's re-render, which a real
-API server also admits). Status writes and the simulated controllers' own bookkeeping do not pass admission and do
-not count. CREATE and DELETE do not count.
+What counts as a write: each PUT or PATCH of the object through the cluster's API store (``KubeStore.update`` and
+``KubeStore.patch``): the product's, kubectl's and helm's requests, writes of the ``scale`` subresource, and the
+Inference Operator's re-render (which a real API server also receives). Server dry runs (``dryRun=All``, e.g. the
+product's pre-pause patch check) are not writes and do not count; neither do ``status`` writes, the simulated
+controllers' bookkeeping (``KubeStore.mutate``), CREATE or DELETE.
 
 Armed through ``POST /fault {"kind": "fail_write", ...}`` (``kvfleet_sandbox.admin``); ``clear`` disarms it.
 """
@@ -35,19 +35,37 @@ class _Armed:
     namespace: str | None
     seen: int = 0
 
-    def matches(self, resource: str, obj: dict[str, Any]) -> bool:
-        meta = obj.get("metadata") or {}
-        return (resource == self.resource and self.name in (None, meta.get("name"))
-                and self.namespace in (None, meta.get("namespace")))
+    def matches(self, resource: str, name: str | None, namespace: str | None) -> bool:
+        return (resource == self.resource and self.name in (None, name)
+                and self.namespace in (None, namespace))
 
 
 class WriteFaults:
-    """The armed ``fail_write`` faults of one cluster's store (an admission hook, inert while none is armed)."""
+    """The armed ``fail_write`` faults of one cluster's store: wraps its ``update`` and ``patch`` (inert while none
+    is armed)."""
 
     def __init__(self, store: KubeStore) -> None:
         self._lock = threading.Lock()
         self._armed: list[_Armed] = []
-        store.add_admission(self._admit)
+        update, patch = store.update, store.patch
+
+        def counted_update(group: str, resource: str, obj: dict[str, Any], *, subresource: str | None = None,
+                           dry_run: bool = False) -> dict[str, Any]:
+            if not dry_run and subresource in (None, "scale"):
+                meta = obj.get("metadata") or {}
+                self._count(resource, meta.get("name"), meta.get("namespace"))
+            return update(group, resource, obj, subresource=subresource, dry_run=dry_run)
+
+        def counted_patch(group: str, resource: str, name: str, namespace: str | None, patch_body: Any,
+                          patch_type: str, *, subresource: str | None = None, dry_run: bool = False,
+                          field_manager: str | None = None) -> dict[str, Any]:
+            if not dry_run and subresource in (None, "scale"):
+                self._count(resource, name, namespace)
+            return patch(group, resource, name, namespace, patch_body, patch_type, subresource=subresource,
+                         dry_run=dry_run, field_manager=field_manager)
+
+        setattr(store, "update", counted_update)  # noqa: B010 (an instance attribute shadows the method)
+        setattr(store, "patch", counted_patch)  # noqa: B010
 
     def arm(self, resource: str, nth: int, code: int = 500, name: str | None = None,
             namespace: str | None = None) -> dict[str, Any]:
@@ -72,18 +90,14 @@ class WriteFaults:
         return {"resource": a.resource, "nth": a.nth, "code": a.code, "name": a.name, "namespace": a.namespace,
                 "seen": a.seen}
 
-    def _admit(self, op: str, group: str, resource: str, new: dict[str, Any],
-               old: dict[str, Any] | None) -> dict[str, Any] | None:
-        if op != "UPDATE":
-            return None
+    def _count(self, resource: str, name: str | None, namespace: str | None) -> None:
+        """Count one write; raise the armed refusal if it is the nth."""
         with self._lock:
             for armed in list(self._armed):
-                if not armed.matches(resource, new):
+                if not armed.matches(resource, name, namespace):
                     continue
                 armed.seen += 1
                 if armed.seen == armed.nth:
                     self._armed.remove(armed)
-                    name = (new.get("metadata") or {}).get("name", "")
                     raise ApiError(armed.code, REASONS[armed.code],
                                    f'{resource} "{name}": write {armed.nth} refused (sandbox fault fail_write)')
-        return None

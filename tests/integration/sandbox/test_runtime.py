@@ -251,6 +251,7 @@ def test_admin_fail_write_refuses_only_the_nth_write_of_that_kind(sandbox: Sandb
                                                "name": "fw-a", "nth": 2, "code": 503})
     assert status == 200 and answer["clusters"][name][0]["nth"] == 2
     core.patch_namespaced_config_map("fw-b", "default", {"data": {"v": "1"}})  # another object: not counted
+    core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "9"}}, dry_run="All")  # not a write
     core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "1"}})  # write 1 goes through
     with pytest.raises(ApiException) as refused:
         core.patch_namespaced_config_map("fw-a", "default", {"data": {"v": "2"}})

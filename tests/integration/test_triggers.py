@@ -297,6 +297,38 @@ def test_watch_recreated_from_its_checkpoint_resumes_and_sees_a_change_made_whil
     assert resumed["status"] == "changed" and resumed["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
 
 
+class _AssetStore:
+    """The asset's state store as the triggerer injects it (``AssetStateStoreAccessors``: ``aget``/``aset``),
+    kept in a dict: in Airflow it persists in the metadata database across triggerer restarts."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+
+
+def test_watch_as_the_triggerer_restarts_it_resumes_from_the_asset_state_store(fleet: Any) -> None:
+    """The triggerer re-creates an event trigger from its DAG-time kwargs (no watermark in them) and injects the
+    asset's state store: the watermark saved with the last event brings the change made meanwhile."""
+    ep = _ep(fleet, "retail-assistant")
+    store = _AssetStore()
+    first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
+    first.asset_state_store = store  # type: ignore[assignment]
+    event = _first_event(first, _patch_env(fleet, ep, "before-restart"), ready=first.ready)
+    assert store.values["resource_versions"] == event["resource_versions"]
+
+    _patch_env(fleet, ep, "while-the-triggerer-was-down")()
+    again = _roundtrip(KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30))
+    assert again.serialize()[1]["resource_versions"] == {}
+    again.asset_state_store = store
+    resumed = _first_event(again, ready=again.ready)
+    assert resumed["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
+
+
 def test_watch_reports_a_resync_when_its_resource_version_is_gone(fleet: Any) -> None:
     """A watermark older than the API server's history: 410 Gone, a re-list, and one event (changes may have
     been missed while it was down, so the drift check runs)."""

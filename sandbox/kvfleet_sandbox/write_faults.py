@@ -3,11 +3,12 @@ of a cluster is refused with a chosen status, once. It replaces test hooks in pr
 rollout right after the wave is scaled down": counting the wave's Deployment writes, the product's own scale-downs
 go through and the write after them fails, exactly as an API server that starts refusing would make it fail.
 
-What counts as a write: each PUT or PATCH of the object through the cluster's API store (``KubeStore.update`` and
-``KubeStore.patch``): the product's, kubectl's and helm's requests, writes of the ``scale`` subresource, and the
-Inference Operator's re-render (which a real API server also receives). Server dry runs (``dryRun=All``, e.g. the
-product's pre-pause patch check) are not writes and do not count; neither do ``status`` writes, the simulated
-controllers' bookkeeping (``KubeStore.mutate``), CREATE or DELETE.
+What counts as a write: each PUT or PATCH of the object by a client of the cluster's API (``KubeStore.update``
+and ``KubeStore.patch`` outside the simulated controllers' own loops): the product's, kubectl's and helm's
+requests, including writes of the ``scale`` subresource. The simulated controllers' writes (the Inference
+Operator's re-render, made from its ``ReconcileLoop``) do not count, so that ``nth`` counts what the client under
+test does whatever the controllers do meanwhile; server dry runs (``dryRun=All``, e.g. the product's pre-pause patch
+check), ``status`` writes, CREATE and DELETE do not count either.
 
 Armed through ``POST /fault {"kind": "fail_write", ...}`` (``kvfleet_sandbox.admin``); ``clear`` disarms it.
 """
@@ -18,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from kvfleet_sandbox.controllers._objects import in_controller_loop
 from kvfleet_sandbox.kube.errors import ApiError
 from kvfleet_sandbox.kube.store import KubeStore
 
@@ -51,7 +53,7 @@ class WriteFaults:
 
         def counted_update(group: str, resource: str, obj: dict[str, Any], *, subresource: str | None = None,
                            dry_run: bool = False) -> dict[str, Any]:
-            if not dry_run and subresource in (None, "scale"):
+            if not dry_run and subresource in (None, "scale") and not in_controller_loop():
                 meta = obj.get("metadata") or {}
                 self._count(resource, meta.get("name"), meta.get("namespace"))
             return update(group, resource, obj, subresource=subresource, dry_run=dry_run)
@@ -59,7 +61,7 @@ class WriteFaults:
         def counted_patch(group: str, resource: str, name: str, namespace: str | None, patch_body: Any,
                           patch_type: str, *, subresource: str | None = None, dry_run: bool = False,
                           field_manager: str | None = None) -> dict[str, Any]:
-            if not dry_run and subresource in (None, "scale"):
+            if not dry_run and subresource in (None, "scale") and not in_controller_loop():
                 self._count(resource, name, namespace)
             return patch(group, resource, name, namespace, patch_body, patch_type, subresource=subresource,
                          dry_run=dry_run, field_manager=field_manager)

@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 MIN_WAIT_S = 0.005  # real seconds: a floor so a busy model clock cannot spin a core
 
 
+_LOOP_THREAD = threading.local()
+
+
+def in_controller_loop() -> bool:
+    """Whether the calling thread is a simulated controller's own loop (not a client request's handler)."""
+    return bool(getattr(_LOOP_THREAD, "active", False))
+
+
 class ReconcileLoop:
     """One daemon thread running ``pass_fn`` when woken (store events) or every ``tick_model_s`` model seconds.
 
@@ -48,6 +56,7 @@ class ReconcileLoop:
         self._wake.set()
 
     def _run(self) -> None:
+        _LOOP_THREAD.active = True
         while not self._stop.is_set() and not self._clock.stopped:
             self._wake.clear()
             due: float | None = None

@@ -39,9 +39,12 @@ up: install tools
 down:
 	bash tools/down.sh
 
+# ruff (mccabe complexity <= 10), mypy --strict on kvfleet and the twin, and the import contracts. CI runs it
+# before `make test`.
 lint: install
 	$(VENV)/bin/ruff check plugins sandbox dags tests bench
 	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:randomly tests/contracts
 
 bench: install tools
 	$(PY) bench/run.py

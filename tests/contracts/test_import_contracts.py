@@ -112,45 +112,28 @@ def test_sandbox_imports_only_fleet_constants_of_the_product() -> None:
     assert _violations("sandbox", allowed) == []
 
 
+def _edges(v: str) -> set[str]:
+    # a package's __init__ importing its own submodule, or a module importing its parent package, is Python's
+    # package mechanics, not a cycle between modules
+    return {w for w in GRAPH[v] if not (w == v or v.startswith(w + ".") or w.startswith(v + "."))}
+
+
+def _reachable(v: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [v]
+    while todo:
+        for w in _edges(todo.pop()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
 def _cycles() -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    counter = [0]
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in GRAPH[v]:
-            # a package's __init__ importing its own submodule, or a module importing its parent package, is
-            # Python's package mechanics, not a cycle between modules
-            if w == v or v.startswith(w + ".") or w.startswith(v + "."):
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(GRAPH):
-        if v not in index:
-            visit(v)
-    return out
+    """The import cycles: each group of modules that reach one another (a strongly connected component)."""
+    reach = {v: _reachable(v) for v in GRAPH}
+    groups = {tuple(sorted({v} | {w for w in reach[v] if v in reach[w]})) for v in GRAPH if v in reach[v]}
+    return sorted(list(g) for g in groups if len(g) > 1)
 
 
 def test_no_import_cycles_even_inside_functions() -> None:

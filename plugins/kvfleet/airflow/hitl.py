@@ -23,17 +23,6 @@ class PendingGate:
     options: list[str]
 
 
-class _User:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def get_id(self) -> str:
-        return self.name
-
-    def get_name(self) -> str:
-        return self.name
-
-
 def pending(dag_id: str = "kvfleet_rollout") -> list[PendingGate]:
     from airflow.models.hitl import HITLDetail
     from airflow.models.taskinstance import TaskInstance
@@ -51,9 +40,20 @@ def pending(dag_id: str = "kvfleet_rollout") -> list[PendingGate]:
 
 
 def respond(gate: PendingGate, option: str, user: str) -> Any:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
     from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
     from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
     from airflow.utils.session import create_session
+
+    class _User(BaseUser):  # the responder Airflow records, as its REST route gets it from the auth manager
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def get_id(self) -> str:
+            return self.name
+
+        def get_name(self) -> str:
+            return self.name
 
     if option not in gate.options:
         raise ValueError(f"option {option!r} is not one of {', '.join(gate.options)} for {gate.task_id}")

@@ -1,66 +1,41 @@
 """kvfleet_drift_watch: the drift check of one cluster, run within a minute of a change to it (issue 19).
 
-A ``KubeWatchTrigger`` per inventory cluster watches, in Airflow's triggerer, what the drift check compares: the
-managed InferenceEndpointConfigs, Deployments and Pods, the Inference Operator's controller and Curvine's Helm
-release Secrets. It emits one asset event per burst of changes made by someone other than kvfleet (debounced,
-15 s of quiet), through an ``AssetWatcher`` on the cluster's asset; this DAG is scheduled on those assets and
-runs ``kvfleet.airflow.drift``'s task bodies (the same as ``kvfleet_drift_check``) on the changed clusters only.
+A ``KubeWatchTrigger`` per inventory cluster (run by one ``FleetWatchTrigger``, which reads the inventory in the
+triggerer) watches what the drift check compares: the managed InferenceEndpointConfigs, Deployments and Pods, the
+Inference Operator's controller and Curvine's Helm release Secrets. It emits one asset event per burst of changes
+made by someone other than kvfleet (debounced, 15 s of quiet), naming the cluster, through an ``AssetWatcher`` on
+the ``kvfleet_fleet_changed`` asset; this DAG is scheduled on it and runs ``kvfleet.airflow.drift``'s task bodies
+(the same as ``kvfleet_drift_check``) on the clusters the events name.
 ``kvfleet_drift_check`` still runs every 10 minutes: the safety net for anything a watch missed.
 
 Thin by design: at parse time it imports only airflow.sdk, kvfleet's light modules (the Params, the callbacks,
-the trigger classes, whose clients load inside ``run()``) and reads the inventory's cluster names and regions as
-plain YAML; no client is built and no API is called. Runbook: docs/runbook.md.
+the trigger classes, whose clients load inside ``run()``); no file is read, no client is built, no API is called.
+Runbook: docs/runbook.md.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from datetime import datetime, timedelta
-from pathlib import Path
 
-import yaml
-from airflow.sdk import Asset, AssetAny, AssetWatcher, dag, task
+from airflow.sdk import Asset, AssetWatcher, dag, task
 
 from kvfleet.airflow import callbacks
 from kvfleet.airflow.params import DEFAULT_FLEET, drift_params
-from kvfleet.airflow.triggers import KubeWatchTrigger
+from kvfleet.airflow.triggers import FleetWatchTrigger
 
-log = logging.getLogger(__name__)
 QUIET_S = float(os.environ.get("KVFLEET_DRIFT_WATCH_QUIET_S", "15"))
 
-
-def _inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
-    """(name, region, Curvine namespace) of every inventory cluster, read as plain YAML (the full inventory
-    model is for tasks).
-    A relative path is the working directory's, else the checkout's (as ``kvfleet`` resolves it)."""
-    path = Path(fleet)
-    if not path.is_absolute() and not path.exists():
-        path = Path(__file__).resolve().parents[1] / fleet
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        log.warning("kvfleet_drift_watch: inventory %s unreadable (%s): no cluster is watched; "
-                    "kvfleet_drift_check's schedule still covers the fleet", path, exc)
-        return []
-    return [(str(c["name"]), str(c.get("region") or "us-east-1"),
-             str((c.get("curvine") or {}).get("namespace") or "curvine"))
-            for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
-
-
-def cluster_asset(name: str, region: str, curvine_namespace: str) -> Asset:
-    return Asset(name=f"kvfleet_cluster_changed_{name}", group="kvfleet", watchers=[AssetWatcher(
-        name=f"kvfleet_watch_{name}",
-        trigger=KubeWatchTrigger(name, region, aws_conn_id="aws_default", curvine_namespace=curvine_namespace,
-                                 quiet_s=QUIET_S))])
-
-
-ASSETS = [cluster_asset(*cluster) for cluster in _inventory_clusters(DEFAULT_FLEET)]
+# One asset for the fleet: its watcher reads the inventory in the triggerer and watches every cluster there, so
+# this file does no I/O at parse time and a cluster added to the inventory is watched without a DAG change.
+FLEET_CHANGED = Asset(name="kvfleet_fleet_changed", group="kvfleet", watchers=[AssetWatcher(
+    name="kvfleet_fleet_watch", trigger=FleetWatchTrigger(DEFAULT_FLEET, aws_conn_id="aws_default",
+                                                         quiet_s=QUIET_S))])
 
 
 @dag(
     dag_id="kvfleet_drift_watch",
-    schedule=AssetAny(*ASSETS) if ASSETS else None,
+    schedule=[FLEET_CHANGED],
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

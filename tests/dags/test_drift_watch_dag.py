@@ -9,27 +9,29 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events
+from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events, inventory_clusters
 
 pytestmark = pytest.mark.e2e
 
 
-def test_one_watched_asset_per_inventory_cluster(dagbag: Any, example_fleet: Any) -> None:
+def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: Any, example_fleet: Any) -> None:
+    from kvfleet.airflow.params import DEFAULT_FLEET
+
     dag = dagbag.get_dag("kvfleet_drift_watch")
     assert dag is not None and dag.catchup is False and dag.max_active_runs == 1
-    inventory = {c["name"]: c["region"] for c in yaml.safe_load(example_fleet.read_text())["clusters"]}
-    assets = list(dag.timetable.asset_condition.objects)
-    assert sorted(a.name for a in assets) == sorted(f"kvfleet_cluster_changed_{n}" for n in inventory)
-    for asset in assets:
-        (watcher,) = asset.watchers
-        trigger = watcher.trigger
-        if isinstance(trigger, dict):  # the serialized DAG keeps the trigger's classpath and kwargs
-            classpath, kwargs = trigger["classpath"], trigger["kwargs"]
-        else:
-            classpath, kwargs = trigger.serialize()
-        assert classpath == "kvfleet.airflow.triggers.KubeWatchTrigger"
-        assert asset.name == f"kvfleet_cluster_changed_{kwargs['cluster']}"
-        assert kwargs["region"] == inventory[kwargs["cluster"]] and kwargs["quiet_s"] == 15.0
+    (asset,) = list(dag.timetable.asset_condition.objects)
+    assert asset.name == "kvfleet_fleet_changed"
+    (watcher,) = asset.watchers
+    trigger = watcher.trigger
+    if isinstance(trigger, dict):  # the serialized DAG keeps the trigger's classpath and kwargs
+        classpath, kwargs = trigger["classpath"], trigger["kwargs"]
+    else:
+        classpath, kwargs = trigger.serialize()
+    assert classpath == "kvfleet.airflow.triggers.FleetWatchTrigger"
+    assert kwargs["fleet"] == DEFAULT_FLEET and kwargs["quiet_s"] == 15.0
+    # What the watcher will watch, read in the triggerer: every cluster of the inventory, with its region.
+    inventory = [(c["name"], c["region"]) for c in yaml.safe_load(example_fleet.read_text())["clusters"]]
+    assert [(n, r) for n, r, _ in inventory_clusters(str(example_fleet))] == inventory
     assert dag.get_task("summary").trigger_rule == "none_failed"
 
 

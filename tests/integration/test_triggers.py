@@ -329,6 +329,19 @@ def test_watch_as_the_triggerer_restarts_it_resumes_from_the_asset_state_store(f
     assert resumed["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
 
 
+def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: Any, tmp_path: Path) -> None:
+    """One trigger for the DAG's asset: a watch per inventory cluster, each event naming its cluster."""
+    from kvfleet.airflow.triggers import FleetWatchTrigger
+
+    ep = _ep(fleet, "payments-disputes")
+    trigger = _roundtrip(FleetWatchTrigger(str(ROOT / "fleet.example.yaml"), aws_conn_id=None, quiet_s=0.5,
+                                           watch_timeout_s=30))
+    event = _first_event(trigger, _patch_env(fleet, ep, "fleet-watch"), ready=trigger.ready)
+    assert [c.cluster for c in trigger.children] == ["ml-prod-use1", "ml-stage-usw2"]
+    assert event["status"] == "changed" and event["cluster"] == PROD, event
+    assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
+
+
 def test_watch_reports_a_resync_when_its_resource_version_is_gone(fleet: Any) -> None:
     """A watermark older than the API server's history: 410 Gone, a re-list, and one event (changes may have
     been missed while it was down, so the drift check runs)."""

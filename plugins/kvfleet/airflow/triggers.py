@@ -402,7 +402,12 @@ class _Watcher:
             self.rv = None
             self.put((self.stream.kind, "RESYNC", {}))
             return False
-        if exc.status in (401, 403, 404):
+        if exc.status == 404:  # the type is not served (the operator's CRD not installed yet): nothing to watch
+            log.warning("[%s] not served by this cluster: not watched (the drift check reports it)",
+                        self.stream.kind)
+            self.stop.set()
+            return True
+        if exc.status in (401, 403):
             try:
                 detail = str(json.loads(exc.body or "{}").get("message") or exc.reason)
             except (TypeError, ValueError):
@@ -453,7 +458,8 @@ class KubeWatchTrigger(BaseEventTrigger):
 
     def ready(self) -> bool:
         """Every stream listed (or resumed) and watching: a change from now on is seen."""
-        return len(self._watchers) == len(streams(self.curvine_namespace)) and all(w.rv for w in self._watchers)
+        return len(self._watchers) == len(streams(self.curvine_namespace)) and \
+            all(w.rv or w.stop.is_set() for w in self._watchers)
 
     def checkpoint(self) -> tuple[str, dict[str, Any]]:
         """``serialize()`` with the watermark reached so far: a trigger re-created from it resumes there."""
@@ -599,3 +605,81 @@ def clusters_of_events(events: Mapping[Any, Any] | None) -> list[str]:
             if cluster:
                 found.add(str(cluster))
     return sorted(found)
+
+
+def inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
+    """(name, region, Curvine namespace) of every cluster of the inventory at ``fleet``, read as plain YAML.
+    A relative path is the working directory's, else the checkout's (as ``kvfleet`` resolves it)."""
+    from pathlib import Path
+
+    import yaml
+
+    from kvfleet.fleet.constants import CURVINE_NAMESPACE
+    from kvfleet.paths import project_root
+
+    path = Path(fleet)
+    if not path.is_absolute() and not path.exists():
+        path = project_root() / fleet
+    doc = yaml.safe_load(path.read_text()) or {}
+    return [(str(c["name"]), str(c.get("region") or "us-east-1"),
+             str((c.get("curvine") or {}).get("namespace") or CURVINE_NAMESPACE))
+            for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
+
+
+class _ClusterStore:
+    """One cluster's share of the fleet watch's asset state store (its keys prefixed with the cluster)."""
+
+    def __init__(self, store: Any, cluster: str) -> None:
+        self.store, self.cluster = store, cluster
+
+    async def aget(self, key: str, default: Any = None) -> Any:
+        return await self.store.aget(f"{self.cluster}/{key}", default)
+
+    async def aset(self, key: str, value: Any) -> None:
+        await self.store.aset(f"{self.cluster}/{key}", value)
+
+
+class FleetWatchTrigger(BaseEventTrigger):
+    """The drift watch of every inventory cluster, for one ``AssetWatcher``: reads the inventory at ``fleet`` in
+    the triggerer (so the DAG file does no I/O at parse time, ARCHITECTURE principle 5) and runs one
+    ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster). A cluster whose watch
+    ends (refused: an ``error`` event) leaves the others watching. Each cluster's watermark is kept in the asset's
+    state store under ``<cluster>/resource_versions``."""
+
+    def __init__(self, fleet: str, *, aws_conn_id: str | None = "aws_default", quiet_s: float = 15.0,
+                 max_burst_s: float = 120.0, watch_timeout_s: int = 300) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.fleet, self.aws_conn_id = fleet, aws_conn_id
+        self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
+        self.children: list[KubeWatchTrigger] = []
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return _classpath(self), {"fleet": self.fleet, "aws_conn_id": self.aws_conn_id, "quiet_s": self.quiet_s,
+                                  "max_burst_s": self.max_burst_s, "watch_timeout_s": self.watch_timeout_s}
+
+    def ready(self) -> bool:
+        return bool(self.children) and all(c.ready() for c in self.children)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        clusters = await asyncio.to_thread(inventory_clusters, self.fleet)
+        store = getattr(self, "asset_state_store", None)
+        queue: asyncio.Queue[TriggerEvent] = asyncio.Queue()
+        for name, region, namespace in clusters:
+            child = KubeWatchTrigger(name, region, aws_conn_id=self.aws_conn_id, curvine_namespace=namespace,
+                                     quiet_s=self.quiet_s, max_burst_s=self.max_burst_s,
+                                     watch_timeout_s=self.watch_timeout_s)
+            child.asset_state_store = _ClusterStore(store, name) if store is not None else None  # type: ignore[assignment]
+            self.children.append(child)
+
+        async def pump(child: KubeWatchTrigger) -> None:
+            async for event in child.run():
+                await queue.put(event)
+
+        tasks = [asyncio.create_task(pump(c), name=f"kvfleet-watch-{c.cluster}") for c in self.children]
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

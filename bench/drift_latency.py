@@ -2,10 +2,11 @@
 
 Starts a sandbox (the example fleet, two endpoints rolled out on ml-prod-use1 with stages 1–3) and a fresh
 embedded PostgreSQL for the history, then runs kvfleet's ``KubeWatchTrigger`` for ml-prod-use1 on an asyncio loop
-in a thread, exactly as the triggerer runs ``run()`` (same class, same kwargs as ``dags/kvfleet_drift_watch.py``:
-``quiet_s`` 15 s). Each trial makes one change by hand, then for every event the trigger emits runs the drift
-check of that cluster (``kvfleet.stages.drift.check``, the body of ``kvfleet_drift_check``'s and
-``kvfleet_drift_watch``'s ``check_cluster`` task), until the expected finding is recorded. Changes:
+in a thread, exactly as the triggerer runs ``run()`` (the class ``dags/kvfleet_drift_watch.py``'s
+``FleetWatchTrigger`` runs per inventory cluster, with its ``quiet_s`` of 15 s). Each trial makes one change
+by hand, then for every event the trigger emits runs the drift check of that cluster
+(``kvfleet.stages.drift.check``, the body of ``kvfleet_drift_check``'s and ``kvfleet_drift_watch``'s
+``check_cluster`` task), until the expected finding is recorded. Changes:
 
 - ``kubectl_patch``: ``kubectl patch`` of an endpoint Deployment's container env (the real ``.tools/bin/kubectl``);
   the running operator re-renders the Deployment over it, which loses kvfleet's L2 patch: ``patch_lost_to_reconcile``;

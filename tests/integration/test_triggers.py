@@ -61,12 +61,23 @@ def rbac_with_watch(target: Path) -> Path:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         for doc in docs:
             name = doc.get("metadata", {}).get("name")
+            # k8s/rbac must already grant what the watch declares: nothing is added, the shipped files are tested
             if doc.get("kind") == "ClusterRole" and name == "kvfleet:cluster":
-                doc["rules"] += [dict(r) for r in triggers.RBAC_CLUSTER_RULES]
+                _assert_granted(doc["rules"], triggers.RBAC_CLUSTER_RULES, name)
             if doc.get("kind") == "ClusterRole" and name == "kvfleet:curvine-namespace":
-                doc["rules"] += [dict(r) for r in triggers.RBAC_CURVINE_NAMESPACE_RULES]
+                _assert_granted(doc["rules"], triggers.RBAC_CURVINE_NAMESPACE_RULES, name)
         (target / path.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return target
+
+
+def _assert_granted(rules: list[dict[str, Any]], needed: Any, role: str) -> None:
+    for need in needed:
+        for group in need["apiGroups"]:
+            for resource in need["resources"]:
+                for verb in need["verbs"]:
+                    assert any(group in r.get("apiGroups", []) and resource in r.get("resources", [])
+                               and verb in r.get("verbs", []) and not r.get("resourceNames") for r in rules), (
+                        f"k8s/rbac: {role} does not grant {verb} {group or 'core'}/{resource} (the drift watch)")
 
 
 @pytest.fixture(scope="module")

@@ -121,6 +121,9 @@ class ClusterAccess:
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.refresh_api_key_hook = self._refresh
         self.api_client = k8s.ApiClient(cfg)
+        # The API server records the user agent's product as the field manager of a write that names none, so
+        # kvfleet's own changes are told apart from changes by hand (the drift watch's filter, managedFields).
+        self.api_client.user_agent = "kvfleet/0.1"
         self.core = k8s.CoreV1Api(self.api_client)
         self.apps = k8s.AppsV1Api(self.api_client)
         self.custom = k8s.CustomObjectsApi(self.api_client)

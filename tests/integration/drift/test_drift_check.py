@@ -406,7 +406,20 @@ def test_an_l2_volume_on_the_wrong_claim_converges_in_one_remediation(
         assert [(f.kind, f.field, f.actual) for f in first.findings] == [
             ("patch_lost_to_reconcile", f"spec.template.spec.volumes[{C.L2_VOLUME_NAME}]", f"pvc {wrong}")]
         _reset(converged)
+        # ... and no endpoint reaches 0 replicas on the way: every Deployment write the twin stores is followed.
+        replicas: list[int] = []
+        following = [True]
+
+        def on_event(kind: str, group: str, resource: str, obj: dict[str, Any]) -> None:
+            meta = obj.get("metadata") or {}
+            if following[0] and resource == "deployments" and (meta.get("name"), meta.get("namespace")) == (ep.name, ep.namespace):
+                replicas.append(int((obj.get("spec") or {}).get("replicas", 1)))
+
+        converged.twin(ep.cluster).store.subscribe(on_event)
         fixed = _check(drift_ctx, drift_history, remediate=True)
+        following[0] = False  # later events (other tests) are not this remediation's
+        seen = list(replicas)
+        assert seen and min(seen) == ep.replicas >= 2, seen  # rolled (auto: >= 2 replicas), never scaled to 0
         (action,) = fixed.remediations
         assert (action["action"], action["outcome"]) == ("patch_endpoints", "changed"), action
         assert on_claim(C.CURVINE_PVC)()

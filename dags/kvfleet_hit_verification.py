@@ -1,5 +1,7 @@
 """kvfleet_hit_verification: every hour, stage 5 on every managed endpoint — a fresh long prompt cold on one
-pod, then on a pod on another node — with the cross-pod hit ratio and TTFT speedup against the published curve.
+pod, then on a pod on another node — with the cross-pod hit ratio and TTFT speedup against the published curve;
+and the L2 advisor per cluster (does the shared L2 pay off for each endpoint's traffic, is Curvine's capacity
+right).
 
 Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the
 callbacks) and does no I/O; each task imports its body (kvfleet.airflow.verification) when it runs. Runbook:
@@ -49,7 +51,17 @@ def kvfleet_hit_verification() -> None:
 
         return verification.summarize(results)
 
-    summary(verify_cluster.expand(cluster=scope()))
+    # The L2 advisor (read-only): per endpoint, whether the shared L2 pays off for its traffic, and the cluster's
+    # Curvine capacity recommendation, recorded as a step for `kvfleet audit` and the kvfleet page.
+    @task(max_active_tis_per_dagrun=4, retries=0)
+    def advise(cluster, params=None):  # type: ignore[no-untyped-def]
+        from kvfleet.airflow import verification
+
+        return verification.advise_cluster(cluster, params)
+
+    clusters = scope()
+    summary(verify_cluster.expand(cluster=clusters))
+    advise.expand(cluster=clusters)
 
 
 kvfleet_hit_verification()

@@ -177,6 +177,9 @@ def test_the_operator_is_found_under_the_helm_charts_name(converged, drift_ctx, 
         operator.reinstall_as(C.OPERATOR_HELM_DEPLOYMENT)
         ctx.memo.clear()
         _wait(lambda: operator.controller_ready(), "the Helm-named controller")
+        # A ready pod precedes the Deployment's status.readyReplicas (the Deployment controller's next pass), and
+        # the product reads the latter: wait for it rather than race it.
+        _wait(lambda: operator_pause.pause_state(ctx)["ready"] >= 1, "the Helm-named Deployment's readyReplicas")
         state = operator_pause.pause_state(ctx)
         assert state["name"] == C.OPERATOR_HELM_DEPLOYMENT and state["ready"] >= 1
         operator_pause.pause(ctx, "kvfleet_rollout/helm")

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -84,6 +85,12 @@ UPDATE_STRATEGY_HELP: Final = ("auto (the default: rolling with 2 or more replic
                                "surge (maxSurge 1, maxUnavailable 0: needs one spare GPU per endpoint), "
                                "scale-to-zero (the seed's sequence: an outage while the patch lasts)")
 LMCACHE_LOG_FORMATS = ("0.3.9", "0.5.6")
+# An SNS topic ARN (AWS "Amazon Resource Names" and SNS CreateTopic: a topic name is 1–256 characters of letters,
+# digits, '-' and '_', a FIFO topic's ends in ".fifo"); partition aws, aws-cn, aws-us-gov, …
+SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
+# A SageMaker instance type as a key of `prices` (and of the CRD's instanceType pattern ^ml\..*).
+INSTANCE_TYPE = re.compile(r"^ml\.[a-z0-9-]+\.[a-z0-9]+$")
+MAX_PRICE_USD_PER_HOUR: Final = 10_000.0  # far above any SageMaker instance (ml.p5en.48xlarge is ~100 USD/h)
 
 
 class InventoryWarning(UserWarning):
@@ -95,6 +102,9 @@ class Lob:
     name: str
     description: str = ""
     remediate_drift: bool = False
+    # Where this LOB's notifications also go (issue 22; kvfleet.airflow.notify): both optional.
+    notify_sns_topic_arn: str | None = None
+    notify_webhook_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,8 @@ class Inventory:
     clusters: tuple[Cluster, ...]
     endpoints: tuple[Endpoint, ...]
     warnings: tuple[str, ...] = ()
+    # USD per instance-hour by SageMaker instance type (top-level `prices`, optional): what economics reports use.
+    prices: Mapping[str, float] = field(default_factory=dict)
 
     def cluster(self, name: str) -> Cluster:
         for c in self.clusters:
@@ -258,7 +270,7 @@ class Inventory:
         cls = tuple(
             c for c in self.clusters if (not clusters or c.name in clusters) and (not lobs or c.name in used)
         )
-        return Inventory(self.source, self.settings, self.lobs, cls, eps, self.warnings)
+        return Inventory(self.source, self.settings, self.lobs, cls, eps, self.warnings, self.prices)
 
 
 def size_to_bytes(size: str) -> int:
@@ -852,17 +864,86 @@ def _gpu_capacity(r: _Reader, clusters: dict[str, Cluster], endpoints: list[tupl
                       f"{-(-needed // shape.gpus)}")
 
 
+def _safe_url(url: str) -> str:
+    """A webhook URL as a message quotes it: scheme and host only (its path or query often is the secret)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return "(unparseable URL)"
+    return show(f"{parts.scheme}://{host}/…" if parts.path not in ("", "/") or parts.query else url)
+
+
+def _notify(r: _Reader, raw: Any, path: str) -> tuple[str | None, str | None]:
+    """A LOB's `notify: {sns_topic_arn, webhook_url}` (both optional): (topic ARN, webhook URL)."""
+    body = r.mapping(raw, path)
+    r.unknown_keys(body, {"sns_topic_arn", "webhook_url"}, path)
+    topic: str | None = None
+    url: str | None = None
+    if body.get("sns_topic_arn") is not None:
+        topic = r.text(body, "sns_topic_arn", path, max_len=1024) or None
+        if topic and not SNS_TOPIC_ARN.fullmatch(topic):
+            r.problem(f"{path}.sns_topic_arn", f"{show(topic)} is not an SNS topic ARN "
+                      "(arn:aws:sns:<region>:<12-digit account>:<topic name of letters, digits, '-', '_'>); use "
+                      "e.g. arn:aws:sns:us-east-1:123456789012:kvfleet-retail, or remove the key")
+            topic = None
+    if body.get("webhook_url") is not None:
+        value = body.get("webhook_url")
+        url = r.text(body, "webhook_url", path, max_len=2048) or None
+        if url:
+            try:
+                parts = urlsplit(url)
+                _ = parts.port  # raises ValueError on a port that is not a number in 0–65535
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            except ValueError:  # a bad port or bracketed host
+                ok = False
+            if not ok or any(ch.isspace() for ch in url):
+                r.problem(f"{path}.webhook_url", f"{_safe_url(url) if isinstance(value, str) else show(value)} is "
+                          "not an http(s) URL (http:// or https://, a host, no spaces); use e.g. "
+                          "https://hooks.example.com/kvfleet, or remove the key")
+                url = None
+    return topic, url
+
+
 def _lobs(r: _Reader, raw: Any) -> dict[str, Lob]:
     lobs: dict[str, Lob] = {}
     lob_items = _named_items(r, raw, "lobs")
     _unique(r, lob_items, "lobs", "line of business")
     for name, body in lob_items:
-        r.unknown_keys(body, {"name", "description", "remediate_drift"}, f"lobs.{name}")
+        r.unknown_keys(body, {"name", "description", "remediate_drift", "notify"}, f"lobs.{name}")
         r.name(name, f"lobs.{name}", DNS_LABEL, "line-of-business name")
+        topic, url = _notify(r, body.get("notify"), f"lobs.{name}.notify")
         lobs.setdefault(name, Lob(name, r.text(body, "description", f"lobs.{name}", "", max_len=1000,
                                                  allow_empty=True),
-                                  r.boolean(body, "remediate_drift", f"lobs.{name}", False)))
+                                  r.boolean(body, "remediate_drift", f"lobs.{name}", False),
+                                  notify_sns_topic_arn=topic, notify_webhook_url=url))
     return lobs
+
+
+def _prices(r: _Reader, raw: Any) -> dict[str, float]:
+    """Top-level `prices: {<instance type>: <USD per hour>}` (optional)."""
+    body = r.mapping(raw, "prices")
+    out: dict[str, float] = {}
+    for itype, value in list(body.items())[:500]:
+        p = f"prices.{_key(itype)}"
+        if not INSTANCE_TYPE.fullmatch(itype):
+            r.problem(p, f"{show(itype)} is not a SageMaker instance type (ml.<family>.<size>, such as "
+                      "ml.g6e.4xlarge); use the instance type the price is for")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or (isinstance(value, int) and value.bit_length() > 64):
+            r.problem(p, f"{show(value)} is {_type_name(value)}, not a price; write the USD per instance-hour as "
+                      "a number, e.g. 1.861")
+            continue
+        price = float(value)
+        if not math.isfinite(price) or price <= 0 or price > MAX_PRICE_USD_PER_HOUR:
+            r.problem(p, f"{show(value)} is not a price in USD per hour above 0 and at most "
+                      f"{MAX_PRICE_USD_PER_HOUR:g}; write the on-demand USD per instance-hour, e.g. 1.861")
+            continue
+        out[itype] = price
+    if len(body) > 500:
+        r.problem("prices", f"has {len(body)} entries; at most 500")
+    return out
 
 
 def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
@@ -879,9 +960,10 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
         # a constructor's own failure (e.g. an integer of more than 4300 digits, a bad timestamp)
         raise InventoryError([f"{source}: not valid YAML: {type(exc).__name__}: {_cut(str(exc), 200)}"]) from None
     raw = r.mapping(raw, "(top level)")
-    r.unknown_keys(raw, {"settings", "lobs", "clusters", "endpoints"}, "")
+    r.unknown_keys(raw, {"settings", "lobs", "clusters", "endpoints", "prices"}, "")
     settings = _settings(r, r.mapping(raw.get("settings"), "settings"))
     lobs = _lobs(r, raw.get("lobs"))
+    prices = _prices(r, raw.get("prices"))
     cluster_items = _named_items(r, raw.get("clusters"), "clusters")
     _unique(r, cluster_items, "clusters", "cluster")
     clusters: dict[str, Cluster] = {}
@@ -908,6 +990,7 @@ def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
         clusters=tuple(clusters.values()),
         endpoints=tuple(ep for _, ep in endpoints),
         warnings=tuple(r.warnings),
+        prices=prices,
     )
 
 

@@ -380,8 +380,11 @@ class Request:
         return int(named[0]["containerPort"])
 
     def _forward(self, pod: str, port: int) -> ProxyResponse | None:
+        """Hand the request to the pod's handler with ``received``: when the API server read it (plus the
+        injected ``latency_s``, which a slow network would add before the pod sees it), in ``time.monotonic()``."""
         return self.store.pod_proxy(self.route.namespace, pod, port, self.req.command, "/" + self.route.rest,
-                                    self.query, dict(self.req.headers.items()), self.body)
+                                    self.query, dict(self.req.headers.items()), self.body,
+                                    received=self.req.received + self.api.latency_s)
 
     def _pod_proxy(self, raw: str) -> ProxyResponse:
         name, _, port = raw.partition(":")

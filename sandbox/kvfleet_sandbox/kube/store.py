@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import copy
 import datetime as dt
+import inspect
 import queue
 import secrets
 import threading
@@ -183,9 +184,12 @@ class KubeStore:
     def register_log_source(self, fn: Callable[..., str | None]) -> None:
         self._log_sources.append(fn)
 
-    def pod_proxy(self, *args: Any) -> ProxyResponse | None:
+    def pod_proxy(self, *args: Any, received: float | None = None) -> ProxyResponse | None:
+        """Offer a proxied request to each handler until one answers. ``received`` (``time.monotonic()``) is when the
+        API server read it: handlers that declare a ``received`` keyword (the simulated vLLM and Curvine servers)
+        get it; a plain handler ``(namespace, pod, port, method, path, query, headers, body)`` is called without."""
         for fn in list(self._proxies):
-            resp = fn(*args)
+            resp = fn(*args, received=received) if _takes_received(fn) else fn(*args)
             if resp is not None:
                 return resp
         return None
@@ -613,3 +617,12 @@ class KubeStore:
             watchers, self._watchers = self._watchers, []
         for q in watchers:
             q.put(None)
+
+
+def _takes_received(fn: Callable[..., Any]) -> bool:
+    """Whether a pod-proxy handler accepts the ``received`` keyword (by name or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "received" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

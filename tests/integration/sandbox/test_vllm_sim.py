@@ -444,3 +444,51 @@ def test_a_requests_model_ttft_is_seeded_by_the_request_not_by_thread_order():
         finally:
             twin.stop()
     assert factors[0] != 1.0 and factors[0] == factors[1]
+
+
+@pytest.mark.parametrize("busy_s", [0.0, 0.3, 5.0])
+def test_model_ttft_counts_from_when_the_api_server_read_the_request_not_from_when_a_busy_thread_got_to_it(
+        twin_factory, kube, api, monkeypatch, busy_s):
+    """Through the real API server and pod proxy: the handler thread is held ``busy_s`` after reading the request
+    line (in authentication, before routing, the body and the pod). The first token still comes exactly the model
+    TTFT after the API server read the request: the twin's delay is inside the model time, never added to it. One
+    fake clock, moved only by sleeps, drives the server's stamp and the engine (no real waiting, no timing); 5 s is
+    longer than the whole model TTFT, so the first token is then due at once. Fails if the stamp is ignored (the
+    first token would come ``busy_s`` late)."""
+    from kvfleet_sandbox.kube import server as kube_server
+
+    _, server = kube
+    twin = twin_factory()
+    vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV)
+    fake = _FakeTime()
+    for module in (kube_server, vllm.engine, vllm.openai_http):
+        monkeypatch.setattr(module, "time", fake)
+    authenticate = server.authenticator.authenticate
+
+    def busy_then_authenticate(header):  # type: ignore[no-untyped-def]
+        fake.sleep(busy_s)  # the thread is busy elsewhere: the clock moves on
+        return authenticate(header)
+
+    monkeypatch.setattr(server.authenticator, "authenticate", busy_then_authenticate)
+    sim = twin.services["vllm"]
+    seen: dict = {}
+    admit, until_first_token = sim.admit, sim.until_first_token
+
+    def admit_spy(*args):  # type: ignore[no-untyped-def]
+        seen["admitted_at"] = fake.now
+        seen["plan"] = admit(*args)
+        return seen["plan"]
+
+    def first_token_spy(engine, plan):  # type: ignore[no-untyped-def]
+        until_first_token(engine, plan)
+        seen["first_token_at"] = fake.now
+
+    monkeypatch.setattr(sim, "admit", admit_spy)
+    monkeypatch.setattr(sim, "until_first_token", first_token_spy)
+    read_at = fake.now  # nothing else moves the fake clock: the server stamps this value
+    out = stream_completion(api, "ep-a", prompt(2000), max_tokens=1)
+    assert out["ttft"] is not None and len(out["chunks"]) == 1
+    plan = seen["plan"]
+    assert seen["admitted_at"] == pytest.approx(read_at + busy_s)  # the delay did happen before the pod saw it
+    assert plan.arrived == pytest.approx(read_at)
+    assert seen["first_token_at"] - read_at == pytest.approx(max(plan.cost.ttft_ms / 1000, busy_s), abs=1e-9)

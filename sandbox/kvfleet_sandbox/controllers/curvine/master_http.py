@@ -26,7 +26,9 @@ class CurvineMasterApi:
         sim.store.register_pod_proxy(self._proxy)
 
     def _proxy(self, namespace: str, pod: str, port: int, method: str, path: str, query: str,
-               headers: dict[str, str], body: bytes) -> ProxyResponse | None:
+               headers: dict[str, str], body: bytes, *, received: float | None = None) -> ProxyResponse | None:
+        """``received`` (when the API server read the request) is accepted for the pod-proxy contract and unused:
+        the master's answers are not timed."""
         if port != C.CURVINE_MASTER_WEB_PORT or not POD_NAME.match(pod) or "-master-" not in pod:
             return None
         obj = self.sim.store.get("", "pods", pod, namespace)

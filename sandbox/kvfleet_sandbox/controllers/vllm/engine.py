@@ -7,8 +7,10 @@ The model, with no socket or HTTP code: engines, caches, timing and logs. Its Op
 Kubernetes API emulator: the API-server pod proxy (port 8000) and ``pods/log``. kvfleet's stage 5 and the
 benchmark measure these pods the way vLLM's own benchmark does, so TTFT is slept in *real* time (not scaled by the
 model clock) from ``kvfleet_sandbox.ttft_model``: each phase ends at a deadline counted from the request's arrival,
-so the twin's own work on a busy machine is hidden inside the model time instead of added to it (the speedup stage 5
-judges is then the model's, up to the transport between the client and the pod proxy).
+the moment the twin's API server read the request line off its socket (``KubeApiServer``'s handler stamps it; the
+pod proxy passes it as ``received``), so the twin's own work on a busy machine (auth, routing, planning, hashing) is
+hidden inside the model time instead of added to it; the speedup stage 5 judges is then the model's, up to the
+socket transport on either side. A modelling choice, not vLLM's behaviour: tests/conformance/facts/vllm_ttft_model.yaml.
 
 Which pods: a pod whose container named like the pod's ``app`` label listens on 8000 (the Inference Operator's
 container 0, named after the endpoint). Other pods are ignored. Everything a pod does depends only on its own
@@ -274,7 +276,7 @@ class PodEngine:
 
 @dataclass
 class RequestPlan:
-    """What the engine decided at arrival; the timed part runs in ``_timeline``."""
+    """What the engine decided at arrival; the timed part runs in ``VllmSimulation.until_first_token``."""
 
     req_id: str
     total: int
@@ -289,7 +291,7 @@ class RequestPlan:
     cost: ttft_model.RequestCost | None = None
     retrieve_ms: float = 0.0
     retrieve_log: float = 0.0  # the retrieve cost LMCache logs (reads only, no fixed overhead)
-    arrived: float = 0.0  # time.monotonic() when the request reached the pod: the model's phases count from it
+    arrived: float = 0.0  # time.monotonic() when the API server read the request: the model's phases count from it
 
 
 class VllmSimulation:

@@ -54,8 +54,13 @@ class OpenAiServer:
         sim.twin.store.register_pod_proxy(self._proxy)
 
     def _proxy(self, namespace: str, pod: str, port: int, method: str, path: str, query: str,
-               headers: dict[str, str], body: Any) -> ProxyResponse | None:
-        arrived = time.monotonic()  # the model's clock for this request starts here (see ``_timeline``)
+               headers: dict[str, str], body: Any, *, received: float | None = None) -> ProxyResponse | None:
+        """``received``: when the API server read the request off its socket (``time.monotonic()``, from the pod
+        proxy); the model's phases count from it (``VllmSimulation.until_first_token``), so whatever the twin spent
+        between that moment and here (a busy thread, auth, routing, the pod lookup) is inside the modelled TTFT,
+        not added to it. A modelling choice, not vLLM's behaviour (tests/conformance/facts/vllm_ttft_model.yaml).
+        No request header is read for it. Called without (a direct ``store.pod_proxy``): the clock starts here."""
+        arrived = time.monotonic() if received is None else received
         sim = self.sim
         if sim.stopped or port != VLLM_PORT:
             return None

@@ -294,9 +294,9 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
                                   "object_ref": "Deployment llm/a"}], rk)
     wave = {"cluster": "c9", "waves": [1], "review": ["llm/a"], "endpoints": {"llm/a": "degraded — slow"}}
     text = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
-                               params={"speedup_tolerance": 0.5}, slot=1, history=history)
+                               params={"speedup_tolerance": 0.1}, slot=1, history=history)
     assert text.subject.startswith("kvfleet rollout c9 wave 1: 1 of 1 endpoints inconclusive, 1 open drift")
-    assert "| `llm/a` | retail | ⚠ degraded | 1.00 | 1.50× | 1.35× | 2.70× | slow |" in text.body
+    assert "| `llm/a` | retail | ⚠ degraded | 1.00 | 1.50× ⬇ | 2.43× | 2.70× | slow |" in text.body
     assert "| stale_pods | medium | Deployment llm/a |" in text.body
     assert "https://airflow.example.com/kvfleet/fleet?cluster=c9" in text.body
     down = History(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1

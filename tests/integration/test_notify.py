@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -307,3 +308,193 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
     approval = gates.for_curvine_approval(run_key="kvfleet_curvine_upgrade/r1", params={"version": "0.3.3"},
                                           preflight=[{"cluster": "c9", "outcome": "planned"}], history=history)
     assert "stale_pods" in approval.body and approval.subject.startswith("kvfleet Curvine upgrade to 0.3.3 on c9")
+
+
+# ---- routing per LOB (the inventory's lobs[].notify) -----------------------------------------------------------
+
+ROUTED_FLEET = """
+lobs:
+  - {name: retail, notify: {webhook_url: "%(retail_url)s"}}
+  - {name: support}
+  - {name: search, notify: {sns_topic_arn: "%(search_topic)s"}}
+clusters:
+  - name: c-patch
+    region: us-east-1
+    gpu_nodes: {count: 6, instance_type: ml.g5.4xlarge}
+    l2_injection: patch
+  - name: c-search
+    region: us-west-2
+    gpu_nodes: {count: 2, instance_type: ml.g5.4xlarge}
+    l2_injection: patch
+endpoints:
+  - {name: retail-chat, namespace: retail, lob: retail, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+  - {name: support-rag, namespace: support, lob: support, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+  - {name: search-rag, namespace: search, lob: search, cluster: c-search, model: qwen2-7b, instance_type: ml.g5.4xlarge}
+"""
+
+
+@pytest.fixture
+def lob_receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def routed_fleet(tmp_path: Any, lob_receiver: Receiver, topic: str, emulator: AwsEmulator) -> Any:
+    """An inventory whose retail LOB has its own webhook and whose search LOB has its own SNS topic (the
+    emulator's second topic); support names none. Returns (path, search topic ARN)."""
+    sns = boto3.client("sns", endpoint_url=emulator.url, region_name=REGION, aws_access_key_id="AKIDSANDBOX",
+                       aws_secret_access_key="sandbox-secret")
+    search_topic = sns.create_topic(Name="kvfleet-search")["TopicArn"]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(ROUTED_FLEET % {"retail_url": lob_receiver.url.replace("/hooks/kvfleet", "/hooks/retail"),
+                                    "search_topic": search_topic})
+    return SimpleNamespace(path=path, search_topic=search_topic)
+
+
+def test_route_sends_each_lob_to_its_own_destinations_and_falls_back_to_the_global_ones(
+        routed_fleet: Any, topic: str, receiver: Receiver, lob_receiver: Receiver) -> None:
+    from kvfleet.fleet.inventory import load_inventory
+
+    inv = load_inventory(routed_fleet.path)
+    s = settings(topic, receiver.url)
+    labels = lambda lobs: sorted((d.label, d.sns_topic_arn, d.webhook_url) for d in notify.route(s, lobs, inv))  # noqa: E731
+    retail_url = lob_receiver.url.replace("/hooks/kvfleet", "/hooks/retail")
+    assert labels({"retail"}) == [("retail", "", retail_url)]  # its own webhook only
+    assert labels({"support"}) == [("", topic, receiver.url)]  # names none: the global destinations
+    assert labels({"retail", "support"}) == [("", topic, receiver.url), ("retail", "", retail_url)]
+    assert labels(set()) == [("", topic, receiver.url)]  # concerns no LOB
+    assert labels({"search"}) == [("search", routed_fleet.search_topic, "")]
+    (search,) = notify.route(s, {"search"}, inv)
+    assert search.region == REGION and search.aws_conn_id == CONN  # the LOB topic's own region, the same connection
+    always = replace(s, global_always=True)
+    assert [d.label for d in notify.route(always, {"retail"}, inv)] == ["", "retail"]
+    assert notify.route(NotifySettings(), {"support"}, inv) == []  # nothing global, support names nothing
+    assert [d.label for d in notify.route(s, {"retail"}, None)] == [""]  # no inventory read: the global ones
+
+
+def test_gate_waiting_goes_to_the_lob_of_its_wave(routed_fleet: Any, emulator: AwsEmulator, topic: str,
+                                                  receiver: Receiver, lob_receiver: Receiver) -> None:
+    context = gate_context()
+    context["task"].wave_task_id = "cluster.wave_0"
+    wave = {"cluster": "c-patch", "waves": [0], "endpoints": {"retail/retail-chat": "pass"}}
+    pulls: list[Any] = []
+    context["ti"].xcom_pull = lambda **kw: pulls.append(kw) or wave
+    context["params"] = {"fleet": str(routed_fleet.path)}
+    notifier = notify.gate_waiting_notifier(settings(topic, receiver.url))
+    notifier(context)
+    assert pulls == [{"task_ids": "cluster.wave_0", "map_indexes": 1}]
+    assert notifier.last_lobs == {"retail"} and notifier.last_results == {"webhook[retail]": "sent"}
+    assert receiver.posts == [] and emulator.published(topic) == []  # retail names its own: not the global ones
+    (post,) = lob_receiver.posts
+    assert post["path"] == "/hooks/retail?token=s3cret" and post["json"]["kind"] == "gate_waiting"
+    assert post["json"]["attributes"]["lobs"] == "retail"
+
+
+def test_curvine_approval_goes_to_every_lob_on_its_clusters(routed_fleet: Any, emulator: AwsEmulator, topic: str,
+                                                            receiver: Receiver, lob_receiver: Receiver) -> None:
+    context = gate_context()  # an ApprovalOperator without a wave: the Curvine upgrade's approval
+    context["params"] = {"fleet": str(routed_fleet.path), "clusters": ["c-patch"]}
+    notifier = notify.gate_waiting_notifier(settings(topic, receiver.url))
+    notifier(context)
+    assert notifier.last_lobs == {"retail", "support"}
+    assert notifier.last_results == {"sns": "sent", "webhook": "sent", "webhook[retail]": "sent"}
+    assert len(lob_receiver.posts) == 1 and len(receiver.posts) == 1 and len(emulator.published(topic)) == 1
+    assert emulator.published(routed_fleet.search_topic) == []  # search has no endpoint on c-patch
+
+
+def test_a_red_run_goes_to_the_lobs_of_its_scope(routed_fleet: Any, emulator: AwsEmulator, topic: str,
+                                                 receiver: Receiver, history: Any) -> None:
+    run_id = "manual__2026-12-01T11:00:00+00:00"
+    rk = f"kvfleet_rollout/{run_id}"
+    params = {"fleet": str(routed_fleet.path), "lobs": ["search"]}
+    history.start_run(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="bob",
+                      params=params)
+    history.end_run(rk, "failed", {"reason": "task failed (cluster.wave_0)"})
+    from airflow.sdk import DAG
+
+    notifier = notify.run_end_notifier(settings(topic, receiver.url))
+    notifier({"dag": DAG("kvfleet_rollout", schedule=None), "run_id": run_id, "params": params})
+    assert notifier.last_lobs == {"search"} and notifier.last_results == {"sns[search]": "sent"}
+    (published,) = emulator.published(routed_fleet.search_topic)
+    assert published["Subject"] == "kvfleet kvfleet_rollout: run failed"
+    assert emulator.published(topic) == [] and receiver.posts == []
+
+
+def _drift_run(history: Any, fleet: Any, name: str) -> str:
+    rk = f"kvfleet_drift_check/{name}"
+    history.start_run(rk, dag_id="kvfleet_drift_check", run_id=name, trigger="scheduled", triggered_by=None,
+                      params={"fleet": str(fleet), "remediate": True})
+    return rk
+
+
+def test_a_curvine_data_loss_is_named_and_goes_to_every_lob_of_the_cluster(
+        routed_fleet: Any, emulator: AwsEmulator, topic: str, receiver: Receiver, lob_receiver: Receiver,
+        history: Any) -> None:
+    rk = _drift_run(history, routed_fleet.path, "scheduled__loss")
+    old = {"fingerprint": "fp-stale", "kind": "stale_pods", "severity": "medium", "cluster": "c-patch",
+           "lob": "retail", "endpoint": "retail/retail-chat", "object_ref": "Deployment/retail/retail-chat",
+           "field": "pods", "expected": "0", "actual": "1"}
+    history.sync_findings("c-patch", [old], "kvfleet_drift_check/earlier")
+    loss = {"fingerprint": "fp-loss", "kind": "curvine_data_loss", "severity": "critical", "cluster": "c-patch",
+            "lob": None, "endpoint": None, "object_ref": "curvine/master", "field": "files_total",
+            "expected": ">= 1200 (the last snapshot)", "actual": "300"}
+    sync = history.sync_findings("c-patch", [old, loss], rk)
+    result = {"cluster": "c-patch", "reachable": True, "findings": [old, loss], "sync": sync, "remediations": []}
+    assert notify.notify_drift(result, rk, settings(topic, receiver.url)) == {
+        "sns": "sent", "webhook": "sent", "webhook[retail]": "sent"}  # support has none: the global ones
+    (published,) = emulator.published(topic)
+    assert published["Subject"] == "kvfleet drift on c-patch: 1 new finding(s) (curvine_data_loss)"
+    message = json.loads(published["Message"])["default"]
+    assert "New in this check: curvine_data_loss (critical)." in message
+    assert "critical curvine_data_loss curvine/master files_total: expected '>= 1200 (the last snapshot)', " \
+           "found '300'" in message
+    attrs = {published[f"MessageAttributes.entry.{i}.Name"]: published[f"MessageAttributes.entry.{i}.Value.StringValue"]
+             for i in range(1, 6)}
+    assert attrs["severity"] == "critical" and attrs["lobs"] == "retail,support"
+    assert lob_receiver.posts[0]["json"]["subject"] == published["Subject"]
+
+
+def test_an_operator_paused_past_its_threshold_is_named_and_a_refused_remediation_alone_is_notified(
+        routed_fleet: Any, emulator: AwsEmulator, topic: str, receiver: Receiver, history: Any) -> None:
+    """The drift rule reports a kvfleet pause only past ``operator_pause_threshold_minutes`` (fleet.drift); the
+    check that opens that finding notifies, naming it; a later check that only had its restore refused notifies
+    too, with the refusal's reason."""
+    rk = _drift_run(history, routed_fleet.path, "scheduled__paused")
+    paused = {"fingerprint": "fp-paused", "kind": "operator_paused", "severity": "high", "cluster": "c-search",
+              "lob": None, "endpoint": None, "object_ref": "Deployment/hyperpod-inference-system/hp-operator",
+              "field": "spec.replicas", "expected": ">= 1 (paused at most 30 min, and only by a live run)",
+              "actual": "0 (paused by kvfleet_rollout/r1 for 95 min)"}
+    sync = history.sync_findings("c-search", [paused], rk)
+    result = {"cluster": "c-search", "reachable": True, "findings": [paused], "sync": sync, "remediations": []}
+    assert notify.notify_drift(result, rk, settings(topic, receiver.url)) == {"sns[search]": "sent"}
+    (published,) = emulator.published(routed_fleet.search_topic)
+    assert published["Subject"] == "kvfleet drift on c-search: 1 new finding(s) (operator_paused)"
+    assert "paused by kvfleet_rollout/r1 for 95 min" in json.loads(published["Message"])["default"]
+
+    rk2 = _drift_run(history, routed_fleet.path, "scheduled__paused-2")
+    sync2 = history.sync_findings("c-search", [paused], rk2)
+    assert sync2["opened"] == 0
+    refused = {"action": "restore_operator", "outcome": "refused", "findings": ["fp-paused"],
+               "detail": {"reason": "not paused by kvfleet: no kvfleet.io/paused-by annotation"}}
+    result2 = {**result, "sync": sync2, "remediations": [refused]}
+    assert notify.notify_drift(result2, rk2, settings(topic, receiver.url)) == {"sns[search]": "sent"}
+    second = emulator.published(routed_fleet.search_topic)[1]
+    assert second["Subject"] == "kvfleet drift on c-search: 1 remediation(s) refused or failed"
+    assert "remediation restore_operator refused: not paused by kvfleet" in json.loads(second["Message"])["default"]
+    assert emulator.published(topic) == [] and receiver.posts == []
+
+
+def test_global_always_copies_every_routed_event(routed_fleet: Any, emulator: AwsEmulator, topic: str,
+                                                 receiver: Receiver) -> None:
+    env = {"KVFLEET_NOTIFY_WEBHOOK_URL": receiver.url, "KVFLEET_NOTIFY_GLOBAL": "always"}
+    assert NotifySettings.from_env(env).global_always
+    with pytest.raises(SettingError, match="KVFLEET_NOTIFY_GLOBAL: 'sometimes' is not fallback or always"):
+        NotifySettings.from_env({**env, "KVFLEET_NOTIFY_GLOBAL": "sometimes"})
+    from kvfleet.fleet.inventory import load_inventory
+
+    event = notify.Event("run_ended", "kvfleet test", "body")
+    results = notify.send_routed(event, replace(settings(topic, receiver.url), global_always=True), {"search"},
+                                 load_inventory(routed_fleet.path))
+    assert results == {"sns": "sent", "webhook": "sent", "sns[search]": "sent"}

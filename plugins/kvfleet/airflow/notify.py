@@ -11,7 +11,14 @@ Settings (environment; see docs/notifications.md):
 - ``KVFLEET_AIRFLOW_URL`` (default Airflow's ``[api] base_url``): for the links to the gate and the kvfleet page;
   ``KVFLEET_RUNBOOK_URL``: the runbook's URL, linked from the messages.
 
-Neither destination set: nothing is sent. A notification never fails a run: every error (a refused publish,
+Per LOB (issue 18 §3): a LOB of the inventory may name its own destinations (``lobs[].notify.sns_topic_arn``,
+``lobs[].notify.webhook_url``). An event is routed to the LOBs it concerns (a gate: its wave's endpoints; a
+run: the LOBs of its scope; drift: the LOBs of the new findings, or of the cluster's endpoints for a finding on
+the cluster itself): each of them gets it at its own destinations, or at the global ones above when it names
+none; an event that concerns no LOB (or whose inventory cannot be read) goes to the global ones. With
+``KVFLEET_NOTIFY_GLOBAL=always`` the global destinations get every event as well (default ``fallback``).
+
+No destination set: nothing is sent. A notification never fails a run: every error (a refused publish,
 an unreachable webhook, a bad setting) is logged and the callback returns. There is no retry loop: the webhook
 gets one attempt, SNS at most two (botocore ``standard`` mode, ``total_max_attempts=2``), each bounded by the
 timeout.
@@ -28,8 +35,8 @@ import json
 import logging
 import os
 import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,6 +64,8 @@ class NotifySettings:
     timeout_s: float = 5.0
     airflow_url: str = ""
     runbook_url: str = ""
+    global_always: bool = False  # the global destinations get every event, not only those no LOB takes
+    label: str = ""  # "" for the global destinations, else the LOB whose destinations these are
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NotifySettings:
@@ -79,13 +88,18 @@ class NotifySettings:
             raise SettingError(f"KVFLEET_NOTIFY_TIMEOUT_S: {raw[:20]!r} is not a number of seconds from 1 to 60; "
                                "pick one in range (default 5)")
         region = env.get("KVFLEET_NOTIFY_REGION", "").strip() or (topic.split(":")[3] if topic else "") or None
+        mode = env.get("KVFLEET_NOTIFY_GLOBAL", "").strip() or "fallback"
+        if mode not in ("fallback", "always"):
+            raise SettingError(f"KVFLEET_NOTIFY_GLOBAL: {mode[:40]!r} is not fallback or always; use fallback (the "
+                               "global destinations get what no LOB of the inventory takes) or always")
         return cls(sns_topic_arn=topic, aws_conn_id=env.get("KVFLEET_NOTIFY_AWS_CONN_ID", "").strip() or "aws_default",
                    region=region, webhook_url=url, timeout_s=timeout,
                    airflow_url=airflow_base_url(env),
-                   runbook_url=env.get("KVFLEET_RUNBOOK_URL", "").strip())
+                   runbook_url=env.get("KVFLEET_RUNBOOK_URL", "").strip(), global_always=mode == "always")
 
     @property
     def enabled(self) -> bool:
+        """The global destinations are set (a LOB of the inventory may name its own either way)."""
         return bool(self.sns_topic_arn or self.webhook_url)
 
     @property
@@ -124,12 +138,96 @@ def send(event: Event, settings: NotifySettings) -> dict[str, str]:
     """Send ``event`` to every configured destination; returns ``{destination: "sent" | "failed: …"}``. Never
     raises."""
     results: dict[str, str] = {}
+    tag = f"[{settings.label}]" if settings.label else ""
     if settings.sns_topic_arn:
-        results["sns"] = _guard("sns", event, lambda: _publish_sns(event, settings))
+        results[f"sns{tag}"] = _guard(f"sns{tag}", event, lambda: _publish_sns(event, settings))
     if settings.webhook_url:
-        results["webhook"] = _guard(f"webhook {_safe_url(settings.webhook_url)}", event,
-                                    lambda: _post_webhook(event, settings))
+        results[f"webhook{tag}"] = _guard(f"webhook{tag} {_safe_url(settings.webhook_url)}", event,
+                                          lambda: _post_webhook(event, settings))
     return results
+
+
+# ---- routing per LOB -------------------------------------------------------------------------------------------
+
+
+def _lob_destinations(inventory: Any, lob: str) -> tuple[str, str]:
+    """(topic ARN, webhook URL) a LOB of the inventory names; ("", "") when it names none or is unknown.
+    Read with getattr: an inventory without the fields (an older one) has no LOB destinations."""
+    for item in getattr(inventory, "lobs", None) or ():
+        if getattr(item, "name", None) == lob:
+            return (str(getattr(item, "notify_sns_topic_arn", None) or "").strip(),
+                    str(getattr(item, "notify_webhook_url", None) or "").strip())
+    return "", ""
+
+
+def route(settings: NotifySettings, lobs: Iterable[str | None], inventory: Any | None) -> list[NotifySettings]:
+    """The destinations of an event that concerns ``lobs``: each LOB's own (from the inventory), and the global
+    ones for the LOBs that name none, for an event that concerns no LOB, or always with ``global_always``. One
+    entry per distinct destination; a LOB's topic is published in its own ARN's region."""
+    out: list[NotifySettings] = []
+    seen: set[tuple[str, str]] = set()
+    need_global = settings.global_always
+    concerned = sorted({lob for lob in lobs if lob})
+    for lob in concerned:
+        topic, url = _lob_destinations(inventory, lob) if inventory is not None else ("", "")
+        dest = (topic, url)
+        if not (topic or url):
+            need_global = True
+        elif dest not in seen:
+            seen.add(dest)
+            region = topic.split(":")[3] if topic.count(":") >= 5 else settings.region
+            out.append(replace(settings, sns_topic_arn=topic, webhook_url=url, region=region or settings.region,
+                               label=lob))
+    if (need_global or not concerned) and settings.enabled \
+            and (settings.sns_topic_arn, settings.webhook_url) not in seen:
+        out.insert(0, settings)
+    return out
+
+
+def send_routed(event: Event, settings: NotifySettings, lobs: Iterable[str | None],
+                inventory: Any | None) -> dict[str, str]:
+    """Send ``event`` to its LOBs' destinations (``route``); the event's attributes name the LOBs. Never raises."""
+    concerned = sorted({lob for lob in lobs if lob})
+    if concerned:
+        event = replace(event, attributes={**event.attributes, "lobs": ",".join(concerned)[:250]})
+    results: dict[str, str] = {}
+    for dest in route(settings, concerned, inventory):
+        results.update(send(event, dest))
+    return results
+
+
+def load_fleet(path: Any) -> Any | None:
+    """The inventory at ``path`` (a run's ``fleet`` Param), or None (logged) when it cannot be read: the event
+    then goes to the global destinations."""
+    if not path:
+        return None
+    try:
+        from kvfleet.fleet.inventory import load_inventory
+
+        return load_inventory(str(path))
+    except Exception as exc:
+        log.warning("kvfleet: notification routing reads no LOB destinations: the inventory %s could not be "
+                    "read (%s: %s)", str(path)[:200], type(exc).__name__, str(exc)[:200])
+        return None
+
+
+def lobs_of(inventory: Any | None, *, clusters: Iterable[str] = (), endpoints: Iterable[str] = (),
+            lobs: Iterable[str] = ()) -> set[str]:
+    """The LOBs an event concerns: ``lobs`` as given, the LOBs of ``endpoints`` (``namespace/name`` or
+    ``cluster:namespace/name``; within ``clusters`` when given), or else of every endpoint on ``clusters``."""
+    out = {lob for lob in lobs if lob}
+    if inventory is None:
+        return out
+    wanted_clusters = {c for c in clusters if c}
+    wanted = {e for e in endpoints if e}
+    all_eps = tuple(getattr(inventory, "endpoints", None) or ())
+    if wanted:
+        for ep in all_eps:
+            if (ep.ref in wanted or ep.key in wanted) and (not wanted_clusters or ep.cluster in wanted_clusters):
+                out.add(ep.lob)
+    elif wanted_clusters and not out:
+        out |= {ep.lob for ep in all_eps if ep.cluster in wanted_clusters}
+    return {lob for lob in out if lob}
 
 
 def _guard(where: str, event: Event, call: Any) -> str:
@@ -208,20 +306,38 @@ def run_end_event(run: Mapping[str, Any], settings: NotifySettings,
                  {"kind": RUN_ENDED, "dag_id": dag_id, "run_id": run_id, "status": status})
 
 
-def drift_event(result: Mapping[str, Any], run_key: str, settings: NotifySettings) -> Event | None:
+SEVERITY_ORDER = ("critical", "high", "medium", "low")
+
+
+def _worst(findings: Sequence[Mapping[str, Any]]) -> str:
+    present = {str(f.get("severity") or "") for f in findings}
+    return next((s for s in SEVERITY_ORDER if s in present), "")
+
+
+def drift_event(result: Mapping[str, Any], run_key: str, settings: NotifySettings,
+                opened: Sequence[Mapping[str, Any]] | None = None) -> Event | None:
     """The drift check of one cluster (``stages.drift.DriftResult.as_dict()``): an event when it opened new
-    findings, found the cluster unreachable, or a remediation was refused or failed; None otherwise."""
+    findings, found the cluster unreachable, or a remediation was refused or failed; None otherwise.
+    ``opened``: the findings this check opened (read from the history), named in the subject by kind, worst
+    first, so that an operator paused past its threshold or a Curvine data loss reads as such."""
     cluster = str(result.get("cluster") or "?")
-    opened = int((result.get("sync") or {}).get("opened") or 0)
+    count = int((result.get("sync") or {}).get("opened") or 0)
     not_done = [r for r in result.get("remediations") or [] if r.get("outcome") in ("refused", "failed")]
     unreachable = result.get("reachable") is False
-    if not (opened or not_done or unreachable):
+    if not (count or not_done or unreachable):
         return None
     findings = list(result.get("findings") or [])
-    parts = [f"{opened} new finding(s)" if opened else "", "unreachable" if unreachable else "",
+    new = sorted(opened or [], key=lambda f: (SEVERITY_ORDER.index(f.get("severity"))
+                                              if f.get("severity") in SEVERITY_ORDER else 9, str(f.get("kind"))))
+    kinds = list(dict.fromkeys(str(f.get("kind")) for f in new))
+    parts = [(f"{count} new finding(s)" + (f" ({', '.join(kinds)})" if kinds else "")) if count else "",
+             "unreachable" if unreachable else "",
              f"{len(not_done)} remediation(s) refused or failed" if not_done else ""]
     subject = f"kvfleet drift on {cluster}: " + ", ".join(p for p in parts if p)
     lines = [f"Drift check `{run_key}` on **{cluster}**: {len(findings)} open finding(s)."]
+    if new:
+        named = ", ".join(f"{f.get('kind')} ({f.get('severity')})" for f in new[:10])
+        lines.append(f"New in this check: {named}.")
     for f in findings[:20]:
         lines.append(f"- {f.get('severity')} {f.get('kind')} {f.get('object_ref') or f.get('endpoint') or ''} "
                      f"{f.get('field') or ''}: expected {f.get('expected')!r}, found {f.get('actual')!r}")
@@ -234,8 +350,9 @@ def drift_event(result: Mapping[str, Any], run_key: str, settings: NotifySetting
     links = settings.links
     page, book = links.view("drift", cluster=cluster), links.runbook_section("drift")
     lines += [f"Drift on the kvfleet page: {page}" if page else "", f"Runbook: {book}" if book else ""]
+    worst = _worst(new) or ("critical" if unreachable else "") or _worst(findings)
     return Event(DRIFT_FOUND, subject, "\n".join(x for x in lines if x), page,
-                 {"kind": DRIFT_FOUND, "cluster": cluster, "run_key": run_key})
+                 {"kind": DRIFT_FOUND, "cluster": cluster, "run_key": run_key, "severity": worst})
 
 
 # ---- entry points for the DAGs ---------------------------------------------------------------------------------
@@ -251,12 +368,56 @@ def _settings(settings: NotifySettings | None) -> NotifySettings | None:
         return None
 
 
-def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettings | None = None) -> dict[str, str]:
-    """Call at the end of one cluster's drift check; never raises."""
+def _history() -> Any:
+    from kvfleet.history.repo import History
+
+    return History()
+
+
+def _drift_lobs(result: Mapping[str, Any], opened: Sequence[Mapping[str, Any]] | None,
+                inventory: Any | None) -> set[str]:
+    """The LOBs a drift event concerns: those of the findings it reports as new (all findings when which are new
+    is unknown) and of the findings a refused or failed remediation covered; a finding on the cluster itself
+    (no LOB) concerns every LOB with endpoints on the cluster."""
+    cluster = str(result.get("cluster") or "")
+    findings = list(result.get("findings") or [])
+    by_fp = {f.get("fingerprint"): f for f in findings}
+    chosen = list(opened) if opened is not None else findings
+    for r in result.get("remediations") or []:
+        if r.get("outcome") in ("refused", "failed"):
+            chosen += [by_fp[fp] for fp in r.get("findings") or [] if fp in by_fp]
+    lobs = {str(f["lob"]) for f in chosen if f.get("lob")}
+    if any(not f.get("lob") for f in chosen) or result.get("reachable") is False or not chosen:
+        lobs |= lobs_of(inventory, clusters=[cluster])
+    return lobs
+
+
+def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettings | None = None, *,
+                 inventory: Any | None = None, history: Any | None = None) -> dict[str, str]:
+    """Call at the end of one cluster's drift check; never raises. The findings this check opened and the
+    inventory (the run's ``fleet`` Param) are read from the history when not given."""
     try:
         chosen = _settings(settings)
-        event = drift_event(result, run_key, chosen) if chosen and chosen.enabled else None
-        return send(event, chosen) if event and chosen else {}
+        if chosen is None:
+            return {}
+        count = int((result.get("sync") or {}).get("opened") or 0)
+        quiet = not (count or result.get("reachable") is False
+                     or any(r.get("outcome") in ("refused", "failed") for r in result.get("remediations") or []))
+        if quiet:
+            return {}
+        opened: list[dict[str, Any]] | None = None
+        try:
+            history = history if history is not None else _history()
+            if count:
+                opened = list(history.query("ui_findings_opened", cluster=str(result.get("cluster") or ""),
+                                            run_key=run_key))
+            if inventory is None:
+                inventory = load_fleet(((history.run(run_key) or {}).get("params") or {}).get("fleet"))
+        except Exception as exc:
+            log.warning("kvfleet: the drift notification reads no history (%s: %s); it names every finding",
+                        type(exc).__name__, str(exc)[:200])
+        event = drift_event(result, run_key, chosen, opened)
+        return send_routed(event, chosen, _drift_lobs(result, opened, inventory), inventory) if event else {}
     except Exception:
         log.exception("kvfleet: the drift notification could not be built")
         return {}
@@ -265,7 +426,8 @@ def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettin
 class KvfleetNotifier(BaseNotifier):
     """An Airflow notifier (``airflow.sdk.BaseNotifier``) for kvfleet's events; ``kind`` is ``gate_waiting``
     (in a HITL operator's ``notifiers``) or ``run_ended`` (a DAG callback, after the run-status callback).
-    Its texts are never rendered as Jinja templates (``template_fields`` is empty)."""
+    Its texts are never rendered as Jinja templates (``template_fields`` is empty). The event goes to the LOBs
+    it concerns (``route``), read from the inventory named by the run's ``fleet`` Param."""
 
     template_fields: Sequence[str] = ()
 
@@ -276,6 +438,7 @@ class KvfleetNotifier(BaseNotifier):
             raise ValueError(f"kind: {kind!r} is not one of {GATE_WAITING}, {RUN_ENDED}")
         self.kind, self.settings, self.statuses = kind, settings, statuses
         self.last_results: dict[str, str] = {}
+        self.last_lobs: set[str] = set()
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Nothing to render (a gate's text may contain ``{{``): no Jinja environment is built."""
@@ -283,10 +446,19 @@ class KvfleetNotifier(BaseNotifier):
     def notify(self, context: Any) -> None:
         try:
             settings = _settings(self.settings)
-            if settings is None or not settings.enabled:
+            if settings is None:
                 return
-            event = self._gate(context, settings) if self.kind == GATE_WAITING else self._run_end(context, settings)
-            self.last_results = send(event, settings) if event is not None else {}
+            params = _params(context)
+            inventory = load_fleet(params.get("fleet"))
+            if not settings.enabled and not _any_lob_destination(inventory):
+                return
+            if self.kind == GATE_WAITING:
+                event: Event | None = self._gate(context, settings)
+                self.last_lobs = _gate_lobs(context, params, inventory)
+            else:
+                event = self._run_end(context, settings)
+                self.last_lobs = _run_lobs(params, inventory)
+            self.last_results = send_routed(event, settings, self.last_lobs, inventory) if event else {}
         except Exception:
             log.exception("kvfleet: the %s notification could not be built", self.kind)
 
@@ -300,12 +472,57 @@ class KvfleetNotifier(BaseNotifier):
 
     def _run_end(self, context: Any, settings: NotifySettings) -> Event | None:
         from kvfleet.airflow.context import dag_run_facts
-        from kvfleet.history.repo import History
 
         facts = dag_run_facts(context)
-        run = History().run(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
-                                                  "status": "failed", "reason": context.get("reason")}
+        run = _history().run(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
+                                                   "status": "failed", "reason": context.get("reason")}
         return run_end_event(run, settings, self.statuses)
+
+
+def _params(context: Any) -> dict[str, Any]:
+    params = context.get("params") or getattr(context.get("dag_run"), "conf", None) or {}
+    try:
+        return dict(params)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _any_lob_destination(inventory: Any | None) -> bool:
+    return any(getattr(lob, "notify_sns_topic_arn", None) or getattr(lob, "notify_webhook_url", None)
+               for lob in getattr(inventory, "lobs", None) or ())
+
+
+def _listed(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []
+
+
+def _gate_lobs(context: Any, params: Mapping[str, Any], inventory: Any | None) -> set[str]:
+    """A wave gate concerns its wave's endpoints (the wave task's XCom: ``cluster``, ``endpoints``); another gate
+    (the Curvine approval) every LOB on the run's clusters."""
+    task, ti = context.get("task"), context.get("ti")
+    wave: Mapping[str, Any] = {}
+    wave_task = getattr(task, "wave_task_id", None)
+    if wave_task and ti is not None and hasattr(ti, "xcom_pull"):
+        try:
+            wave = dict(ti.xcom_pull(task_ids=wave_task, map_indexes=ti.map_index) or {})
+        except Exception as exc:
+            log.warning("kvfleet: the gate's wave could not be read for routing (%s)", type(exc).__name__)
+    if wave.get("cluster"):
+        eps = [*(wave.get("endpoints") or {}), *_listed(wave.get("review"))]
+        return lobs_of(inventory, clusters=[str(wave["cluster"])], endpoints=eps)
+    clusters = _listed(params.get("clusters")) or [c.name for c in getattr(inventory, "clusters", None) or ()]
+    return lobs_of(inventory, clusters=clusters, lobs=_listed(params.get("lobs")))
+
+
+def _run_lobs(params: Mapping[str, Any], inventory: Any | None) -> set[str]:
+    """A run concerns the LOBs of its scope: its ``lobs`` Param, else the LOBs of its endpoints or clusters, else
+    every LOB of the inventory."""
+    if lobs := _listed(params.get("lobs")):
+        return set(lobs)
+    if eps := _listed(params.get("endpoints")):
+        return lobs_of(inventory, endpoints=eps)
+    clusters = _listed(params.get("clusters")) or [c.name for c in getattr(inventory, "clusters", None) or ()]
+    return lobs_of(inventory, clusters=clusters)
 
 
 def gate_waiting_notifier(settings: NotifySettings | None = None) -> KvfleetNotifier:

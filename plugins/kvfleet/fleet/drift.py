@@ -9,7 +9,8 @@ check (issue 8) and from the sources: a format flag left true wipes Curvine on t
 pods that do not agree on ``PYTHONHASHSEED`` compute different LMCache keys, so cross-pod sharing fails silently
 (DOMAIN.md stage 4); an operator left paused stops rendering every endpoint of the cluster, and one whose pauser
 is dead will never be restored by it; fewer Curvine files or less capacity than at the last snapshot is L2 data
-lost (``curvine_data_loss``, issue 14).
+lost (``curvine_data_loss``, issue 14); a NodeRecovery the inventory declares and the cluster does not have is
+``node_recovery_mismatch`` (issue 22 §3; an undeclared one is never judged).
 
 One kind per condition, so that an audit query by kind tells the truth (issue 21): a missing add-on
 (``addon_missing``), a status other than ACTIVE (``addon_not_active``), a wrong version or configuration
@@ -72,6 +73,7 @@ SEVERITY: dict[str, str] = {
     "stale_pods": "medium",
     "cr_mismatch": "medium",
     "tiered_storage_mismatch": "medium",
+    "node_recovery_mismatch": "medium",  # the inventory declares node_recovery and the cluster has another value
     "curvine_workers_mismatch": "medium",
     "curvine_master_unreadable": "medium",  # the release is there, its master API could not be read
     "endpoint_unmanaged": "low",
@@ -143,6 +145,7 @@ class ClusterObservation:
     now: datetime
     tiered_mode: str | None = None
     tiered_percent: int | None = None
+    node_recovery: str | None = None  # DescribeCluster's NodeRecovery (None: not returned)
     addons: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     operator: dict[str, Any] | None = None
     operator_zero_since: datetime | None = None
@@ -274,6 +277,26 @@ def tiered_storage_findings(cl: Cluster, mode: str | None, percent: int | None) 
                     f"Mode={want}", f"Mode={have}")]
 
 
+def declared_node_recovery(cl: Cluster) -> str | None:
+    """The NodeRecovery the inventory declares for ``cl``, or None when it declares none (then the live value is
+    kept: stage 1 sends it back unchanged and drift does not judge it). Reads both inventory shapes: a
+    ``node_recovery_declared`` flag beside a defaulted value, or ``node_recovery`` None when not declared."""
+    value = getattr(cl, "node_recovery", None)
+    declared = getattr(cl, "node_recovery_declared", None)
+    if declared is None:
+        return str(value) if value is not None else None
+    return str(value) if declared and value is not None else None
+
+
+def node_recovery_findings(cl: Cluster, live: str | None) -> list[Finding]:
+    """A declared NodeRecovery that the cluster does not have (issue 22 §3); nothing when it is not declared, nor
+    when DescribeCluster did not return one (``live`` None: nothing to compare)."""
+    want = declared_node_recovery(cl)
+    if want is None or live is None or live == want:
+        return []
+    return [Finding("node_recovery_mismatch", cl.name, f"HyperPodCluster/{cl.name}", "NodeRecovery", want, live)]
+
+
 def addon_findings(cl: Cluster, addons: Mapping[str, Mapping[str, Any] | None]) -> list[Finding]:
     out = []
     for name in C.ADDON_ORDER:
@@ -375,6 +398,7 @@ def classify(inv: Inventory, cluster: str, obs: ClusterObservation) -> list[Find
     """Every finding on one cluster, in a stable order (cluster first, then endpoints by key)."""
     cl = inv.cluster(cluster)
     out = tiered_storage_findings(cl, obs.tiered_mode, obs.tiered_percent)
+    out += node_recovery_findings(cl, obs.node_recovery)
     out += addon_findings(cl, obs.addons)
     out += operator_findings(cl, inv, obs.operator, obs.now, obs.operator_zero_since, obs.operator_pauser)
     out += curvine_findings(cl, obs.curvine_values, obs.curvine_live_workers, obs.curvine_error)

@@ -125,6 +125,7 @@ def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
     obs = rules.ClusterObservation(now=now)
     hp = ctx.hyperpod.require_cluster(cl.name)
     obs.tiered_mode, obs.tiered_percent = hp.tiered_storage.mode, hp.tiered_storage.memory_percent
+    obs.node_recovery = hp.node_recovery
     eks = hp.eks_cluster_name
     installed = set(ctx.hyperpod.list_addons(eks))
     for name in C.ADDON_ORDER:

@@ -7,11 +7,12 @@ when the inventory declares it), record "unchanged" and make no call. Otherwise 
 has a ready pod per node.
 
 NodeRecovery (issue 22 §3):
-- **declared** in the inventory (``node_recovery:`` present; the inventory sets ``node_recovery_declared``):
+- **declared** in the inventory (``node_recovery:`` present; read by ``fleet.drift.declared_node_recovery``):
   kvfleet reconciles the cluster to it. A difference alone is an ``UpdateCluster`` with NodeRecovery only (no
   TieredStorageConfig, so the ai-toolkit daemon is left alone); the change is recorded with the value before.
 - **not declared**: the live value is sent back unchanged, as before — a platform team's choice made outside
-  kvfleet stays.
+  kvfleet stays. The drift check reports a declared value the cluster does not have (``node_recovery_mismatch``)
+  and judges nothing when it is not declared.
 
 The change is one typed action (``fleet.actions.UpdateCluster``) that ``stages.executor`` applies, or renders in a
 dry run; waiting for InService and the daemon check stay here.
@@ -26,6 +27,7 @@ from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
+from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
@@ -60,12 +62,13 @@ def node_recovery_target(ctx: StageContext, live: str | None) -> tuple[str, str]
     """(the NodeRecovery to send, where it comes from): the inventory's value when it declares one
     ("declared": kvfleet reconciles the cluster to it), else the live value sent back unchanged ("live")."""
     cl = ctx.cluster
-    if getattr(cl, "node_recovery_declared", False):
-        if cl.node_recovery not in C.NODE_RECOVERY_VALUES:
-            raise PermanentError(f"clusters.{cl.name}.node_recovery: {cl.node_recovery!r} is not one of "
-                                 "Automatic, None")
-        return cl.node_recovery, "declared"
-    return live or cl.node_recovery, "live"
+    declared = declared_node_recovery(cl)
+    if declared is not None:
+        if declared not in C.NODE_RECOVERY_VALUES:
+            raise PermanentError(f"clusters.{cl.name}.node_recovery: {declared!r} is not one of Automatic, None; "
+                                 "set one of them, or remove the key to keep the cluster's live value")
+        return declared, "declared"
+    return live or C.NODE_RECOVERY_DEFAULT, "live"
 
 
 def reconcile(ctx: StageContext) -> Outcome:

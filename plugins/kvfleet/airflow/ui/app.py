@@ -2,7 +2,9 @@
 
 Routes (relative to the mount point):
 
-- ``/`` -> ``/fleet``; ``/fleet``, ``/trends``, ``/drift``, ``/curvine``, ``/gates``, ``/runs``: HTML views;
+- ``/`` -> ``/fleet``; ``/fleet``, ``/trends``, ``/advisor``, ``/drift``, ``/curvine``, ``/gates``, ``/runs``: HTML
+  views (``/advisor``: the L2 advisor's newest report per cluster, with each endpoint's prompt-length
+  distribution against the payoff threshold and its verdict's arithmetic);
 - ``/gates`` (and ``/api/gates``) also lists the gates waiting for a human now (read from Airflow's HITL
   records, ``kvfleet.airflow.hitl.pending``), each with its run's evidence and a link to Airflow's Required
   Actions page, where it is answered;
@@ -35,7 +37,7 @@ from kvfleet.airflow.ui.svg import LobColours
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
-DEFAULT_SINCE = {"drift": "30d", "gates": "30d", "runs": "7d", "trends": "30d"}
+DEFAULT_SINCE = {"drift": "30d", "gates": "30d", "runs": "7d", "trends": "30d", "advisor": "7d"}
 
 
 class NotSignedIn(Exception):

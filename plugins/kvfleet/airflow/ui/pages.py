@@ -17,12 +17,22 @@ from urllib.parse import urlencode
 from kvfleet.airflow import gates as gate_text
 from kvfleet.airflow.ui import catalog, runbook
 from kvfleet.airflow.ui.catalog import Filters
-from kvfleet.airflow.ui.svg import PUBLISHED_COLOUR, Axis, Bar, LobColours, Series, timeline, xy_chart
+from kvfleet.airflow.ui.svg import (
+    PUBLISHED_COLOUR,
+    Axis,
+    Bar,
+    Bucket,
+    LobColours,
+    Series,
+    length_histogram,
+    timeline,
+    xy_chart,
+)
 from kvfleet.fleet import economics
 
-VIEWS = ("fleet", "trends", "drift", "curvine", "gates", "runs")
-TITLES = {"fleet": "Fleet", "trends": "Verification trends", "drift": "Drift timeline", "curvine": "Curvine",
-          "gates": "Gates", "runs": "Runs", "runbook": "Runbook"}
+VIEWS = ("fleet", "trends", "advisor", "drift", "curvine", "gates", "runs")
+TITLES = {"fleet": "Fleet", "trends": "Verification trends", "advisor": "L2 advisor", "drift": "Drift timeline",
+          "curvine": "Curvine", "gates": "Gates", "runs": "Runs", "runbook": "Runbook"}
 GATE_DECISIONS_QUERY = "gate_decisions"  # a named query another change may add; used as soon as it exists
 GATE_DAGS = ("kvfleet_rollout", "kvfleet_curvine_upgrade")  # the DAGs with human gates
 RED_RUN_STATUSES = frozenset({"failed", "completed_with_failures", "aborted", "refused"})
@@ -173,6 +183,60 @@ def pending_data(pending: Sequence[Any], history: Any) -> list[dict[str, Any]]:
     return out
 
 
+ADVICE_COLUMNS = ("verdict", "requests", "requests_per_hour", "mean_prompt_tokens", "share_below_payoff",
+                  "saved_ms_per_request", "saved_s_per_hour", "saved_fraction", "working_set_bytes", "curve",
+                  "prefer_prefix_routing", "value_usd_per_hour", "arithmetic", "assumptions")
+
+
+def _lengths(raw: Any) -> list[dict[str, Any]]:
+    """A recorded length distribution (``[{"tokens", "requests"}]`` or ``[[tokens, requests]]``), with each
+    bucket's share of the requests."""
+    out = []
+    for item in raw or []:
+        if isinstance(item, Mapping):
+            tokens, requests = item.get("tokens"), item.get("requests")
+        else:
+            tokens, requests = (*item, None, None)[:2] if isinstance(item, list | tuple) else (None, None)
+        if isinstance(tokens, int | float) and isinstance(requests, int | float):
+            out.append({"tokens": float(tokens), "requests": float(requests)})
+    total = sum(b["requests"] for b in out) or 1.0
+    return [{**b, "share": b["requests"] / total} for b in sorted(out, key=lambda b: b["tokens"])]
+
+
+def _advised_endpoints(detail: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The endpoints of one advise step: its full per-endpoint advice when recorded (``endpoints``: the CLI's
+    ``kvfleet advise --json`` shape, with ``lengths``), else its verdicts."""
+    full = detail.get("endpoints")
+    if isinstance(full, list) and full:
+        rows = [dict(e) for e in full if isinstance(e, Mapping) and e.get("endpoint")]
+    else:
+        rows = [{"endpoint": k, "verdict": v} for k, v in sorted((detail.get("verdicts") or {}).items())]
+    for r in rows:
+        r["lengths"] = _lengths(r.get("lengths"))
+        if isinstance(r.get("working_set_bytes"), int | float):
+            r["working_set_gib"] = r["working_set_bytes"] / 2 ** 30
+    return rows
+
+
+def advisor_data(history: Any, f: Filters) -> dict[str, Any]:
+    """The newest ``advise:<cluster>`` step per cluster (recorded by kvfleet_hit_verification), each endpoint with
+    its LOB (from the Fleet view's rows), filtered by LOB and endpoint."""
+    lob_of = {(r["cluster"], r["endpoint"]): r["lob"] for r in catalog.run(history, "ui_fleet", Filters())}
+    q = (f.get("endpoint") or "").lower()
+    clusters = []
+    for row in catalog.run(history, "ui_advice", f):
+        detail = row.get("detail") or {}
+        eps = []
+        for e in _advised_endpoints(detail):
+            e["lob"] = e.get("lob") or lob_of.get((row["cluster"], e["endpoint"]))
+            if (not f.get("lob") or e["lob"] == f.get("lob")) and (not q or q in str(e["endpoint"]).lower()):
+                eps.append(e)
+        clusters.append({"cluster": row["cluster"], "at": row["at"], "run_key": row["run_key"],
+                         "capacity": detail.get("capacity"), "errors": list(detail.get("errors") or []),
+                         "endpoints": eps})
+    return {"since": f.since, "payoff_tokens": economics.MIN_USEFUL_TOKENS, "clusters": clusters}
+
+
 def runs_data(history: Any, f: Filters) -> dict[str, Any]:
     rows = catalog.run(history, "recent_runs", f)
     if f.get("dag_id"):
@@ -186,8 +250,8 @@ def runs_data(history: Any, f: Filters) -> dict[str, Any]:
 
 
 BUILDERS: dict[str, Callable[[Any, Filters], dict[str, Any]]] = {
-    "fleet": fleet_data, "trends": trends_data, "drift": drift_data, "curvine": curvine_data,
-    "gates": gates_data, "runs": runs_data}
+    "fleet": fleet_data, "trends": trends_data, "advisor": advisor_data, "drift": drift_data,
+    "curvine": curvine_data, "gates": gates_data, "runs": runs_data}
 
 
 def build(view: str, history: Any, f: Filters) -> dict[str, Any]:
@@ -347,6 +411,65 @@ def render_trends(data: dict[str, Any], f: Filters, colours: LobColours, base: s
     return "".join(out)
 
 
+def _arithmetic(lines: Sequence[Any], css: str) -> str:
+    return (f'<ol class="{css}">' + "".join(f"<li>{escape(str(x))}</li>" for x in lines) + "</ol>") if lines else ""
+
+
+def _render_advised_endpoint(c: Mapping[str, Any], e: Mapping[str, Any], payoff: float, colours: LobColours) -> str:
+    name, colour = f'{c["cluster"]}-{e["endpoint"]}', colours(e.get("lob"))
+    out = [f'<section class="advice" data-cluster="{escape(c["cluster"])}" data-endpoint="{escape(e["endpoint"])}" '
+           f'data-verdict="{escape(str(e.get("verdict")))}"><h3><span class="swatch" style="background:{colour}">'
+           f'</span>{escape(e["endpoint"])} <small>{escape(e.get("lob") or "")}</small> · '
+           f'<span class="v-{escape(str(e.get("verdict")))}">{escape(str(e.get("verdict")))}</span></h3>']
+    if e["lengths"]:
+        out.append(length_histogram([Bucket(b["tokens"], b["requests"]) for b in e["lengths"]],
+                                    title=f"Prompt lengths of {e['endpoint']} on {c['cluster']}", threshold=payoff,
+                                    colour=colour, chart_id=f"plot-lengths-{name}"))
+        below = [{**b, "below_payoff": b["tokens"] < payoff} for b in e["lengths"]]
+        out.append(table(below, ["tokens", "requests", "share", "below_payoff"], table_id=f"lengths-{name}"))
+    else:
+        out.append('<p class="note">This advise step recorded no prompt-length distribution for the endpoint (its '
+                   "verdict only).</p>")
+    out.append(_arithmetic(e.get("arithmetic") or [], "arithmetic"))
+    if e.get("assumptions"):
+        out.append('<p class="source">Assumptions:</p>' + _arithmetic(e["assumptions"], "assumptions"))
+    out.append("</section>")
+    return "".join(out)
+
+
+def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
+                         ("endpoint", "endpoint contains", None), ("since", "since", None)], f)
+    payoff = float(data["payoff_tokens"])
+    out = [form, f'<p class="source">Does the shared L2 pay off per endpoint, from its observed prompt lengths and the '
+                 f"speedup curve (below about {payoff:,.0f} tokens it does not), and is Curvine big enough per "
+                 "cluster: the newest report of kvfleet_hit_verification's advise task (the same model as "
+                 "<code>kvfleet advise --json</code>).</p>"]
+    if not data["clusters"]:
+        return "".join([*out, f'<p class="empty">No advisor report in the last {escape(f.since)}: '
+                              "kvfleet_hit_verification records one per cluster.</p>"])
+    for c in data["clusters"]:
+        cap = c.get("capacity") or {}
+        out.append(f'<h2>{escape(c["cluster"])} <small>reported {escape(cell(c["at"]))} · run '
+                   f'<code>{escape(c["run_key"])}</code></small></h2>')
+        if cap:
+            add = f' (+{cap.get("add_workers")} workers)' if cap.get("add_workers") else ""
+            out.append(f'<p class="summary" id="capacity-{escape(c["cluster"])}" data-recommendation='
+                       f'"{escape(str(cap.get("recommendation")))}">Curvine capacity: '
+                       f'<strong>{escape(str(cap.get("recommendation")))}</strong>{escape(add)}</p>'
+                       + _arithmetic(cap.get("arithmetic") or [], "arithmetic"))
+        for err in c["errors"]:
+            out.append(f'<p class="note red">could not read: {escape(str(err))}</p>')
+        cols = ["endpoint", "lob", *[k for k in ("verdict", "requests_per_hour", "mean_prompt_tokens",
+                                                  "share_below_payoff", "saved_ms_per_request", "saved_fraction",
+                                                  "working_set_gib", "curve")
+                                     if any(k in e for e in c["endpoints"])]]
+        out.append(table(c["endpoints"], cols, table_id=f'advisor-{c["cluster"]}', colours=colours,
+                         data={"cluster": c["cluster"]}))
+        out.extend(_render_advised_endpoint(c, e, payoff, colours) for e in c["endpoints"])
+    return "".join(out)
+
+
 def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
     form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("since", "since", None)], f)
     rows = data["findings"]
@@ -467,8 +590,8 @@ def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], str]] = {
-    "fleet": render_fleet, "trends": render_trends, "drift": render_drift, "curvine": render_curvine,
-    "gates": render_gates, "runs": render_runs}
+    "fleet": render_fleet, "trends": render_trends, "advisor": render_advisor, "drift": render_drift,
+    "curvine": render_curvine, "gates": render_gates, "runs": render_runs}
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:0;color:#1a1a1a;background:#fafafa}
@@ -490,7 +613,11 @@ p.note.red{background:#fdecee;border-color:#f0a0a8}
 section.gate{background:#fff;border:1px solid #e4e4e4;border-left:4px solid #a15c00;padding:4px 12px;margin:8px 0}
 section.gate table{border-collapse:collapse;font-size:12px}section.gate td,section.gate th{border:1px solid #ddd;
 padding:2px 6px}a.answer{font-weight:600}
-p.source,p.summary{font-size:13px;color:#444}.user{margin-left:auto;font-size:12px}
+p.source,p.summary{font-size:13px;color:#444}
+section.advice{background:#fff;border:1px solid #e4e4e4;padding:4px 12px;margin:8px 0}
+ol.arithmetic,ol.assumptions{font-size:12px;font-family:ui-monospace,monospace;color:#333}
+.v-pays_off{color:#0a7a2f;font-weight:600}.v-does_not_pay_off{color:#b00020;font-weight:600}
+.v-marginal,.v-insufficient_data{color:#a15c00}.user{margin-left:auto;font-size:12px}
 """
 
 

@@ -262,3 +262,73 @@ def timeline(bars: Sequence[Bar], *, title: str, now: float, width: int = 900, r
     out.append(f'<text x="{width - right}" y="{height - 4}" text-anchor="end">open findings run to now '
                "(▶); hatched: remediation refused or failed</text></svg>")
     return "".join(out)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tokens: float  # the bucket's representative prompt length
+    requests: float
+
+
+def length_histogram(buckets: Sequence[Bucket], *, title: str, threshold: float, colour: str, width: int = 760,
+                     height: int = 260, chart_id: str = "") -> str:
+    """Prompt lengths on a log axis: one bar per bucket (its height the requests), the payoff threshold as a
+    dashed vertical line; bars below the threshold are hatched (L2 does not pay off there)."""
+    left, right, top, bottom = 56, 16, 30, 62
+    pw, ph = width - left - right, height - top - bottom
+    values = [b.tokens for b in buckets if b.tokens > 0] + [threshold]
+    lx0, lx1 = math.log10(min(values) / 1.6), math.log10(max(values) * 1.6)
+    ymax = max([b.requests for b in buckets] + [1.0]) * 1.08
+    total = sum(b.requests for b in buckets) or 1.0
+
+    def px(v: float) -> float:
+        return left + (math.log10(max(v, 1e-9)) - lx0) / (lx1 - lx0) * pw
+
+    def py(v: float) -> float:
+        return top + ph - v / ymax * ph
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" id="{escape(chart_id)}" role="img" '
+           f'aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" {FONT}>',
+           f"<title>{escape(title)}</title>",
+           '<defs><pattern id="below" width="6" height="6" patternUnits="userSpaceOnUse" '
+           'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#fff" stroke-width="2.5"/>'
+           "</pattern></defs>",
+           f'<text x="{left}" y="16" font-size="13" font-weight="600">{escape(title)}</text>',
+           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fff" stroke="#ccc"/>']
+    for t in nice_ticks(0.0, ymax):
+        if t <= ymax:
+            out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
+                       f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:,.0f}</text>')
+    for exp in range(math.floor(lx0), math.ceil(lx1) + 1):
+        for m in (1, 2, 5):
+            t = m * 10.0 ** exp
+            if lx0 <= math.log10(t) <= lx1:
+                out.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top + ph}" y2="{top + ph + 4}" '
+                           f'stroke="#999"/><text x="{px(t):.1f}" y="{top + ph + 16}" text-anchor="middle">'
+                           f"{t:,.0f}</text>")
+    out.append(f'<text x="{left + pw / 2:.0f}" y="{top + ph + 32}" text-anchor="middle">prompt tokens (log scale)'
+               "</text>")
+    out.append(f'<text transform="translate(14 {top + ph / 2:.0f}) rotate(-90)" text-anchor="middle">requests'
+               "</text>")
+    bar_w = max(6.0, min(28.0, pw / max(len(buckets), 1) / 2))
+    group = ['<g class="series" data-series="prompt lengths">']
+    for b in sorted(buckets, key=lambda b: b.tokens):
+        below = b.tokens < threshold
+        x, y = px(b.tokens) - bar_w / 2, py(b.requests)
+        tip = (f"~{b.tokens:,.0f} tokens: {b.requests:,.0f} requests ({b.requests / total:.1%})"
+               + (" — below the payoff threshold" if below else ""))
+        group.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{top + ph - y:.1f}" '
+                     f'fill="{colour}" data-x="{b.tokens:g}" data-y="{b.requests:g}" '
+                     f'data-below="{"true" if below else "false"}"><title>{escape(tip)}</title></rect>')
+        if below:
+            group.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{top + ph - y:.1f}" '
+                         'fill="url(#below)" opacity="0.7"/>')
+    group.append("</g>")
+    out.extend(group)
+    tx = px(threshold)
+    out.append(f'<g class="threshold" data-x="{threshold:g}"><line x1="{tx:.1f}" x2="{tx:.1f}" y1="{top}" '
+               f'y2="{top + ph}" stroke="{PUBLISHED_COLOUR}" stroke-width="2" stroke-dasharray="6 4"/>'
+               f'<text x="{tx + 4:.1f}" y="{top + 12}">payoff ≈ {threshold:,.0f} tokens</text></g>')
+    out.append(f'<text x="{left}" y="{height - 6}">hatched: below the payoff threshold, where L2 does not pay off '
+               "(prefix-aware routing, L0/L1, serves them better)</text></svg>")
+    return "".join(out)

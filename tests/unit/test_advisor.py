@@ -103,3 +103,97 @@ def test_every_sweep_length_is_long_enough_to_verify() -> None:
 
     for n in verify.SWEEP_LENGTHS:
         verify.check_prompt_length(n, 256)  # raises for a length that cannot write L2
+
+
+# --- issue 20 acceptance points, one test each -------------------------------------------------------------------
+
+def test_no_sweep_uses_the_published_curve_and_agrees_with_it_within_the_ttft_tolerance() -> None:
+    """At each published length the saved share is 1 - 1/speedup of the blog's curve (0.99x at 500, 1.7x at 1,000,
+    2.7x at 2,500: 774 ms cold -> 287 ms), within the verification's speedup tolerance."""
+    from kvfleet.fleet.verdict import SPEEDUP_TOLERANCE
+
+    for tokens, speedup in ((1000, 1.7), (2500, 2.7), (3000, 2.7)):
+        adv = E.advise_endpoint(traffic([(tokens, 50)], reuse_ratio=1.0))
+        assert adv.curve == "published curve for ml.g5.4xlarge"
+        implied = 1 / (1 - adv.saved_fraction)  # the speedup the advisor integrated
+        assert abs(implied - speedup) <= speedup * SPEEDUP_TOLERANCE and implied == pytest.approx(speedup, rel=0.01)
+    at_2500 = E.advise_endpoint(traffic([(2500, 50)], reuse_ratio=1.0))
+    assert 774 - at_2500.saved_ms_per_request == pytest.approx(287, abs=1.0)  # the published warm TTFT
+    below = E.advise_endpoint(traffic([(500, 50)], reuse_ratio=1.0))
+    assert below.saved_ms_per_request < 0 and below.verdict == "does_not_pay_off"  # 0.99x: L2 costs a little
+
+
+def test_a_single_length_on_a_known_type_is_judged_without_assumed_curves() -> None:
+    adv = E.advise_endpoint(traffic([(2500, 20)], reuse_ratio=1.0))
+    assert adv.verdict == "pays_off" and adv.mean_prompt_tokens == 2500 and adv.share_below_payoff == 0.0
+    assert not any("curve is used" in a for a in adv.assumptions)
+
+
+def test_the_arithmetic_reproduces_the_verdict_numbers() -> None:
+    adv = E.advise_endpoint(traffic([(2500, 60), (400, 40)], reuse_ratio=0.8))
+    text = " | ".join(adv.arithmetic)
+    assert f"{adv.saved_ms_per_request:.1f} ms" in text and "40% below the 1000-token payoff threshold" in text
+    assert f"verdict {adv.verdict}" in text
+
+
+def test_bytes_per_token_measured_then_model_config_then_default() -> None:
+    bpt, src = E.bytes_per_token_for([(0.1028, 1925)], "Qwen/Qwen2-7B-Instruct")
+    assert bpt == pytest.approx(57_344, rel=0.001) and src.startswith("measured")
+    # fewer stored tokens than one chunk say too little: the model's config answers
+    bpt, src = E.bytes_per_token_for([(0.001, 10)], "meta-llama/Meta-Llama-3-8B-Instruct")
+    assert bpt == E.kv_bytes_per_token(32, 8, 128) == 131_072 and src.startswith("model config")
+    bpt, src = E.bytes_per_token_for([], "acme/unknown-model")
+    assert bpt == E.DEFAULT_BYTES_PER_TOKEN and "no Stored line" in src
+    adv = E.advise_endpoint(traffic([(2000, 100)], reuse_ratio=0.0, bytes_per_token=131_072.0,
+                                    bytes_per_token_source="model config"), retention_h=1)
+    assert adv.working_set_bytes == pytest.approx(100 * 2000 * 131_072) and adv.bytes_per_token_source == "model config"
+
+
+def test_workers_needed_is_the_scale_out_target() -> None:
+    w = 100 * E.GIB
+    assert E.workers_needed(0, w) == 0
+    assert E.workers_needed(80 * E.GIB, w, 0.8) == 1  # exactly at the threshold: one worker holds it
+    assert E.workers_needed(80 * E.GIB + 1, w, 0.8) == 2
+    assert E.workers_needed(250 * E.GIB, w, 0.5) == 5
+    for bad in ((1.0, 0.0, 0.8), (1.0, w, 0.0), (1.0, w, 1.2), (1.0, math.inf, 0.8)):
+        with pytest.raises(ValueError):
+            E.workers_needed(*bad)
+
+
+def test_the_capacity_threshold_is_a_setting() -> None:
+    """The same working set (170 GiB on 2 x 100 GiB workers, 85 %) adds workers at the default 80 % but not at 90 %."""
+    ep = E.advise_endpoint(traffic([(2000, 100)], reuse_ratio=0.0, bytes_per_token=1.0), retention_h=1)
+    ep = E.EndpointAdvice(**{**ep.as_dict(), "working_set_bytes": 170 * E.GIB})  # type: ignore[arg-type]
+    default = E.advise_cluster("c", [ep], capacity_bytes=200 * E.GIB, workers=2)
+    assert default.threshold == 0.8 and default.recommendation == "add_workers" and default.add_workers == 1
+    assert default.workers_needed == 3
+    loose = E.advise_cluster("c", [ep], capacity_bytes=200 * E.GIB, workers=2, threshold=0.9)
+    assert loose.recommendation == "fine" and loose.add_workers == 0 and loose.workers_needed == 2
+
+
+def test_the_cost_side_needs_prices_and_names_what_is_unpriced() -> None:
+    priced = E.advise_endpoint(traffic([(2500, 100)], reuse_ratio=1.0, hourly_price_usd=4.0, replicas=2))
+    assert priced.gpu_cost_usd_per_hour == 8.0 and priced.value_usd_per_hour is not None
+    unknown = E.advise_endpoint(traffic([(2500, 100)], instance_type="ml.x9.huge", reuse_ratio=1.0, replicas=2))
+    assert unknown.gpu_cost_usd_per_hour is None and any("no price for ml.x9.huge" in a for a in unknown.assumptions)
+    big = E.EndpointAdvice(**{**priced.as_dict(), "working_set_bytes": 500 * E.GIB})  # type: ignore[arg-type]
+    cl = E.advise_cluster("c", [big, unknown], capacity_bytes=200 * E.GIB, workers=2, node_price_usd=4.0)
+    assert cl.cost is not None and cl.cost["gpu_usd_per_hour"] == 8.0
+    assert cl.cost["add_workers_usd_per_hour"] == cl.add_workers * 4.0
+    assert cl.cost["unpriced_instance_types"] == ["ml.x9.huge"]
+    assert any(line.startswith("cost:") for line in cl.arithmetic)
+    # nothing priced: no cost side at all (prices are inputs, never fetched)
+    assert E.advise_cluster("c", [unknown], capacity_bytes=200 * E.GIB, workers=2).cost is None
+
+
+def test_advice_json_keys_are_stable() -> None:
+    """docs/advise.md documents these keys: the UI panel and scripts read them."""
+    adv = E.advise_endpoint(traffic([(2500, 30)], reuse_ratio=1.0))
+    assert set(adv.as_dict()) == {
+        "endpoint", "verdict", "requests", "requests_per_hour", "mean_prompt_tokens", "share_below_payoff",
+        "saved_ms_per_request", "saved_s_per_hour", "saved_fraction", "working_set_bytes", "curve", "arithmetic",
+        "assumptions", "prefer_prefix_routing", "value_usd_per_hour", "instance_type", "replicas", "bytes_per_token",
+        "bytes_per_token_source", "hourly_price_usd", "gpu_cost_usd_per_hour"}
+    cl = E.advise_cluster("c", [adv], capacity_bytes=100 * E.GIB, workers=1)
+    assert set(cl.as_dict()) == {"cluster", "recommendation", "add_workers", "working_set_bytes", "capacity_bytes",
+                                 "workers", "usage", "arithmetic", "threshold", "workers_needed", "cost"}

@@ -3,6 +3,10 @@
 Called from ``dags/kvfleet_hit_verification.py``. Each mapped task verifies the endpoints of one cluster in
 turn (pods of one cluster share nodes, so probing them in parallel would disturb the TTFT it measures), and
 records every result in the history store. The summary logs one table per LOB.
+
+Probes draw their prompts from the bounded rotating pool (``verify.ProbePool``: the L2 footprint of a day of
+probes stays bounded, bench/probe_footprint.py). Sweep rows carry ``detail.sweep``; an endpoint's first full-hit
+sweep after its last rollout is its baseline (``verdict.baseline_from_rows``), passed to every probe.
 """
 
 from __future__ import annotations
@@ -10,10 +14,34 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sqlalchemy import text
+
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
+from kvfleet.fleet.verdict import baseline_from_rows
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import verify
+
+# The sweep rows of one endpoint since its last rollout: stage 4 ("endpoint") changing it in any run.
+_BASELINE_SQL = """
+SELECT v.run_key, v.at, v.prompt_tokens, v.speedup, v.hit_ratio
+FROM hit_verifications v
+WHERE v.cluster = :cluster AND v.endpoint = :endpoint AND v.detail ->> 'sweep' = 'true'
+  AND COALESCE(v.detail ->> 'cold', 'true') = 'true'
+  AND v.at > COALESCE((SELECT max(e.at) FROM step_events e WHERE e.cluster = :cluster AND e.endpoint = :endpoint
+                       AND e.stage = 'endpoint' AND e.outcome = 'changed'), '-infinity'::timestamptz)
+ORDER BY v.at, v.id
+"""
+
+
+def endpoint_baseline(history: History | None, cluster: str, endpoint: str) -> dict[str, Any] | None:
+    """The endpoint's recorded baseline (its first full-hit sweep after its last rollout), or ``None``."""
+    if history is None:
+        return None
+    with history.engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(text(_BASELINE_SQL), {"cluster": cluster, "endpoint": endpoint})
+                .mappings()]
+    return baseline_from_rows(rows)
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +63,16 @@ def open_run(params: dict[str, Any]) -> list[str]:
 def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     ctx = stage_context(cluster, params)
     out = []
+    sweep = bool(params.get("sweep"))
     try:
         for ep in ctx.inventory.endpoints_of(cluster):
-            lengths = verify.SWEEP_LENGTHS if params.get("sweep") else (int(params["prompt_tokens"]),)
+            lengths = verify.SWEEP_LENGTHS if sweep else (int(params["prompt_tokens"]),)
+            baseline = endpoint_baseline(ctx.history, cluster, ep.key)
             for n in lengths:
-                result = verify.verify_endpoint(ctx, ep, n).as_dict()
+                # a sweep (on demand, rare) probes with fresh documents: its speeds may become the baseline
+                pool = None if sweep else verify.ProbePool()
+                result = verify.verify_endpoint(ctx, ep, n, pool=pool, baseline=baseline).as_dict()
+                result["detail"] = {**(result.get("detail") or {}), "sweep": sweep}
                 if ctx.history is not None and ctx.step_key is not None:
                     ctx.history.record_verification(ctx.step_key, f"verify:{ep.key}:{n}", result)
                 log.info("%s %s tokens: %s hit %s speedup %s (expected %s) %s", ep.ref, n, result["verdict"],

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 # (prompt tokens, speedup) — 0.99x at 500, 1.7x at 1,000, 2.7x at 2,500 (774 ms -> 287 ms), flat after.
 PUBLISHED_G5: tuple[tuple[int, float], ...] = ((500, 0.99), (1000, 1.7), (2500, 2.7), (3000, 2.7))
@@ -65,6 +66,50 @@ OVERPROVISIONED_BELOW = 0.20
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
     """Bytes of KV cache one token takes: K and V for every layer and KV head."""
     return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+# KV shape of the models the sources name, from each model's Hugging Face ``config.json`` (num_hidden_layers,
+# num_key_value_heads, hidden_size / num_attention_heads), at 2 bytes (fp16/bf16): Qwen/Qwen2-7B-Instruct
+# (28, 4, 3584/28 = 128), meta-llama/Meta-Llama-3-8B-Instruct (32, 8, 4096/32 = 128), Qwen/Qwen2.5-32B-Instruct
+# (64, 8, 5120/40 = 128). The first agrees with the blog's Stored line (0.1028 GiB for 1,925 tokens).
+MODEL_KV_SHAPES: dict[str, tuple[int, int, int]] = {
+    "qwen/qwen2-7b-instruct": (28, 4, 128),
+    "qwen/qwen2-7b": (28, 4, 128),
+    "meta-llama/meta-llama-3-8b-instruct": (32, 8, 128),
+    "meta-llama/meta-llama-3-8b": (32, 8, 128),
+    "qwen/qwen2.5-32b-instruct": (64, 8, 128),
+}
+DEFAULT_BYTES_PER_TOKEN = kv_bytes_per_token(28, 4, 128, 2)  # Qwen2-7B fp16, the sources' model
+MIN_STORED_TOKENS = 256  # one LMCache chunk: fewer stored tokens say too little about the size per token
+
+
+def bytes_per_token_for(stored: Sequence[tuple[float, int]] = (), model_id: str | None = None) -> tuple[float, str]:
+    """Bytes of KV one token takes, and where the figure comes from: the measured ``Stored`` lines
+    ``(size GiB, tokens)`` when they cover at least one chunk, else the model's config, else Qwen2-7B fp16."""
+    sized = [(g, n) for g, n in stored if g is not None and g > 0 and n > 0]
+    tokens = sum(n for _, n in sized)
+    if tokens >= MIN_STORED_TOKENS:
+        gib = sum(g for g, _ in sized)
+        return gib * GIB / tokens, f"measured: {len(sized)} LMCache Stored line(s), {gib:.4f} GiB for {tokens} tokens"
+    shape = MODEL_KV_SHAPES.get((model_id or "").lower())
+    if shape is not None:
+        layers, heads, dim = shape
+        return float(kv_bytes_per_token(layers, heads, dim)), (
+            f"model config of {model_id}: 2 x {layers} layers x {heads} KV heads x {dim} head dim x 2 bytes")
+    return float(DEFAULT_BYTES_PER_TOKEN), (
+        f"no Stored line and no known config for {str(model_id)[:60]!r}: Qwen2-7B fp16 ({DEFAULT_BYTES_PER_TOKEN} B)")
+
+
+def workers_needed(working_set_bytes: float, capacity_per_worker: float, threshold: float = CAPACITY_THRESHOLD) -> int:
+    """Curvine workers that hold ``working_set_bytes`` at no more than ``threshold`` of their capacity: the
+    scale-out detection's target count (0 for an empty working set)."""
+    if capacity_per_worker <= 0 or not math.isfinite(capacity_per_worker):
+        raise ValueError(f"capacity per worker {capacity_per_worker} must be a positive number of bytes")
+    if not 0 < threshold <= 1:
+        raise ValueError(f"capacity threshold {threshold} is outside (0, 1]")
+    if working_set_bytes <= 0:
+        return 0
+    return math.ceil(working_set_bytes / (threshold * capacity_per_worker))
 
 
 def bytes_per_token_from_stored(size_gib: float, tokens: int) -> float:
@@ -123,6 +168,8 @@ class EndpointTraffic:
     bytes_per_token: float | None = None
     sweep: tuple[tuple[int, float], ...] | None = None  # measured (tokens, speedup) points, when a sweep ran
     hourly_price_usd: float | None = None  # the instance's hourly price, from the inventory (never fetched)
+    bytes_per_token_source: str | None = None  # where bytes_per_token comes from (bytes_per_token_for)
+    replicas: int = 0  # the endpoint's replicas (one GPU node share each): the GPU cost side when priced
 
 
 @dataclass(frozen=True)
@@ -142,19 +189,21 @@ class EndpointAdvice:
     assumptions: list[str] = field(default_factory=list)
     prefer_prefix_routing: bool = False
     value_usd_per_hour: float | None = None
+    instance_type: str = ""
+    replicas: int = 0
+    bytes_per_token: float = 0.0
+    bytes_per_token_source: str = ""
+    hourly_price_usd: float | None = None
+    gpu_cost_usd_per_hour: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tokens: int = MIN_USEFUL_TOKENS,
-                    min_requests: int = MIN_REQUESTS,
-                    profiles: Mapping[str, Sequence[tuple[int, float]]] | None = None) -> EndpointAdvice:
-    """Integrate the speedup curve over the observed length distribution. The saving of a request of ``n`` tokens
-    is ``cold(n) x (1 - 1/speedup(n)) x reuse``; the verdict compares the saved share of the endpoint's TTFT
-    with ``PAYS_OFF_SAVED_FRACTION`` and ``MARGINAL_SAVED_FRACTION``."""
-    requests = sum(b.requests for b in t.lengths)
-    per_hour = requests * 3600 / t.window_s if t.window_s > 0 else 0.0
+def _curve_of(t: EndpointTraffic, profiles: Mapping[str, Sequence[tuple[int, float]]] | None,
+              ) -> tuple[tuple[tuple[int, float], ...], str, list[str]]:
+    """The speedup curve an endpoint is judged on (its measured sweep, else the published one for its instance
+    type, else the g5 one), its name, and the assumptions that choice makes."""
     assumptions: list[str] = []
     known = t.instance_type in (profiles or PROFILES)
     if t.sweep:
@@ -168,19 +217,41 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
         assumptions.append("cold TTFT scaled linearly from the published 774 ms at 2,500 tokens (ml.g5.4xlarge)")
     else:
         assumptions.append("cold TTFT scaled linearly from the published anchor; no other cold figure is published")
+    return curve, curve_name, assumptions
+
+
+def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tokens: int = MIN_USEFUL_TOKENS,
+                    min_requests: int = MIN_REQUESTS,
+                    profiles: Mapping[str, Sequence[tuple[int, float]]] | None = None) -> EndpointAdvice:
+    """Integrate the speedup curve over the observed length distribution. The saving of a request of ``n`` tokens
+    is ``cold(n) x (1 - 1/speedup(n)) x reuse``; the verdict compares the saved share of the endpoint's TTFT
+    with ``PAYS_OFF_SAVED_FRACTION`` and ``MARGINAL_SAVED_FRACTION``."""
+    requests = sum(b.requests for b in t.lengths)
+    per_hour = requests * 3600 / t.window_s if t.window_s > 0 else 0.0
+    curve, curve_name, assumptions = _curve_of(t, profiles)
     reuse = t.reuse_ratio
     if reuse is None:
         reuse = 1.0
         assumptions.append("prefix reuse unknown (no LMCache hit metrics): upper bound, every prefix reused")
-    bpt = t.bytes_per_token or kv_bytes_per_token(28, 4, 128, 2)
-    if t.bytes_per_token is None:
-        assumptions.append("bytes per token of Qwen2-7B fp16 (57,344 B) used: no Stored line or model config given")
+    if t.bytes_per_token:
+        bpt, bpt_source = float(t.bytes_per_token), t.bytes_per_token_source or "given"
+    else:
+        bpt, bpt_source = bytes_per_token_for()
+        assumptions.append(f"bytes per token: {bpt_source}")
+    gpu_cost = (round(t.replicas * t.hourly_price_usd, 4)
+                if t.hourly_price_usd is not None and t.replicas > 0 else None)
+    if t.hourly_price_usd is None:
+        assumptions.append(f"no price for {t.instance_type!s:.40} in the inventory's prices: the cost side is omitted")
+    common: dict[str, Any] = {
+        "instance_type": t.instance_type, "replicas": t.replicas, "bytes_per_token": round(bpt, 1),
+        "bytes_per_token_source": bpt_source, "hourly_price_usd": t.hourly_price_usd,
+        "gpu_cost_usd_per_hour": gpu_cost}
     if requests < min_requests:
         return EndpointAdvice(
             endpoint=t.endpoint, verdict="insufficient_data", requests=requests, requests_per_hour=round(per_hour, 1),
             mean_prompt_tokens=0.0, share_below_payoff=0.0, saved_ms_per_request=0.0, saved_s_per_hour=0.0,
             saved_fraction=0.0, working_set_bytes=0.0, curve=curve_name, assumptions=assumptions,
-            arithmetic=[f"{requests:.0f} request(s) observed < {min_requests} needed for a verdict"])
+            arithmetic=[f"{requests:.0f} request(s) observed < {min_requests} needed for a verdict"], **common)
     mean_tokens = sum(b.tokens * b.requests for b in t.lengths) / requests
     below = sum(b.requests for b in t.lengths if b.tokens < payoff_tokens) / requests
     cold_total = saved_total = 0.0
@@ -210,13 +281,15 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
     ]
     if value is not None:
         arithmetic.append(f"value = {saved_s_h:.1f} s of TTFT saved/h x ${t.hourly_price_usd}/h / 3600 = ${value}/h")
+    if gpu_cost is not None:
+        arithmetic.append(f"GPU cost = {t.replicas} replica(s) x ${t.hourly_price_usd}/h = ${gpu_cost}/h")
     return EndpointAdvice(
         endpoint=t.endpoint, verdict=verdict, requests=requests, requests_per_hour=round(per_hour, 1),
         mean_prompt_tokens=round(mean_tokens, 1), share_below_payoff=round(below, 3),
         saved_ms_per_request=round(saved_ms, 1), saved_s_per_hour=round(saved_s_h, 2),
         saved_fraction=round(fraction, 3), working_set_bytes=round(working_set), curve=curve_name,
         arithmetic=arithmetic, assumptions=assumptions, prefer_prefix_routing=below >= 0.5,
-        value_usd_per_hour=value)
+        value_usd_per_hour=value, **common)
 
 
 @dataclass(frozen=True)
@@ -229,29 +302,34 @@ class ClusterAdvice:
     workers: int
     usage: float
     arithmetic: list[str]
+    threshold: float = CAPACITY_THRESHOLD
+    workers_needed: int = 0
+    cost: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def advise_cluster(cluster: str, endpoints: Sequence[EndpointAdvice], *, capacity_bytes: float, workers: int,
-                   threshold: float = CAPACITY_THRESHOLD, min_workers: int = 1) -> ClusterAdvice:
+                   threshold: float = CAPACITY_THRESHOLD, min_workers: int = 1,
+                   node_price_usd: float | None = None) -> ClusterAdvice:
     """The cluster's total working set against Curvine's capacity: add N workers above ``threshold`` x capacity,
-    over-provisioned below ``OVERPROVISIONED_BELOW`` (never below ``min_workers``), fine otherwise."""
+    over-provisioned below ``OVERPROVISIONED_BELOW`` (never below ``min_workers``), fine otherwise.
+    ``node_price_usd``: the hourly price of the cluster's GPU node type, when the inventory prices it."""
     if not 0 < threshold <= 1:
         raise ValueError(f"capacity threshold {threshold} is outside (0, 1]")
     total = sum(e.working_set_bytes for e in endpoints)
     per_worker = capacity_bytes / workers if workers > 0 else CURVINE_WORKER_BYTES
+    needed = workers_needed(total, per_worker, threshold)
     usage = total / capacity_bytes if capacity_bytes > 0 else math.inf
     arithmetic = [f"working set {total / GIB:.2f} GiB over {len(endpoints)} endpoint(s); capacity "
                   f"{capacity_bytes / GIB:.1f} GiB on {workers} worker(s) ({per_worker / GIB:.1f} GiB each); "
                   f"usage {usage:.1%} (threshold {threshold:.0%})"]
     add = 0
     if usage > threshold:
-        need = math.ceil(total / (threshold * per_worker))
-        add = max(1, need - workers)
+        add = max(1, needed - workers)
         recommendation = "add_workers"
-        arithmetic.append(f"ceil({total / GIB:.2f} GiB / ({threshold:.0%} x {per_worker / GIB:.1f} GiB)) = {need} "
+        arithmetic.append(f"ceil({total / GIB:.2f} GiB / ({threshold:.0%} x {per_worker / GIB:.1f} GiB)) = {needed} "
                           f"worker(s) needed -> add {add}")
     elif usage < OVERPROVISIONED_BELOW and workers > min_workers:
         recommendation = "over_provisioned"
@@ -259,6 +337,33 @@ def advise_cluster(cluster: str, endpoints: Sequence[EndpointAdvice], *, capacit
                           "writes node-local, so shrink only below one worker per GPU node deliberately")
     else:
         recommendation = "fine"
+    cost = cluster_cost(endpoints, add, node_price_usd)
+    if cost is not None:
+        arithmetic.extend(cost["arithmetic"])
     return ClusterAdvice(cluster=cluster, recommendation=recommendation, add_workers=add, working_set_bytes=total,
                          capacity_bytes=capacity_bytes, workers=workers,
-                         usage=round(usage, 4) if math.isfinite(usage) else -1.0, arithmetic=arithmetic)
+                         usage=round(usage, 4) if math.isfinite(usage) else -1.0, arithmetic=arithmetic,
+                         threshold=threshold, workers_needed=needed, cost=cost)
+
+
+def cluster_cost(endpoints: Sequence[EndpointAdvice], add_workers: int,
+                 node_price_usd: float | None) -> dict[str, Any] | None:
+    """The cost side of a cluster, from the inventory's prices only (never fetched): the GPU cost of the priced
+    endpoints, the TTFT value L2 saves on them, and what added workers cost. Curvine workers use the GPU nodes'
+    own NVMe (no extra cost) while there is a node without one; a worker beyond the nodes needs a node, so
+    ``add_workers_usd_per_hour`` is that upper bound. ``None`` when nothing is priced."""
+    priced = [e for e in endpoints if e.hourly_price_usd is not None]
+    if not priced and node_price_usd is None:
+        return None
+    gpu = round(sum(e.gpu_cost_usd_per_hour or 0.0 for e in priced), 4)
+    value = round(sum(e.value_usd_per_hour or 0.0 for e in priced), 4)
+    unpriced = sorted({e.instance_type for e in endpoints if e.hourly_price_usd is None})
+    added = round(add_workers * node_price_usd, 4) if node_price_usd is not None else None
+    lines = [f"cost: GPU ${gpu}/h on {len(priced)} priced endpoint(s); L2 saves ${value}/h of prefill time"]
+    if added is not None and add_workers:
+        lines.append(f"cost: {add_workers} added worker(s) x ${node_price_usd}/h = ${added}/h at most (free on the "
+                     "NVMe of GPU nodes that have no worker yet)")
+    if unpriced:
+        lines.append(f"cost: no price for {', '.join(unpriced)[:200]}")
+    return {"gpu_usd_per_hour": gpu, "saved_usd_per_hour": value, "add_workers_usd_per_hour": added,
+            "node_price_usd_per_hour": node_price_usd, "unpriced_instance_types": unpriced, "arithmetic": lines}

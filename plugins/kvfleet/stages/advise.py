@@ -10,24 +10,31 @@ Metric names (vLLM ``vllm/v1/metrics/loggers.py``, 0.11.x): the histogram ``vllm
 and its ``_count`` the requests; LMCache's ``lmcache:num_hit_tokens`` / ``lmcache:num_requested_tokens``
 (``lmcache/observability.py``) give the prefix reuse. Counters run from the pod's start, so the window is each
 pod's age (``status.startTime``), combined into one effective window across the endpoint's pods.
+
+Bytes per token come from the LMCache ``Stored`` lines of the last ``STORED_LOG_WINDOW`` of one Ready pod's log
+(``fleet.lmcache_log``; LMCache prints GiB as "gb", ``v1/cache_engine.py`` divides by ``1024**3``), else from
+the model's config (``economics.MODEL_KV_SHAPES``). Prices come from the inventory's ``prices`` (USD per
+instance-hour, never fetched). The JSON shape is documented in docs/advise.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
-from kvfleet.clients.inference import pod_metrics_text
+from kvfleet.clients.inference import pod_log_since, pod_metrics_text
 from kvfleet.clients.kube import call
 from kvfleet.errors import KvfleetError
 from kvfleet.fleet import economics as E
-from kvfleet.fleet import prom
+from kvfleet.fleet import lmcache_log, prom
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.stages.base import StageContext
 
 PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
+STORED_LOG_WINDOW = timedelta(hours=1)
 
 
 @dataclass
@@ -46,6 +53,22 @@ def _ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
 
 
+def prices_of(ctx: StageContext) -> Mapping[str, float]:
+    """The inventory's ``prices`` (USD per instance-hour by instance type); empty when none are configured."""
+    prices = getattr(ctx.inventory, "prices", None)
+    return prices if isinstance(prices, Mapping) else {}
+
+
+def stored_sizes(ctx: StageContext, ep: Endpoint, pod: Any, now: datetime) -> list[tuple[float, int]]:
+    """``(GiB, tokens)`` of every sized ``Stored`` line in the pod's recent log; empty when the log is unreadable
+    (the advisor then falls back to the model's config, and says so)."""
+    try:
+        text = pod_log_since(ctx.kube, ep.namespace, pod.metadata.name, ep.name, now - STORED_LOG_WINDOW)
+    except KvfleetError:
+        return []
+    return [(s.gb, s.stored) for s in lmcache_log.parse(text).stores if s.gb is not None and s.stored > 0]
+
+
 def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.EndpointTraffic:
     pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
                 what=f"pods of {ep.key}").items
@@ -53,7 +76,9 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.Endpoi
     sums = 0.0
     rate_per_s = 0.0
     hits = requested = 0.0
-    for pod in (p for p in pods if _ready(p)):
+    ready = [p for p in pods if _ready(p)]
+    stored = stored_sizes(ctx, ep, ready[0], now) if ready and ep.l2 else []
+    for pod in ready:
         samples = prom.parse(pod_metrics_text(ctx.kube, ep.namespace, pod.metadata.name))
         buckets, hsum, count = prom.histogram(samples, PROMPT_HISTOGRAM)
         for le, n in buckets:
@@ -68,8 +93,11 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.Endpoi
     lengths = E.histogram_buckets(sorted(cumulative.items()), sums or None)
     n = sum(b.requests for b in lengths)
     window = n / rate_per_s if rate_per_s > 0 else 3600.0
+    bpt, bpt_source = E.bytes_per_token_for(stored, ep.model_id)
     return E.EndpointTraffic(endpoint=ep.key, instance_type=ep.instance_type, lengths=lengths, window_s=window,
-                             reuse_ratio=(hits / requested) if requested > 0 else None)
+                             reuse_ratio=(hits / requested) if requested > 0 else None, bytes_per_token=bpt,
+                             bytes_per_token_source=bpt_source, replicas=ep.replicas,
+                             hourly_price_usd=prices_of(ctx).get(ep.instance_type))
 
 
 def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD, retention_h: float = 24.0,
@@ -86,7 +114,8 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
     try:
         ov = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace).overview()
         report.capacity = E.advise_cluster(ctx.cluster.name, l2, capacity_bytes=ov.capacity,
-                                           workers=ov.live_workers, threshold=threshold)
+                                           workers=ov.live_workers, threshold=threshold,
+                                           node_price_usd=prices_of(ctx).get(ctx.cluster.gpu_instance_type))
     except KvfleetError as exc:
         report.errors.append(f"Curvine master: {exc}")
     return report

@@ -7,7 +7,8 @@ file it cannot read before starting the detached child). The sandbox imports not
 same file format and reads
 
 - per cluster: ``name``, ``region``, ``gpu_nodes`` (``count``, ``instance_type``), ``node_recovery``,
-  ``l2_injection``, ``ebs_storage_class``, ``tiered_storage.memory_percent`` (HyperPod's range, which the emulated
+  ``l2_injection`` (``auto`` resolved with ``production`` as kvfleet does), ``ebs_storage_class``,
+  ``tiered_storage.memory_percent`` (HyperPod's range, which the emulated
   service enforces), ``curvine.namespace`` and ``curvine.master.storage_class``, and the add-ons' ``configuration``
   (the operator's execution role and TLS bucket, which :mod:`kvfleet_sandbox.aws_prereqs` creates);
 - per endpoint: ``name``, ``namespace`` and ``cluster`` (the namespaces the RBAC bootstrap binds).
@@ -39,6 +40,8 @@ from kvfleet.fleet.constants import (
 
 MAX_FLEET_BYTES = 4 * 1024 * 1024
 L2_MODES = ("patch", "kyverno")
+# kvfleet's inventory also takes `auto` (its default): kyverno on a `production: true` cluster, patch elsewhere.
+L2_CHOICES = ("auto", *L2_MODES)
 # HyperPod cluster names (SageMaker API: ClusterName pattern) and AWS regions.
 _CLUSTER_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
@@ -236,6 +239,13 @@ def _addons(r: _Reader, raw: Any, path: str) -> tuple[FleetAddon, ...]:
     return tuple(out)
 
 
+def _l2_mode(asked: str, production: Any) -> str:
+    """The injection mode the cluster runs, resolved as kvfleet's inventory resolves `auto`."""
+    if asked != "auto":
+        return asked
+    return "kyverno" if production is True else "patch"
+
+
 def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> FleetCluster:
     path = f"clusters.{name}"
     if not _CLUSTER_NAME.fullmatch(name):
@@ -257,7 +267,7 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> FleetCluster:
         gpu_instance_type=r.text(gpu, "instance_type", f"{path}.gpu_nodes", "ml.g6e.4xlarge",
                                  pattern=re.compile(r"^ml\.[a-z0-9]+\.[a-z0-9]+$"), example="ml.g6e.4xlarge"),
         node_recovery=r.choice(raw, "node_recovery", path, NODE_RECOVERY_DEFAULT, sorted(NODE_RECOVERY_VALUES)),
-        l2_injection=r.choice(raw, "l2_injection", path, "patch", L2_MODES),
+        l2_injection=_l2_mode(r.choice(raw, "l2_injection", path, "auto", L2_CHOICES), raw.get("production")),
         ebs_storage_class=r.text(raw, "ebs_storage_class", path, "ebs-sc", example="ebs-sc"),
         curvine=FleetCurvine(
             namespace=r.text(curvine, "namespace", f"{path}.curvine", defaults.namespace, pattern=_DNS_LABEL,

@@ -38,7 +38,9 @@ def test_example_fleet_is_valid(example_fleet) -> None:  # type: ignore[no-untyp
 def test_defaults_follow_the_sources() -> None:
     inv = parse_inventory(yaml.safe_dump(BASE))
     c = inv.clusters[0]
-    assert (c.memory_percent, c.node_recovery, c.tiered_storage_mode) == (20, "Automatic", "Enable")
+    # node_recovery not declared: None, so stage 1 keeps the cluster's live value (issue 22 §3)
+    assert (c.memory_percent, c.node_recovery, c.tiered_storage_mode) == (20, None, "Enable")
+    assert c.node_recovery_declared is False
     s = inv.settings
     assert (s.chunk_size, s.l2_url, s.serde, s.hash_seed) == (
         256, "fs://localhost:0/mnt/curvine/l2cache/", "naive", "0")

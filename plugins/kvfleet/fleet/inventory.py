@@ -23,7 +23,7 @@ import re
 import stat
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -32,7 +32,7 @@ import yaml
 
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
-from kvfleet.fleet import hardware, yaml_safe
+from kvfleet.fleet import hardware, models, yaml_safe
 
 MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
@@ -77,7 +77,29 @@ RESERVED_ENV: Final = {
     C.ENV_REMOTE_SERDE: "kvfleet sets it from settings.serde; set that instead",
     C.ENV_CHUNK_SIZE: "kvfleet sets it from settings.chunk_size; set that instead",
 }
-L2_MODES = ("patch", "kyverno")
+L2_MODES = ("patch", "kyverno")  # what a cluster runs
+# What a cluster may ask (issue 22 §1): `auto`, the default, is kyverno on a production cluster (the sources: manual
+# patches do not survive in long-lived production; use a mutating webhook or a Kyverno ClusterPolicy), patch elsewhere.
+L2_INJECTION_CHOICES = ("auto", *L2_MODES)
+# An endpoint's workload (issue 22 §6) and the routing the sources advise for it (seed, "Roteamento inteligente":
+# prefix-aware for multi-turn dialogue and shared system prompts, kv-aware for long documents and extended sessions,
+# round-robin for stateless batch inference and load tests). RAG has no single advice: any cache-aware strategy.
+WORKLOADS = ("rag", "long-document", "multi-turn", "system-prompt", "batch")
+WORKLOAD_ROUTING: Final[dict[str, tuple[str, ...]]] = {
+    "multi-turn": ("prefixaware",),
+    "system-prompt": ("prefixaware",),
+    "long-document": ("kvaware",),
+    "batch": ("roundrobin",),
+    "rag": ("prefixaware", "kvaware"),
+}
+WORKLOAD_WHY: Final[dict[str, str]] = {
+    "multi-turn": "prefix-aware for multi-turn dialogue",
+    "system-prompt": "prefix-aware for a shared system prompt",
+    "long-document": "kv-aware for long documents",
+    "batch": "round-robin for stateless batch inference and load tests",
+    "rag": "a cache-aware strategy (prefixaware or kvaware) for RAG that reuses retrieved context",
+}
+MAX_MODEL_PARAMS_B: Final = 10_000.0  # billions; far above any model a replica can hold
 # How stage 4's patch mode changes a rendered Deployment (issue 15 §2; plan.choose_strategy decides `auto`).
 UPDATE_STRATEGIES = ("auto", "rolling", "surge", "scale-to-zero")
 UPDATE_STRATEGY_HELP: Final = ("auto (the default: rolling with 2 or more replicas, surge when a GPU is spare, "
@@ -118,7 +140,8 @@ class CurvineSpec:
     master_storage_class: str = "ebs-sc"
     master_meta_size: str = "10Gi"
     master_journal_size: str = "50Gi"
-    worker_replicas: int = 2
+    worker_replicas: int = 2  # the inventory sets it: `worker.replicas`, or the cluster's GPU node count (issue 22 §2)
+    worker_replicas_declared: bool = False  # True when `worker.replicas` is written (an override)
     worker_host_path: str = "/opt/dlami/nvme/curvine-data"
     worker_size: str = "100Gi"
     storage_class: str = C.CURVINE_STORAGE_CLASS
@@ -129,6 +152,13 @@ class CurvineSpec:
     @property
     def worker_size_bytes(self) -> int:
         return size_to_bytes(self.worker_size)
+
+    @property
+    def capacity_text(self) -> str:
+        """The L2 capacity as the sources state it: the size per worker × N workers."""
+        m = SIZE.fullmatch(self.worker_size)
+        total = f" = {int(m.group(1)) * self.worker_replicas}{m.group(2)}" if m else ""
+        return f"{self.worker_size} × {self.worker_replicas}{total}"
 
 
 @dataclass(frozen=True)
@@ -146,16 +176,22 @@ class Cluster:
     gpu_instance_type: str
     tiered_storage_mode: str = "Enable"
     memory_percent: int = C.MEMORY_PERCENT_DEFAULT
-    node_recovery: str = C.NODE_RECOVERY_DEFAULT
-    # True when the inventory names node_recovery: stage 1 then reconciles the cluster to it; otherwise the live
-    # value is kept and sent back (the service refuses tiered storage without NodeRecovery).
-    node_recovery_declared: bool = False
-    l2_injection: str = "patch"
+    # The NodeRecovery the inventory declares (SageMaker ClusterNodeRecovery: Automatic | None), or None when it
+    # declares none: stage 1 then sends the live value back unchanged (the service refuses tiered storage without
+    # NodeRecovery) and drift does not judge it. A declared value is reconciled in stage 1 (issue 22 §3).
+    node_recovery: str | None = None
+    l2_injection: str = "patch"  # what the cluster runs: patch | kyverno (`auto` resolved, see l2_injection_reason)
+    l2_injection_asked: str = "auto"  # what the inventory says: auto | patch | kyverno
+    l2_injection_reason: str = ""
     update_strategy: str = "auto"  # the default of its endpoints (an endpoint's own value wins)
     production: bool = False
     ebs_storage_class: str = "ebs-sc"
     curvine: CurvineSpec = field(default_factory=CurvineSpec)
     addons: tuple[AddonSpec, ...] = ()
+
+    @property
+    def node_recovery_declared(self) -> bool:
+        return self.node_recovery is not None
 
     def addon(self, name: str) -> AddonSpec:
         for spec in self.addons:
@@ -180,6 +216,12 @@ class Endpoint:
     model_id: str = "Qwen/Qwen2-7B-Instruct"
     extra_env: Mapping[str, str] = field(default_factory=dict)
     update_strategy: str | None = None  # None: the cluster's
+    workload: str | None = None  # rag | long-document | multi-turn | system-prompt | batch (issue 22 §6)
+    # The served model's size (issue 22 §5): explicit `model_params_b` + `dtype`, else the catalogue row of `model`
+    # (or of `model_id`); None when neither says (then nothing is checked).
+    model_params_b: float | None = None
+    dtype: str | None = None
+    catalogue_model: str | None = None  # the catalogue key the size came from, if any
 
     @property
     def key(self) -> str:
@@ -552,7 +594,9 @@ def _repo_url(r: _Reader, value: str, allow_http: bool, path: str) -> None:
                   "https://, or set allow_insecure_repo: true beside it for a repository you trust on your network")
 
 
-def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
+def _curvine(r: _Reader, raw: dict[str, Any], path: str, gpu_nodes: int) -> CurvineSpec:
+    """Curvine's settings; the worker count defaults to the cluster's GPU node count (issue 22 §2: the sources put a
+    worker on every GPU node's local NVMe, so writes land locally and L2 holds worker size × N)."""
     d = CurvineSpec()
     r.unknown_keys(raw, {"chart", "csi_chart", "repo_url", "version", "namespace", "master", "worker",
                          "storage_class", "fs_path", "scale_out", "allow_insecure_repo"}, path)
@@ -570,7 +614,9 @@ def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
         master_storage_class=r.storage_class(master, "storage_class", f"{path}.master", d.master_storage_class),
         master_meta_size=r.size(master, "meta_size", f"{path}.master", d.master_meta_size),
         master_journal_size=r.size(master, "journal_size", f"{path}.master", d.master_journal_size),
-        worker_replicas=r.integer(worker, "replicas", f"{path}.worker", 2, 1, 1000),
+        worker_replicas=r.integer(worker, "replicas", f"{path}.worker", max(1, gpu_nodes), 1, 1000)
+        if "replicas" in worker else max(1, gpu_nodes),
+        worker_replicas_declared="replicas" in worker,
         worker_host_path=r.text(worker, "host_path", f"{path}.worker", d.worker_host_path, max_len=4096),
         worker_size=r.size(worker, "size", f"{path}.worker", d.worker_size),
         storage_class=r.storage_class(raw, "storage_class", path, d.storage_class),
@@ -578,6 +624,18 @@ def _curvine(r: _Reader, raw: dict[str, Any], path: str) -> CurvineSpec:
         scale_out=r.choice(raw, "scale_out", path, "report", ("report", "auto")),
         allow_insecure_repo=r.boolean(raw, "allow_insecure_repo", path, False),
     )
+    if spec.worker_replicas_declared and gpu_nodes >= 1 and spec.worker_replicas != gpu_nodes:
+        fewer = spec.worker_replicas < gpu_nodes
+        r.warnings.append(
+            f"{r.source}: {path}.worker.replicas: {spec.worker_replicas} "
+            + (f"is below the cluster's {gpu_nodes} GPU nodes: pods on the {gpu_nodes - spec.worker_replicas} nodes "
+               "without a worker write their KV blocks over the network, and L2 holds "
+               f"{spec.worker_size} × {spec.worker_replicas} instead of × {gpu_nodes} (the sources put a worker on "
+               "every GPU node)" if fewer else
+               f"is above the cluster's {gpu_nodes} GPU nodes: with one worker per node the extra "
+               f"{spec.worker_replicas - gpu_nodes} would stay Pending")
+            + f". Remove worker.replicas to follow the GPU node count, or set it to {gpu_nodes}."
+        )
     if spec.master_replicas % 2 == 0:
         r.problem(f"{path}.master.replicas", f"{spec.master_replicas} is even; Curvine's Raft masters must be "
                   "odd (1, 3, 5, 7)")
@@ -668,22 +726,33 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
     r.unknown_keys(gpu, {"count", "instance_type"}, f"{path}.gpu_nodes")
     if not gpu:
         r.problem(f"{path}.gpu_nodes", "is required: declare {count: N, instance_type: ml.…}")
+    gpu_node_count = r.integer(gpu, "count", f"{path}.gpu_nodes", 0, 1, 10000)
+    production = r.boolean(raw, "production", path, False)
+    asked = r.choice(raw, "l2_injection", path, "auto", L2_INJECTION_CHOICES)
+    mode, reason = resolve_l2_injection(asked, production)
+    if asked == "patch" and production:
+        r.warnings.append(
+            f"{r.source}: {path}.l2_injection: patch on a production cluster: the operator re-renders its "
+            "Deployments (a CR edit, an operator upgrade, a deleted Deployment) and each re-render drops the patch "
+            "until drift notices; the sources recommend a mutating webhook or a Kyverno ClusterPolicy for long-lived "
+            "production. Set l2_injection: kyverno, or remove the key (auto: kyverno on production clusters)."
+        )
     cluster = Cluster(
         name=name,
         region=region,
         tiered_storage_mode=r.choice(ts, "mode", f"{path}.tiered_storage", "Enable", tuple(sorted(C.TIERED_MODES))),
         memory_percent=r.integer(ts, "memory_percent", f"{path}.tiered_storage", C.MEMORY_PERCENT_DEFAULT,
                                  C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)"),
-        node_recovery=r.choice(raw, "node_recovery", path, C.NODE_RECOVERY_DEFAULT,
-                               tuple(sorted(C.NODE_RECOVERY_VALUES))),
-        node_recovery_declared="node_recovery" in raw,
-        gpu_node_count=r.integer(gpu, "count", f"{path}.gpu_nodes", 0, 1, 10000),
+        node_recovery=_node_recovery(r, raw, path),
+        gpu_node_count=gpu_node_count,
         gpu_instance_type=r.text(gpu, "instance_type", f"{path}.gpu_nodes", "ml.g6e.4xlarge"),
-        l2_injection=r.choice(raw, "l2_injection", path, "patch", L2_MODES),
+        l2_injection=mode,
+        l2_injection_asked=asked,
+        l2_injection_reason=reason,
         update_strategy=r.update_strategy(raw, path, "auto") or "auto",
-        production=r.boolean(raw, "production", path, False),
+        production=production,
         ebs_storage_class=r.storage_class(raw, "ebs_storage_class", path, "ebs-sc"),
-        curvine=_curvine(r, r.mapping(raw.get("curvine"), f"{path}.curvine"), f"{path}.curvine"),
+        curvine=_curvine(r, r.mapping(raw.get("curvine"), f"{path}.curvine"), f"{path}.curvine", gpu_node_count),
         addons=_addons(r, raw.get("addons"), f"{path}.addons"),
     )
     if _instance_type(r, cluster.gpu_instance_type, f"{path}.gpu_nodes.instance_type") \
@@ -692,6 +761,33 @@ def _cluster(r: _Reader, name: str, raw: dict[str, Any]) -> Cluster:
                   "kvfleet knows the GPUs of, so GPU capacity cannot be checked; use one of "
                   f"{', '.join(hardware.known_types())}")
     return cluster
+
+
+def resolve_l2_injection(asked: str, production: bool) -> tuple[str, str]:
+    """(the L2 injection a cluster runs, why): `auto` is kyverno on a production cluster, patch elsewhere."""
+    if asked == "auto":
+        if production:
+            return "kyverno", ("auto: production cluster → kyverno (the sources: a manual patch does not survive "
+                               "operator re-renders in long-lived production)")
+        return "patch", "auto: not a production cluster → patch (the seed's patch sequence, batched per wave)"
+    return asked, f"asked (l2_injection: {asked})"
+
+
+def _node_recovery(r: _Reader, raw: dict[str, Any], path: str) -> str | None:
+    """The declared NodeRecovery, or None when the key is absent (keep the cluster's live value)."""
+    if "node_recovery" not in raw:
+        return None
+    allowed = tuple(sorted(C.NODE_RECOVERY_VALUES))
+    value = raw["node_recovery"]
+    if value is None:
+        r.problem(f"{path}.node_recovery", "is null (YAML reads null, ~ or an empty value as no value); write "
+                  "Automatic or None, or remove the key to keep the cluster's live value")
+        return None
+    if not isinstance(value, str) or value not in allowed:
+        r.problem(f"{path}.node_recovery", f"{show(value)} is not one of {', '.join(allowed)} (SageMaker's "
+                  "ClusterNodeRecovery); set one of them, or remove the key to keep the cluster's live value")
+        return None
+    return value
 
 
 def _instance_type(r: _Reader, value: str, path: str) -> bool:
@@ -736,7 +832,8 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
     # Index plus name: the same name may legally appear on two clusters, so the name alone is ambiguous.
     path = f"endpoints[{i}]" if name.startswith("#") else f"endpoints[{i}]({_key(name)})"
     r.unknown_keys(raw, {"name", "namespace", "lob", "cluster", "model", "instance_type", "replicas",
-                         "routing", "l1", "l2", "image", "model_id", "env", "update_strategy"}, path)
+                         "routing", "l1", "l2", "image", "model_id", "env", "update_strategy", "workload",
+                         "model_params_b", "dtype"}, path)
     ep = Endpoint(
         name=r.text(raw, "name", path),
         namespace=r.text(raw, "namespace", path, "default"),
@@ -752,12 +849,18 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
         model_id=r.text(raw, "model_id", path, Endpoint.model_id),
         extra_env=_env(r, raw.get("env"), f"{path}.env"),
         update_strategy=r.update_strategy(raw, path, None),
+        workload=r.choice(raw, "workload", path, "", WORKLOADS) or None if raw.get("workload") is not None else None,
     )
+    ep = _model_size(r, ep, raw, path)
+    _routing_advice(r, ep, path)
     r.name(ep.name, f"{path}.name", DNS_LABEL, "Kubernetes object name")
     r.name(ep.namespace, f"{path}.namespace", DNS_LABEL, "Kubernetes namespace")
     if ep.model and not MODEL_NAME.fullmatch(ep.model):
+        spec = models.lookup(ep.model)
+        valid = next((n for n in (spec.key, *spec.aliases) if MODEL_NAME.fullmatch(n)), None) if spec else None
         r.problem(f"{path}.model", f"{show(ep.model)} does not match the CRD's modelName pattern "
-                  "^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; use letters, digits and '-' only")
+                  "^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}; use letters, digits and '-' only"
+                  + (f", e.g. {valid} (the same catalogue model)" if valid else ""))
     _instance_type(r, ep.instance_type, f"{path}.instance_type")
     if ep.image and (len(ep.image) > 255 or not IMAGE_REF.fullmatch(ep.image)):
         r.problem(f"{path}.image", f"{show(ep.image)} is not an image reference "
@@ -771,6 +874,97 @@ def _endpoint(r: _Reader, name: str, raw: dict[str, Any], i: int) -> Endpoint:
                       "letters, digits, '-', '_' and '.', no '--' or '..', at most 96 characters); use e.g. "
                       f"{Endpoint.model_id}")
     return ep
+
+
+def _number(r: _Reader, raw: dict[str, Any], key: str, path: str, hi: float) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or (isinstance(value, int) and value.bit_length() > 64):
+        r.problem(f"{path}.{key}", f"{show(value)} is {_type_name(value)}, not a number; write e.g. 7.62")
+        return None
+    if not math.isfinite(value) or value <= 0 or value > hi:
+        r.problem(f"{path}.{key}", f"{show(value)} is not a number above 0 and at most {hi:g}; write the "
+                  "parameter count in billions, e.g. 7.62 for a 7B model")
+        return None
+    return float(value)
+
+
+def _model_size(r: _Reader, ep: Endpoint, raw: dict[str, Any], path: str) -> Endpoint:
+    """The served model's parameter count and dtype: explicit `model_params_b` (+ `dtype`), else the catalogue row of
+    `model`, else of `model_id` (what the operator downloads). Nothing to check when none of them says."""
+    params = _number(r, raw, "model_params_b", path, MAX_MODEL_PARAMS_B)
+    dtype = r.choice(raw, "dtype", path, "", models.DTYPES) or None if raw.get("dtype") is not None else None
+    by_name = models.lookup(ep.model)
+    by_id = models.lookup(ep.model_id)
+    spec = by_name or by_id
+    if by_name and by_id and by_name is not by_id and params is None:
+        id_where = "model_id" if "model_id" in raw else "model_id (the default)"
+        r.warnings.append(
+            f"{r.source}: {path}.model: {show(ep.model)} is the catalogue's {by_name.hf_id}, but {id_where} "
+            f"{show(ep.model_id)} is what the operator downloads ({by_id.hf_id}); the GPU memory check uses "
+            f"{by_name.key}. Set model_id: {by_name.hf_id} if that is the model served."
+        )
+    if params is not None:
+        if dtype is None and spec is None:
+            r.problem(f"{path}.dtype", f"is required with model_params_b (the bytes per parameter); add one of "
+                      f"{', '.join(models.DTYPES)}, e.g. dtype: bf16")
+            return ep
+        return replace(ep, model_params_b=params, dtype=dtype or (spec.dtype if spec else None))
+    if spec is not None:
+        return replace(ep, model_params_b=spec.params_b, dtype=dtype or spec.dtype, catalogue_model=spec.key)
+    if ep.model:
+        r.warnings.append(
+            f"{r.source}: {path}.model: {show(ep.model)} (model_id {show(ep.model_id)}) is not in kvfleet's model "
+            f"catalogue ({', '.join(models.known_names())}), so whether it fits the GPUs of one replica is not "
+            "checked; add model_params_b (billions) and dtype to the endpoint."
+        )
+    return replace(ep, dtype=dtype)
+
+
+def _routing_advice(r: _Reader, ep: Endpoint, path: str) -> None:
+    """Warn when the routing strategy contradicts what the sources advise for the endpoint's workload (§6)."""
+    if ep.workload is None or ep.routing in WORKLOAD_ROUTING[ep.workload]:
+        return
+    advised = WORKLOAD_ROUTING[ep.workload]
+    r.warnings.append(
+        f"{r.source}: {path}.routing: {ep.routing} for workload {ep.workload}; the sources advise "
+        f"{WORKLOAD_WHY[ep.workload]}. Set routing: {advised[0]}"
+        + (f" (or {' or '.join(advised[1:])})" if len(advised) > 1 else "")
+        + ", or change workload if it does not describe the traffic. Note that the operator refuses a change of "
+        "routing on an existing endpoint (intelligentRoutingSpec: \"Adding this configuration to an existing "
+        "deployment will be rejected\")."
+    )
+
+
+def model_fit(ep: Endpoint) -> models.Fit | None:
+    """The endpoint's model against the GPU memory of one replica, or None when either is unknown."""
+    shape = hardware.gpu_shape(ep.instance_type)
+    if shape is None or ep.model_params_b is None or ep.dtype is None:
+        return None
+    return models.fit(ep.model_params_b, ep.dtype, shape, hardware.GPUS_PER_REPLICA)
+
+
+def _model_fit(r: _Reader, path: str, ep: Endpoint) -> None:
+    f = model_fit(ep)
+    if f is None or f.fits:
+        return
+    what = (f"{ep.catalogue_model} ({ep.model_params_b:g} B parameters, {ep.dtype}, catalogue)" if ep.catalogue_model
+            else f"a {ep.model_params_b:g} B-parameter model in {ep.dtype}")
+    bigger = [t for t in hardware.known_types() if (s := hardware.gpu_shape(t)) and
+              models.fit(ep.model_params_b or 0, ep.dtype or "bf16", s, hardware.GPUS_PER_REPLICA).fits]
+    families = sorted({t.split(".")[1] for t in bigger})
+    r.problem(
+        f"{path}.model_params_b" if ep.catalogue_model is None else f"{path}.model",
+        f"{what} needs {f.weights_gib:.1f} GiB ({f.weights_gib * models.GIB / 1e9:.1f} GB) of GPU memory for its "
+        f"weights alone, but one replica on "
+        f"{ep.instance_type} gets {f.describe()} and vLLM uses {models.VLLM_GPU_MEMORY_UTILIZATION:g} of it "
+        f"({f.usable_gib:.1f} GiB), leaving no room for the KV cache (kvfleet asks {hardware.GPUS_PER_REPLICA} GPU "
+        "per replica); use an instance type whose GPU holds it"
+        + (f" ({', '.join(families)})" if families else "")
+        + ", a smaller model, or a smaller dtype",
+    )
 
 
 def _cross_checks(r: _Reader, inv_lobs: dict[str, Lob], clusters: dict[str, Cluster],
@@ -810,6 +1004,7 @@ def _cross_checks(r: _Reader, inv_lobs: dict[str, Lob], clusters: dict[str, Clus
             r.problem(f"{path}.instance_type", f"{show(ep.instance_type)} but cluster {ep.cluster}'s GPU nodes are "
                       f"{cluster.gpu_instance_type} (gpu_nodes.instance_type): the operator schedules a replica "
                       f"only on nodes of its instanceType, so none would start; use {cluster.gpu_instance_type}")
+        _model_fit(r, path, ep)
         if cluster and ep.l2 and cluster.gpu_node_count < 2:
             # A warning, not an error: L2 still serves one pod's restarts, but cross-node reuse (the point of
             # a shared L2) cannot exist and stage 5 will always report `unverifiable`.

@@ -17,6 +17,11 @@ paused: N-1 keep serving, and no pod needs a GPU that is not freed first — no 
 replica when a GPU is spare (maxSurge 1, maxUnavailable 0), else ``scale-to-zero``, the seed's sequence. An asked
 strategy that would take an endpoint to 0 replicas (rolling with one) or wait for a GPU that is not there (surge
 without a spare one) is refused, never silently changed.
+
+Each cluster also records what issue 22 made defaults, and why: its L2 injection mode (``auto``: kyverno on a
+production cluster, patch elsewhere), its Curvine workers (one per GPU node unless ``worker.replicas`` overrides it)
+and the L2 capacity as the sources state it (worker size × N); each endpoint the KV room its model leaves on the GPU
+memory of one replica (``fleet.models``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvfleet.fleet.inventory import Endpoint, Inventory, gpu_demand
+from kvfleet.fleet import models
+from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory, gpu_demand, model_fit
 
 CLUSTER_STAGES = ("tiered_storage", "operator_addons", "curvine")
 
@@ -112,10 +118,36 @@ class Wave:
             "kind": self.kind,
             "endpoints": [
                 {"ref": e.ref, "namespace": e.namespace, "name": e.name, "lob": e.lob,
-                 **({"update_strategy": self.strategies[i].as_dict()} if self.strategies else {})}
+                 **({"update_strategy": self.strategies[i].as_dict()} if self.strategies else {}),
+                 **({"model_fit": fit} if (fit := model_fit_dict(e)) else {})}
                 for i, e in enumerate(self.endpoints)
             ],
         }
+
+
+def model_fit_dict(ep: Endpoint) -> dict[str, Any] | None:
+    """The endpoint's model against one replica's GPU memory, for the plan (None when kvfleet cannot tell)."""
+    f = model_fit(ep)
+    if f is None:
+        return None
+    spec = models.lookup(ep.catalogue_model) if ep.catalogue_model else None
+    per_token = spec.kv_bytes_per_token(ep.dtype) if spec else None
+    out: dict[str, Any] = {
+        "model": ep.catalogue_model or ep.model, "params_b": ep.model_params_b, "dtype": ep.dtype,
+        "weights_gib": round(f.weights_gib, 1), "gpu_memory_gib": round(f.gpu_memory_gib, 1),
+        "kv_room_gib": round(f.kv_room_gib, 1), "kv_room_usable_gib": round(f.kv_room_usable_gib, 1),
+        "gpu_memory_utilization": models.VLLM_GPU_MEMORY_UTILIZATION,
+    }
+    if per_token and f.kv_room_usable_gib > 0:
+        out["kv_tokens"] = int(f.kv_room_usable_gib * models.GIB // per_token)
+    return out
+
+
+def _fit_text(fit: dict[str, Any]) -> str:
+    tokens = f", ≈ {fit['kv_tokens']:,} tokens" if "kv_tokens" in fit else ""
+    return (f"{fit['model']} {fit['params_b']:g} B {fit['dtype']}: weights {fit['weights_gib']} GiB of "
+            f"{fit['gpu_memory_gib']:g} GiB, KV room {fit['kv_room_gib']} GiB after the weights "
+            f"({fit['kv_room_usable_gib']} GiB within vLLM's {fit['gpu_memory_utilization']:g}{tokens})")
 
 
 @dataclass(frozen=True)
@@ -123,9 +155,28 @@ class ClusterPlan:
     cluster: str
     stages: tuple[str, ...]
     waves: tuple[Wave, ...]
+    l2_injection: str = "patch"
+    l2_injection_reason: str = ""
+    curvine_workers: int = 0
+    curvine_workers_reason: str = ""
+    curvine_capacity: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "stages": list(self.stages), "waves": [w.as_dict() for w in self.waves]}
+        return {"cluster": self.cluster, "stages": list(self.stages),
+                "l2_injection": {"mode": self.l2_injection, "why": self.l2_injection_reason},
+                "curvine": {"workers": self.curvine_workers, "why": self.curvine_workers_reason,
+                            "capacity": self.curvine_capacity},
+                "waves": [w.as_dict() for w in self.waves]}
+
+
+def _workers_reason(cluster: Cluster) -> str:
+    spec = cluster.curvine
+    if not spec.worker_replicas_declared:
+        return f"default: one per GPU node ({cluster.gpu_node_count} nodes)"
+    if spec.worker_replicas == cluster.gpu_node_count:
+        return f"worker.replicas {spec.worker_replicas}, one per GPU node"
+    return (f"worker.replicas {spec.worker_replicas} overrides the default of one per GPU node "
+            f"({cluster.gpu_node_count} nodes)")
 
 
 @dataclass(frozen=True)
@@ -193,7 +244,14 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
         if cluster.l2_injection == "patch":  # kyverno mode: the operator re-renders with its own strategy
             needed, available = gpu_demand(cluster, eps)
             waves = _with_strategies(inventory, waves, max(0, available - needed))
-        clusters.append(ClusterPlan(cluster.name, CLUSTER_STAGES, waves))
+        clusters.append(ClusterPlan(
+            cluster.name, CLUSTER_STAGES, waves,
+            l2_injection=cluster.l2_injection,
+            l2_injection_reason=cluster.l2_injection_reason or f"asked (l2_injection: {cluster.l2_injection})",
+            curvine_workers=cluster.curvine.worker_replicas,
+            curvine_workers_reason=_workers_reason(cluster),
+            curvine_capacity=cluster.curvine.capacity_text,
+        ))
     return Plan(inventory.source, size, canary, tuple(clusters))
 
 
@@ -201,6 +259,9 @@ def render_plan_text(plan: Plan) -> str:
     lines = [f"rollout plan for {plan.source} (wave size {plan.wave_size}, canary {'on' if plan.canary else 'off'})"]
     for c in plan.clusters:
         lines.append(f"cluster {c.cluster}")
+        lines.append(f"  L2 injection: {c.l2_injection} — {c.l2_injection_reason}")
+        lines.append(f"  Curvine: {c.curvine_workers} workers ({c.curvine_workers_reason}); L2 capacity "
+                     f"{c.curvine_capacity}")
         for i, stage in enumerate(c.stages, start=1):
             lines.append(f"  stage {i}: {stage}")
         for w in c.waves:
@@ -209,6 +270,9 @@ def render_plan_text(plan: Plan) -> str:
             for e, s in zip(w.endpoints, w.strategies, strict=False):
                 lines.append(f"    {e.namespace}/{e.name}: {s.strategy} — {s.reason}"
                              + (f"; REFUSED: {s.refused}" if s.refused else ""))
+            for e in w.endpoints:
+                if (fit := model_fit_dict(e)) is not None:
+                    lines.append(f"    {e.namespace}/{e.name}: {_fit_text(fit)}")
         if not c.waves:
             lines.append("  no endpoints in scope")
         elif any(w.strategies for w in c.waves):

@@ -1,24 +1,28 @@
 """Typed actions: every change a reconciler makes (or waits for), as data.
 
-Called from the stages (``stages.tiered_storage``, ``stages.addons``, ``stages.endpoints``,
+Called from the stages (``stages.tiered_storage``, ``stages.addons``, ``stages.curvine``, ``stages.endpoints``,
 ``stages.operator_pause``), which compute a list of actions from what they observed, and from
 ``stages.executor``, which either applies each action through the clients (with its write-ahead record) or renders
 it for the dry run (`kvfleet plan --diff`). One list serves both, so the dry run shows exactly the calls the
 rollout makes (issue 21, "Reconcilers return actions"; controller-runtime's dry run runs the same path up to the
 write).
 
-Pure: no I/O. Each action renders the ``kubectl``/``aws`` command that would have the same effect, marked as an
+Pure: no I/O. Each action renders the ``kubectl``/``aws``/``helm`` command that would have the same effect, marked as an
 equivalent (kvfleet itself calls the Kubernetes and AWS APIs, not those commands). Two actions are equal when
 they would make the same call: a human diff travels along (``diff``) but takes no part in equality.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
 
 EQUIVALENT_MARK: Final = "(equivalent)"
 # On a Deployment while kvfleet's temporary rolling/surge strategy is on it: the strategy to put back.
@@ -362,9 +366,182 @@ class ApplyClusterPolicy:
         return f"kubectl apply -f k8s/kyverno/curvine-l2-policy.yaml   # ClusterPolicy {self.name}"
 
 
+# ---- stage 3: Curvine (helm releases and the objects around them) ---------------------------------------------
+
+
+def values_digest(values: Mapping[str, Any]) -> str:
+    """The digest of the values file kvfleet writes for ``values`` (dotted keys, ``\\.`` for a literal dot, or
+    nested): ``tree_digest`` of the nested tree. The executor checks the file it hands helm against it, so a
+    journal entry says what helm was given."""
+    return tree_digest(cv.nested(values))
+
+
+def tree_digest(tree: Any) -> str:
+    """sha256 (first 16 hex digits) of a values tree (as loaded from a values file) as canonical JSON."""
+    return hashlib.sha256(_compact(tree).encode()).hexdigest()[:16]
+
+
+def _values_comment(values: Mapping[str, Any], digest: str) -> str:
+    pairs = cv.flatten(cv.nested(values))
+    text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(pairs.items()))
+    return f"{_values_file(digest)}: {text}"
+
+
+def _values_file(digest: str) -> str:
+    return f"values-{digest}.yaml"
+
+
+def _helm_line(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in ["helm", *words])
+
+
+@dataclass(frozen=True)
+class HelmInstall:
+    """``helm install`` of a chart version from a repository, values only as a YAML file kvfleet writes (``-f``,
+    never ``--set``). ``values`` is canonical JSON of the dotted keys; ``values_digest`` the file's content
+    digest (``values_digest``). ``why`` is part of the audit target (e.g. ``format flags true``)."""
+
+    kind: ClassVar[str] = "helm_install"
+    mutating: ClassVar[bool] = True
+    release: str
+    chart: str
+    namespace: str
+    repo: str
+    version: str
+    values: str
+    values_digest: str
+    why: str | None = None
+    endpoint: None = None
+    diff: None = None
+
+    def values_map(self) -> dict[str, Any]:
+        return dict(json.loads(self.values))
+
+    def target(self) -> str:
+        return f"release {self.namespace}/{self.release} {self.version}" + (f" ({self.why})" if self.why else "")
+
+    def equivalent(self) -> str:
+        return (_helm_line(["install", self.release, self.chart, "--repo", self.repo, "--version", self.version,
+                            "-n", self.namespace, "--create-namespace", "-f", _values_file(self.values_digest)])
+                + f"   # {_values_comment(self.values_map(), self.values_digest)}")
+
+
+@dataclass(frozen=True)
+class HelmUpgrade:
+    """``helm upgrade`` (``--reuse-values`` unless ``reuse_values`` is false) with a values file, as ``HelmInstall``.
+    ``why`` names the change in the audit target (``format flags false``); ``when`` says when it runs in its
+    sequence (rendered only)."""
+
+    kind: ClassVar[str] = "helm_upgrade"
+    mutating: ClassVar[bool] = True
+    release: str
+    chart: str
+    namespace: str
+    repo: str
+    version: str
+    values: str
+    values_digest: str
+    reuse_values: bool = True
+    why: str | None = None
+    when: str | None = None
+    endpoint: None = None
+    diff: None = None
+
+    def values_map(self) -> dict[str, Any]:
+        return dict(json.loads(self.values))
+
+    def target(self) -> str:
+        return f"release {self.namespace}/{self.release} {self.why or self.version}"
+
+    def equivalent(self) -> str:
+        words = ["upgrade", self.release, self.chart, "--repo", self.repo, "--version", self.version,
+                 "-n", self.namespace]
+        words += ["--reuse-values"] if self.reuse_values else []
+        values = self.values_map()
+        words += ["-f", _values_file(self.values_digest)] if values else []
+        notes = [_values_comment(values, self.values_digest)] if values else []
+        notes += [self.when] if self.when else []
+        return _helm_line(words) + (f"   # {'; '.join(notes)}" if notes else "")
+
+
+def helm_install(release: str, chart: str, namespace: str, *, repo: str, version: str,
+                 values: Mapping[str, Any], why: str | None = None) -> HelmInstall:
+    """A ``HelmInstall`` of ``values`` (dotted or nested keys), its digest computed."""
+    return HelmInstall(release, chart, namespace, repo, version, _compact(dict(values)), values_digest(values),
+                       why)
+
+
+def helm_upgrade(release: str, chart: str, namespace: str, *, repo: str, version: str,
+                 values: Mapping[str, Any], reuse_values: bool = True, why: str | None = None,
+                 when: str | None = None) -> HelmUpgrade:
+    """A ``HelmUpgrade`` of ``values`` (dotted or nested keys), its digest computed."""
+    return HelmUpgrade(release, chart, namespace, repo, version, _compact(dict(values)), values_digest(values),
+                       reuse_values, why, when)
+
+
+@dataclass(frozen=True)
+class CreateStorageClass:
+    """Create a StorageClass (``body``: canonical JSON). Its parameters are immutable: a differing one is only
+    reported, never replaced."""
+
+    kind: ClassVar[str] = "create_storage_class"
+    mutating: ClassVar[bool] = True
+    name: str
+    body: str
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"StorageClass {self.name}"
+
+    def equivalent(self) -> str:
+        body = json.loads(self.body)
+        params = ", ".join(f"{k} {v}" for k, v in sorted((body.get("parameters") or {}).items()))
+        return (f"kubectl create -f -   # StorageClass {self.name}: provisioner {body.get('provisioner')}"
+                + (f", {params}" if params else ""))
+
+
+@dataclass(frozen=True)
+class CreateNamespace:
+    """Create a namespace labelled as kvfleet's."""
+
+    kind: ClassVar[str] = "create_namespace"
+    mutating: ClassVar[bool] = True
+    name: str
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"Namespace {self.name}"
+
+    def equivalent(self) -> str:
+        return f"kubectl create namespace {self.name}"
+
+
+@dataclass(frozen=True)
+class CreatePvc:
+    """Create a PersistentVolumeClaim (``body``: canonical JSON)."""
+
+    kind: ClassVar[str] = "create_pvc"
+    mutating: ClassVar[bool] = True
+    namespace: str
+    name: str
+    body: str
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"PersistentVolumeClaim {self.namespace}/{self.name}"
+
+    def equivalent(self) -> str:
+        spec = json.loads(self.body).get("spec") or {}
+        return (f"kubectl create -n {self.namespace} -f -   # PersistentVolumeClaim {self.name} "
+                f"({', '.join(spec.get('accessModes') or [])}, class {spec.get('storageClassName')})")
+
+
 Action = (UpdateCluster | CreateAddon | UpdateAddon | ApplyEndpointConfig | PauseOperator | RestoreOperator | Scale
           | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | WaitRolledOut | RerenderDeployment
-          | ApplyClusterPolicy)
+          | ApplyClusterPolicy | HelmInstall | HelmUpgrade | CreateStorageClass | CreateNamespace | CreatePvc)
 
 
 def canonical(value: Any) -> str:

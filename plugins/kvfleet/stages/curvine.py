@@ -12,27 +12,33 @@
 - The RWX PVC in every endpoint namespace, waited to Bound; then the master API must report the inventory's
   live workers and a capacity of about workers × dataDir size, recorded as a capacity snapshot.
 
+Every change is a typed action (``fleet.actions``: ``HelmInstall``, ``HelmUpgrade`` with the values file's
+digest, ``CreateStorageClass``, ``CreateNamespace``, ``CreatePvc``) that ``stages.executor`` applies (helm
+commands with their write-ahead records) or, in a dry run, renders: `kvfleet plan --diff` lists the very calls.
+The sequencing (the flip in a ``finally``) and the gates stay here.
+
 The end of the module holds what the upgrade and scale-out workflows share with this stage: the format-flag
 hazard gate, the busy-cluster gate (lease and running rollout), the values diff and capacity snapshots.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
-from kvfleet.clients.helm import render, set_args
+from kvfleet.clients.helm import set_args
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
 from kvfleet.fleet.inventory import size_to_bytes
+from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
 STAGE = "curvine"
@@ -154,35 +160,18 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     return out
 
 
-def planned_command(ctx: StageContext, args: list[str]) -> str:
-    """A dry run's line: the helm command, then what each values file it passes sets (dotted keys)."""
-    shown = []
-    for flag, path in itertools.pairwise(args):
-        if flag == "-f" and path in ctx.helm.files:
-            import yaml
-
-            pairs = cv.flatten(yaml.safe_load(ctx.helm.files[path]) or {})
-            text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(pairs.items()))
-            shown.append(f"{path.rsplit('/', 1)[-1]}: {text}")
-    return render(ctx.helm.argv(*args)) + (f"   # {'; '.join(shown)}" if shown else "")
-
-
 def _ensure_csi(ctx: StageContext) -> str:
     spec = ctx.cluster.curvine
     if ctx.helm.status(C.CURVINE_CSI_RELEASE, spec.namespace) is not None:
         return "unchanged"
-    args = ctx.helm.install_args(C.CURVINE_CSI_RELEASE, spec.csi_chart, spec.namespace, repo=repo_url(ctx),
-                                 version=spec.version, values={
-                                     "controller.sidecars.provisioner.image":
-                                         "registry.k8s.io/sig-storage/csi-provisioner:v3.6.0",
-                                     "node.sidecars.nodeDriverRegistrar.image":
-                                         "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0"})
-    if ctx.dry_run:
-        ctx.plan(STAGE, planned_command(ctx, args))
-        return "planned"
-    with ctx.write_ahead("helm_install", f"release {spec.namespace}/{C.CURVINE_CSI_RELEASE} {spec.version}"):
-        ctx.helm.run(*args, what="helm install curvine-csi")
-    return "changed"
+    install = A.helm_install(C.CURVINE_CSI_RELEASE, spec.csi_chart, spec.namespace, repo=repo_url(ctx),
+                             version=spec.version, values={
+                                 "controller.sidecars.provisioner.image":
+                                     "registry.k8s.io/sig-storage/csi-provisioner:v3.6.0",
+                                 "node.sidecars.nodeDriverRegistrar.image":
+                                     "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0"})
+    executor.run(ctx, STAGE, [install])
+    return "planned" if ctx.dry_run else "changed"
 
 
 def _ensure_storage_class(ctx: StageContext) -> str:
@@ -194,40 +183,32 @@ def _ensure_storage_class(ctx: StageContext) -> str:
                     "(StorageClass parameters are immutable; recreate it deliberately if needed)")
             return "reported"
         return "unchanged"
-    if ctx.dry_run:
-        params = desired["parameters"]
-        ctx.plan(STAGE, f"kubectl create storageclass {desired['metadata']['name']} (provisioner curvine, "
-                        f"master-addrs {params['master-addrs']}, fs-path {params['fs-path']})")
-        return "planned"
-    call(ctx.kube.storage.create_storage_class, desired, what="create Curvine StorageClass")
-    return "changed"
+    executor.run(ctx, STAGE, [A.CreateStorageClass(desired["metadata"]["name"], A.canonical(desired))])
+    return "planned" if ctx.dry_run else "changed"
 
 
 def first_install(ctx: StageContext) -> dict[str, Any]:
     """Install with the flags true, then flip them false as soon as every pod runs — flip guaranteed."""
     spec = ctx.cluster.curvine
-    args = ctx.helm.install_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
-                                 version=spec.version, values=cv.install_values(ctx.cluster))
-    flip = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
-                                 version=spec.version, values=cv.safe_flags())
+    install = A.helm_install(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
+                             version=spec.version, values=cv.install_values(ctx.cluster), why="format flags true")
+    flip = A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx), version=spec.version,
+                          values=cv.safe_flags(), why="format flags false",
+                          when="immediately, once every Curvine pod is Running")
     if ctx.dry_run:
-        ctx.plan(STAGE, planned_command(ctx, args))
-        ctx.plan(STAGE, planned_command(ctx, flip) + "   # immediately, once every Curvine pod is Running")
+        executor.run(ctx, STAGE, [install, flip])
         return {"install": "planned"}
     ctx.say("stage 3: installing Curvine with the format flags TRUE (first start only)")
     window_error: BaseException | None = None
     try:
-        with ctx.write_ahead("helm_install", f"release {spec.namespace}/{C.CURVINE_RELEASE} {spec.version} "
-                             "(format flags true)"):
-            ctx.helm.run(*args, what="helm install curvine")
+        executor.run(ctx, STAGE, [install])
         wait_curvine_running(ctx)
     except BaseException as exc:  # the flip below must still be attempted
         window_error = exc
         ctx.say(f"warning: stage 3 install window failed ({str(exc)[:500]}); flipping the flags anyway")
     finally:
         ctx.say("stage 3: flipping the format flags to false (--reuse-values)")
-        with ctx.write_ahead("helm_upgrade", f"release {spec.namespace}/{C.CURVINE_RELEASE} format flags false"):
-            ctx.helm.run(*flip, what="helm upgrade curvine (format flags false)")
+        executor.run(ctx, STAGE, [flip])
     if window_error is not None:
         raise window_error
     return {"install": "changed"}
@@ -255,17 +236,13 @@ def refuse_rendered_flags(ctx: StageContext, docs: list[dict[str, Any]], action:
 
 def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
     spec = ctx.cluster.curvine
-    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
-                                 version=_live_version(ctx) or spec.version, values=cv.safe_flags())
+    fix = A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
+                         version=_live_version(ctx) or spec.version, values=cv.safe_flags(),
+                         why=f"fix format-flag hazard ({', '.join(set_flags)})")
     ctx.say(f"warning: HAZARD: deployed Curvine release has {', '.join(set_flags)} true — the next pod restart "
             "would reformat. Flipping to false with --reuse-values.")
-    if ctx.dry_run:
-        ctx.plan(STAGE, planned_command(ctx, args))
-        return "planned"
-    with ctx.write_ahead("helm_upgrade", f"release {spec.namespace}/{C.CURVINE_RELEASE} fix format-flag hazard "
-                         f"({', '.join(set_flags)})"):
-        ctx.helm.run(*args, what="helm upgrade curvine (fix format-flag hazard)")
-    return "changed"
+    executor.run(ctx, STAGE, [fix])
+    return "planned" if ctx.dry_run else "changed"
 
 
 def _live_version(ctx: StageContext) -> str | None:
@@ -318,31 +295,29 @@ def release_drift(ctx: StageContext, values: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
-    """The RWX Curvine PVC in every endpoint namespace of this cluster, waited to Bound."""
+def pvc_actions(ctx: StageContext) -> list[A.Action]:
+    """What the RWX Curvine PVC in every endpoint namespace of this cluster needs: the namespace, the PVC."""
     spec = ctx.cluster.curvine
+    out: list[A.Action] = []
+    for ns in sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2}):
+        exists = get_or_none(ctx.kube.core.read_namespace, ns) is not None
+        if not exists:
+            out.append(A.CreateNamespace(ns))
+        if not exists or get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC,
+                                     ns) is None:
+            out.append(A.CreatePvc(ns, C.CURVINE_PVC, A.canonical(pvc_manifest(ns, spec.storage_class))))
+    return out
+
+
+def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
+    """The RWX Curvine PVC in every endpoint namespace of this cluster, waited to Bound (not in a dry run)."""
+    actions = pvc_actions(ctx)
+    executor.run(ctx, STAGE, actions)
+    created = {a.namespace for a in actions if isinstance(a, A.CreatePvc)}
     namespaces = sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2})
-    out: dict[str, str] = {}
-    for ns in namespaces:
-        if get_or_none(ctx.kube.core.read_namespace, ns) is None:
-            if ctx.dry_run:
-                ctx.plan(STAGE, f"kubectl create namespace {ns}")
-            else:
-                call(ctx.kube.core.create_namespace, {"metadata": {"name": ns, "labels": {
-                    C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {ns}")
-        live = get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns) \
-            if not ctx.dry_run or get_or_none(ctx.kube.core.read_namespace, ns) else None
-        if live is None:
-            if ctx.dry_run:
-                ctx.plan(STAGE, f"kubectl create pvc {ns}/{C.CURVINE_PVC} (ReadWriteMany, class {spec.storage_class})")
-                out[ns] = "planned"
-                continue
-            call(ctx.kube.core.create_namespaced_persistent_volume_claim, ns,
-                 pvc_manifest(ns, spec.storage_class), what=f"create PVC {ns}/{C.CURVINE_PVC}")
-            out[ns] = "changed"
-        else:
-            out[ns] = "unchanged"
-        if not ctx.dry_run:
+    out = {ns: ("planned" if ctx.dry_run else "changed") if ns in created else "unchanged" for ns in namespaces}
+    if not ctx.dry_run:
+        for ns in namespaces:
             _wait_bound(ctx, ns)
     return out
 
@@ -413,7 +388,7 @@ def reconcile(ctx: StageContext) -> Outcome:
             for d in drift:
                 ctx.say(f"reported, not changed by the rollout: {d}")
     if ctx.dry_run:
-        detail["pvcs"] = ensure_pvcs(ctx) if status is not None else "after install"
+        detail["pvcs"] = ensure_pvcs(ctx)
         planned = [p for p in ctx.planned if p.stage == STAGE]
         return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
     detail["flags"] = verify_flags_false(ctx)

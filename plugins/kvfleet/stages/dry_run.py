@@ -2,12 +2,12 @@
 without Airflow — the same reconcilers as the DAG, in dry-run mode (observe, diff, print; change nothing).
 
 Output, in plan order: the typed actions the stages computed (``fleet.actions``; the very list
-``stages.executor`` applies in a real run, each printed as its kubectl/aws equivalent and marked so), with the CR
-and ClusterPolicy diffs; the helm commands of the Curvine stage (which plans its own lines); and per endpoint
-the update strategy it gets and why (issue 15 §2). A change the rollout would refuse (stage 4's
-``immutable_changes``: an immutable CR field changed, or intelligentRoutingSpec added to an existing endpoint,
-which the operator rejects; an update strategy unsafe on the live cluster) is printed as REFUSED with the reason
-and how to proceed, and the command exits 2.
+``stages.executor`` applies in a real run, each printed as its kubectl/aws/helm equivalent and marked so — the
+Curvine stage's helm installs and upgrades with the digest of the values file helm would get), with the CR and
+ClusterPolicy diffs; and per endpoint the update strategy it gets and why (issue 15 §2). A change the rollout
+would refuse (stage 4's ``immutable_changes``: an immutable CR field changed, or intelligentRoutingSpec added to
+an existing endpoint, which the operator rejects; an update strategy unsafe on the live cluster) is printed as
+REFUSED with the reason and how to proceed, and the command exits 2.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from kvfleet.fleet.actions import EQUIVALENT_MARK, Action, CreateAddon, UpdateAddon, UpdateCluster
+from kvfleet.fleet.actions import EQUIVALENT_MARK, Action
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.fleet.plan import Plan
 from kvfleet.stages import addons, curvine, endpoints, executor, tiered_storage
 from kvfleet.stages.base import Outcome, StageContext
-
-CLUSTER_ACTIONS = (UpdateCluster, CreateAddon, UpdateAddon)  # stages 1 and 2
 
 
 @dataclass(frozen=True)
@@ -37,13 +35,12 @@ class Refusal:
 
 @dataclass(frozen=True)
 class ClusterDiff:
-    """One cluster's dry run: the typed actions the stages computed (the executor's journal, in order), the
-    lines a human needs besides them (the update strategy of each endpoint and why, what cannot be computed
-    yet), and the refusals. The Curvine stage (helm) still plans its own lines: they are ``helm_lines``."""
+    """One cluster's dry run: the typed actions the stages computed (the executor's journal, in order: stages
+    1 to 4), the lines a human needs besides them (the update strategy of each endpoint and why, what cannot be
+    computed yet), and the refusals."""
 
     cluster: str
     actions: tuple[Action, ...]
-    helm_lines: tuple[tuple[str, str, str | None], ...]  # (target, command, diff) from stages.curvine
     notes: tuple[tuple[str, str], ...]  # (target, text)
     refusals: tuple[Refusal, ...]
 
@@ -82,27 +79,17 @@ def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str |
                     cluster, endpoints.reconcile_wave(ctx, list(wave.endpoints), holder=holder))
                 notes += more_notes
                 refusals += more_refusals
-        journal = executor.journal(ctx)
-        helm = tuple((p.endpoint or cluster, p.action, p.diff) for p in ctx.planned if p.stage == curvine.STAGE)
-        return ClusterDiff(cluster, tuple(journal), helm, tuple(notes), tuple(refusals))
+        return ClusterDiff(cluster, tuple(executor.journal(ctx)), tuple(notes), tuple(refusals))
     finally:
         ctx.close()
 
 
 def print_cluster_diff(d: ClusterDiff, out: Any) -> int:
-    """Print one cluster's dry run; returns the number of changes (mutating actions and helm commands)."""
-    changes = sum(1 for a in d.actions if a.mutating) + len(d.helm_lines)
+    """Print one cluster's dry run, in the order a real run applies the actions; returns the number of changes
+    (mutating actions)."""
+    changes = sum(1 for a in d.actions if a.mutating)
     print(f"=== cluster {d.cluster}: {changes} change(s)", file=out)
-    # Stages 1, 2 and 4 first, then Curvine's helm commands: the order the actions are applied in, except that
-    # stage 3 (helm, planned by stages.curvine itself) runs between stage 2 and stage 4.
-    stage4 = [a for a in d.actions if not isinstance(a, CLUSTER_ACTIONS)]
-    for a in [a for a in d.actions if a not in stage4]:
-        _print_action(d.cluster, a, out)
-    for target, command, diff in d.helm_lines:
-        print(f"[{target}] {command}", file=out)
-        for line in (diff or "").splitlines():
-            print(f"    {line}", file=out)
-    for a in stage4:
+    for a in d.actions:
         _print_action(d.cluster, a, out)
     for target, text in d.notes:
         print(f"[{target}] note: {text}", file=out)
@@ -122,8 +109,9 @@ def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
     logging.getLogger("kvfleet").setLevel(logging.WARNING)
     total = 0
     refusals: list[Refusal] = []
-    print(f"Lines marked {EQUIVALENT_MARK} are the kubectl/aws commands equivalent to the API calls kvfleet would "
-          "make (it calls the APIs, not these commands).", file=out)
+    print(f"Lines marked {EQUIVALENT_MARK} are the kubectl/aws/helm commands equivalent to the calls kvfleet would "
+          "make (it calls the Kubernetes and AWS APIs, not kubectl or aws; its helm commands pass a values file "
+          "it writes, named here by its digest).", file=out)
     for cp in plan.clusters:
         d = observe_cluster(inv, plan, cp.cluster)
         total += print_cluster_diff(d, out)

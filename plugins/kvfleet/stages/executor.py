@@ -1,6 +1,6 @@
 """The executor: applies the typed actions a stage computed (``fleet.actions``), or renders them in a dry run.
 
-Called from the stages (tiered storage, operator add-ons, endpoints, operator pause). Applying goes through the
+Called from the stages (tiered storage, operator add-ons, Curvine, endpoints, operator pause). Applying goes through the
 clients, each mutating call wrapped in its write-ahead record (``StageContext.write_ahead``: an intent before,
 an outcome after). Rendering records each action's command equivalent with ``ctx.plan`` (what `kvfleet plan
 --diff` and the rollout's dry run print). Either way the action is appended to the context's journal
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from botocore.exceptions import ClientError
 
 from kvfleet.clients.hyperpod import classify
@@ -213,6 +214,47 @@ def _apply_policy(ctx: StageContext, a: A.ApplyClusterPolicy) -> None:
     ctx.say(f"stage 4 (kyverno): ClusterPolicy {a.name} applied; no operator pause is needed in this mode")
 
 
+def _helm_values_file(ctx: StageContext, args: list[str], a: A.HelmInstall | A.HelmUpgrade) -> None:
+    """The values file the command hands helm carries exactly the action's values (its digest): what the dry
+    run listed is what helm gets, or nothing runs."""
+    path = args[args.index("-f") + 1] if "-f" in args else None
+    written = (yaml.safe_load(ctx.helm.files[path]) or {}) if path is not None else {}
+    got = A.tree_digest(written)
+    if got != a.values_digest:
+        raise PermanentError(f"{a.target()}: the values file for helm has digest {got}, the action {a.values_digest}:"
+                             " refusing to run helm with values other than those planned")
+
+
+def _helm_install(ctx: StageContext, a: A.HelmInstall) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        args = ctx.helm.install_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
+                                     values=a.values_map())
+        _helm_values_file(ctx, args, a)
+        ctx.helm.run(*args, what=f"helm install {a.release}" + (f" ({a.why})" if a.why else ""))
+
+
+def _helm_upgrade(ctx: StageContext, a: A.HelmUpgrade) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        args = ctx.helm.upgrade_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
+                                     values=a.values_map(), reuse_values=a.reuse_values)
+        _helm_values_file(ctx, args, a)
+        ctx.helm.run(*args, what=f"helm upgrade {a.release}" + (f" ({a.why})" if a.why else ""))
+
+
+def _create_storage_class(ctx: StageContext, a: A.CreateStorageClass) -> None:
+    call(ctx.kube.storage.create_storage_class, json.loads(a.body), what=f"create StorageClass {a.name}")
+
+
+def _create_namespace(ctx: StageContext, a: A.CreateNamespace) -> None:
+    call(ctx.kube.core.create_namespace, {"metadata": {"name": a.name, "labels": {
+        C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {a.name}")
+
+
+def _create_pvc(ctx: StageContext, a: A.CreatePvc) -> None:
+    call(ctx.kube.core.create_namespaced_persistent_volume_claim, a.namespace, json.loads(a.body),
+         what=f"create PVC {a.namespace}/{a.name}")
+
+
 _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.UpdateCluster: _update_cluster,
     A.CreateAddon: _create_addon,
@@ -228,4 +270,9 @@ _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.WaitRolledOut: _wait_rolled_out,
     A.RerenderDeployment: _rerender,
     A.ApplyClusterPolicy: _apply_policy,
+    A.HelmInstall: _helm_install,
+    A.HelmUpgrade: _helm_upgrade,
+    A.CreateStorageClass: _create_storage_class,
+    A.CreateNamespace: _create_namespace,
+    A.CreatePvc: _create_pvc,
 }

@@ -1,5 +1,5 @@
-"""Stage 4's typed actions against the sandbox: the dry run (`kvfleet plan --diff`) lists exactly the actions a
-real run then applies (issue 21), and the rolling and surge update strategies keep every endpoint serving while
+"""Typed actions against the sandbox: the dry run (`kvfleet plan --diff`) lists exactly the actions a real run
+then applies, stages 1 to 4 — stage 3's helm upgrade with the digest of the values file helm gets (issue 21), and the rolling and surge update strategies keep every endpoint serving while
 the L2 patch rolls out, the original strategy back before the operator (issue 15 §2)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from stagekit import converge_cluster, endpoint, wait_pods_ready, with_cluster
 
 from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
+from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.plan import ROLLING as ROLLING_FIELDS
 from kvfleet.fleet.plan import make_plan
+from kvfleet.history.repo import StepKey
 from kvfleet.stages import addons, curvine, dry_run, endpoints, executor, operator_pause, tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -35,10 +38,25 @@ def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-de
         wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
 
 
-def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
+def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_ctx, inventory, history) -> None:  # type: ignore[no-untyped-def]
+    # A fresh cluster first: the dry run of stages 1-3 lists what the first converge then applies, stage 3's
+    # first install included (curvine-csi, the StorageClass, curvine with the format flags true, the flip).
+    fresh = make_ctx(PROD, dry_run=True)
+    for stage in (tiered_storage, addons, curvine):
+        stage.reconcile(fresh)
     ctx0 = converge_cluster(make_ctx, PROD)
+    assert executor.journal(fresh) == executor.journal(ctx0)
+    first = [(type(a).__name__, getattr(a, "release", None), getattr(a, "why", None))
+             for a in executor.journal(ctx0) if isinstance(a, A.HelmInstall | A.HelmUpgrade | A.CreateStorageClass)]
+    assert first == [("HelmInstall", C.CURVINE_CSI_RELEASE, None), ("CreateStorageClass", None, None),
+                     ("HelmInstall", C.CURVINE_RELEASE, "format flags true"),
+                     ("HelmUpgrade", C.CURVINE_RELEASE, "format flags false")]
     names = ("retail-search-rag", "payments-kyc-rag")
     _without_overlay(fleet_env, ctx0, [endpoint(inventory, PROD, n) for n in names])
+    # Work for stage 3 too: a hand-made upgrade left a format flag true on the deployed release.
+    spec = ctx0.cluster.curvine
+    ctx0.helm.upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx0), version=spec.version,
+                      values={"cluster.formatMaster": True})
     # Work for stage 1 too: the inventory now asks for another memory share.
     inv = with_cluster(inventory, PROD, memory_percent=30).select(
         clusters=[PROD], endpoints=[f"{PROD}:{endpoint(inventory, PROD, n).key}" for n in names])
@@ -50,7 +68,9 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
     printed = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()
                if line.startswith("[") and f"] {A.EQUIVALENT_MARK} " in line]
 
-    ctx = make_ctx(PROD, inv=inv)
+    history.start_run("t/cmp", dag_id="t", run_id="cmp", trigger="test", triggered_by=None, params={})
+    ctx = make_ctx(PROD, inv=inv, history=history)
+    ctx.step_key = StepKey("t/cmp", "stages")
     for stage in (tiered_storage, addons, curvine):
         stage.reconcile(ctx)
     for wave in plan.waves_of(PROD):
@@ -63,6 +83,23 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
     kinds = [type(a).__name__ for a in applied]
     assert kinds[0] == "UpdateCluster" and kinds[-1] == "RestoreOperator"
     assert kinds.count("PatchDeployment") == 2 and "Scale" not in kinds  # both rolled, never scaled to 0
+    # Stage 3, between stage 1 and stage 4: the hazard flipped back with --reuse-values and a values file whose
+    # digest the dry run printed; the write-ahead record names it; the release's flags are false now.
+    helm = [a for a in applied if isinstance(a, A.HelmUpgrade)]
+    assert [(a.why, a.reuse_values, a.values_map()) for a in helm] == [
+        ("fix format-flag hazard (formatMaster)", True, cv.safe_flags())]
+    assert kinds.index("UpdateCluster") < kinds.index("HelmUpgrade") < kinds.index("PauseOperator")
+    assert sum(f"-f values-{helm[0].values_digest}.yaml" in line for line in printed) == 1
+    assert not any("--set" in line for line in printed)
+    assert not cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace))
+    audit = history.query("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1), run_key="t/cmp",
+                          cluster=None, endpoint=None, limit=100)
+    assert [(r["target"], r["outcome"]) for r in audit if r["action"] == "helm_upgrade"] == [
+        (helm[0].target(), "changed")]
+    # The comparison can fail: a dry run that had listed another values file (digest) would not match.
+    at = kinds.index("HelmUpgrade")
+    other = [*planned.actions[:at], dataclasses.replace(helm[0], values_digest="0" * 16), *planned.actions[at + 1:]]
+    assert other != applied
     assert all("update strategy rolling" in text for _, text in planned.notes)
     # Converged: a second dry run finds nothing left to do.
     assert dry_run.observe_cluster(inv, plan, PROD).actions == ()

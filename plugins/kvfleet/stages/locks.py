@@ -12,6 +12,10 @@ shows the holder). Liveness is explicit (the full rules are in ``kvfleet.history
 Every exit path of a task releases what it took or parks it for a later task of the same run; the rollout's
 teardown releases it in the end (`kvfleet.airflow.rollout`).
 
+Time is injectable: ``clock`` says what time it is (every lease write is stamped with it) and ``wait`` is how
+the heartbeat thread waits for its next beat (``wait(seconds, stop) -> stopped``; default: ``stop.wait`` on the
+wall clock). A test passes a manual clock's pair and moves time itself, never sleeping past a short ttl.
+
 A run that cannot get the lease waits up to ``wait_s`` (ending promptly on SIGTERM), then fails naming the
 holder, its purpose and since when: ``LeaseWaitTimeout``, permanent (``wait_s`` is the user's patience; a retry
 would multiply it — one meaning per kind of wait, ``kvfleet.errors``).
@@ -23,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -32,6 +36,11 @@ from kvfleet.errors import LeaseWaitTimeout
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, HolderAlive, Leases, utcnow
 
 log = logging.getLogger(__name__)
+
+
+def _wall_wait(seconds: float, stop: threading.Event) -> bool:
+    """Wait ``seconds`` of wall time or until ``stop`` is set; True when stopped."""
+    return stop.wait(seconds)
 
 
 def leases_of(history: Any) -> Leases:
@@ -43,12 +52,14 @@ class ClusterLock:
     def __init__(self, history: Any, cluster: str, holder: str, purpose: str, *, ttl_s: float = ACTIVE_TTL_S,
                  wait_s: float = 600, poll_s: float = 5, progress: Callable[[str], None] = log.info,
                  holder_alive: HolderAlive | None = None, clock: Callable[[], datetime] | None = None,
-                 park_ttl_s: float = PARKED_TTL_S) -> None:
+                 park_ttl_s: float = PARKED_TTL_S,
+                 wait: Callable[[float, threading.Event], bool] | None = None) -> None:
         self.leases = leases_of(history)
         self.cluster, self.holder, self.purpose = cluster, holder, purpose
         self.ttl_s, self.wait_s, self.poll_s, self.progress = ttl_s, wait_s, poll_s, progress
         self.holder_alive, self.park_ttl_s = holder_alive, park_ttl_s
         self.clock = clock or utcnow
+        self.wait = wait or _wall_wait
         self.taken_over_from: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -82,13 +93,10 @@ class ClusterLock:
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        started_clock, started = self.clock(), time.monotonic()
 
         def beat() -> None:
-            while not self._stop.wait(self.ttl_s / 3):
-                # an injected clock is advanced by the real time elapsed since acquire
-                now = started_clock + timedelta(seconds=time.monotonic() - started)
-                if not self.leases.heartbeat(self.cluster, self.holder, self.ttl_s, now=now):
+            while not self.wait(self.ttl_s / 3, self._stop):
+                if not self.leases.heartbeat(self.cluster, self.holder, self.ttl_s, now=self.clock()):
                     log.error("[%s] lease of %s was lost", self.cluster, self.holder)
                     return
 

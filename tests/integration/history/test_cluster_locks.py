@@ -1,8 +1,11 @@
-"""Cluster leases on real PostgreSQL: exclusive, re-entrant for the holder, expiring when the holder dies."""
+"""Cluster leases on real PostgreSQL: exclusive, re-entrant for the holder, expiring when the holder dies.
+Lease time is injected (a manual clock), never slept past."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,25 +29,83 @@ def test_second_holder_waits_then_fails_naming_the_holder(history) -> None:  # t
     ClusterLock(history, "c1", "kvfleet_curvine_upgrade/run-b", "curvine upgrade", wait_s=0).acquire().release()
 
 
+# ---- lease liveness (issue 14): an injected clock, never a long sleep -------------------------------------------
+
+T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+
+
+class ManualClock:
+    """Time that moves only when the test moves it. A ``ClusterLock`` given ``clock=c.now, wait=c.wait`` stamps its
+    lease writes with this time and its heartbeat thread sleeps on it: ``next_wake`` moves time to the earliest
+    moment a waiter asked for (after waiting, bounded, until one waits)."""
+
+    def __init__(self, start: datetime) -> None:
+        self._now = start
+        self._cond = threading.Condition()
+        self._deadlines: list[datetime] = []
+
+    def now(self) -> datetime:
+        with self._cond:
+            return self._now
+
+    def wait(self, seconds: float, stop: threading.Event) -> bool:
+        with self._cond:
+            deadline = self._now + timedelta(seconds=seconds)
+            self._deadlines.append(deadline)
+            self._cond.notify_all()
+            try:
+                while not stop.is_set() and self._now < deadline:
+                    self._cond.wait(0.05)  # also wakes for ``stop``, which is set without notifying this clock
+            finally:
+                self._deadlines.remove(deadline)
+            return stop.is_set()
+
+    def next_wake(self) -> datetime:
+        with self._cond:
+            assert self._cond.wait_for(lambda: bool(self._deadlines), timeout=30), "nothing waits on the clock"
+            self._now = min(self._deadlines)
+            self._cond.notify_all()
+            return self._now
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    """An event-based wait (bounded, so a broken heartbeat fails instead of hanging); asserts nothing on time."""
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
 def test_an_expired_lease_of_a_dead_holder_is_taken_over(history) -> None:  # type: ignore[no-untyped-def]
-    history.try_lock("c2", "dead-worker-run", "rollout", ttl_s=0.2)  # no heartbeat thread: the holder "died"
-    time.sleep(0.4)
-    lock = ClusterLock(history, "c2", "new-run", "rollout", wait_s=0).acquire()
-    assert history.lock_of("c2")["holder"] == "new-run"
+    Leases(history.engine).try_take("c2", "dead-worker-run", "rollout", ACTIVE_TTL_S, now=T0)  # then it "died"
+    clock = ManualClock(T0 + timedelta(seconds=ACTIVE_TTL_S - 1))
+    with pytest.raises(GateRefused):  # one second before the ttl ends it is still the dead holder's
+        ClusterLock(history, "c2", "new-run", "rollout", wait_s=0, clock=clock.now, wait=clock.wait).acquire()
+    clock = ManualClock(T0 + timedelta(seconds=ACTIVE_TTL_S + 1))
+    lock = ClusterLock(history, "c2", "new-run", "rollout", wait_s=0, clock=clock.now, wait=clock.wait).acquire()
+    assert history.lock_of("c2")["holder"] == "new-run" and lock.taken_over_from == "dead-worker-run"
     lock.release()
     assert history.lock_of("c2") is None
 
 
-def test_heartbeat_keeps_a_short_lease_alive(history) -> None:  # type: ignore[no-untyped-def]
-    with ClusterLock(history, "c3", "long-run", "rollout", ttl_s=0.6, wait_s=0):
-        time.sleep(1.0)  # longer than the ttl: only the heartbeat keeps it
+def test_heartbeat_keeps_a_lease_alive_past_its_ttl_on_an_injected_clock(history) -> None:  # type: ignore[no-untyped-def]
+    clock = ManualClock(T0)
+    leases = Leases(history.engine)
+    beat = timedelta(seconds=ACTIVE_TTL_S / 3)
+    with ClusterLock(history, "c3", "long-run", "rollout", wait_s=0, clock=clock.now, wait=clock.wait):
+        for i in range(1, 5):  # four heartbeats, ttl/3 apart: past the expiry the lease was taken with
+            at = clock.next_wake()
+            assert at == T0 + i * beat  # the heartbeat thread asked to wake one ttl/3 after its last beat
+            _until(lambda at=at: leases.get("c3")["heartbeat_at"] == at, f"the heartbeat at {at}")
+        now = clock.now()
+        assert now > T0 + timedelta(seconds=ACTIVE_TTL_S)
+        assert leases.get("c3")["expires_at"] == now + timedelta(seconds=ACTIVE_TTL_S)
+        # only the heartbeat keeps it: another run at this moment finds it held
         with pytest.raises(GateRefused):
-            ClusterLock(history, "c3", "other", "rollout", wait_s=0).acquire()
-
-
-# ---- lease liveness (issue 14): an injected clock, never a long sleep -------------------------------------------
-
-T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+            ClusterLock(history, "c3", "other", "rollout", wait_s=0, clock=clock.now, wait=clock.wait).acquire()
+    # the same lease without heartbeats (taken at T0, its holder silent) is free at that moment
+    leases.try_take("c4", "silent-run", "rollout", ACTIVE_TTL_S, now=T0)
+    assert leases.try_take("c4", "other", "rollout", now=now)["holder"] == "other"
 
 
 def test_a_killed_task_frees_its_lease_one_ttl_after_its_last_heartbeat(history) -> None:  # type: ignore[no-untyped-def]

@@ -35,6 +35,7 @@ from kvfleet.stages.base import StageContext
 
 PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
 STORED_LOG_WINDOW = timedelta(hours=1)
+STORED_LOG_PODS = 3  # pods whose log is read for Stored lines, at most (each log read is bounded to the window)
 
 
 @dataclass
@@ -59,14 +60,21 @@ def prices_of(ctx: StageContext) -> Mapping[str, float]:
     return prices if isinstance(prices, Mapping) else {}
 
 
-def stored_sizes(ctx: StageContext, ep: Endpoint, pod: Any, now: datetime) -> list[tuple[float, int]]:
-    """``(GiB, tokens)`` of every sized ``Stored`` line in the pod's recent log; empty when the log is unreadable
-    (the advisor then falls back to the model's config, and says so)."""
-    try:
-        text = pod_log_since(ctx.kube, ep.namespace, pod.metadata.name, ep.name, now - STORED_LOG_WINDOW)
-    except KvfleetError:
-        return []
-    return [(s.gb, s.stored) for s in lmcache_log.parse(text).stores if s.gb is not None and s.stored > 0]
+def stored_sizes(ctx: StageContext, ep: Endpoint, pods: list[Any]) -> list[tuple[float, int]]:
+    """``(GiB, tokens)`` of the sized ``Stored`` lines in the last hour of the first of ``pods`` (at most
+    ``STORED_LOG_PODS``) whose log has a chunk's worth; empty when none has (or no log is readable): the advisor
+    then falls back to the model's config, and says so. The window is on the wall clock, as the kubelet stamps
+    the log lines ``sinceTime`` filters."""
+    since = datetime.now(UTC) - STORED_LOG_WINDOW
+    for pod in pods[:STORED_LOG_PODS]:
+        try:
+            text = pod_log_since(ctx.kube, ep.namespace, pod.metadata.name, ep.name, since)
+        except KvfleetError:
+            continue
+        sizes = [(s.gb, s.stored) for s in lmcache_log.parse(text).stores if s.gb is not None and s.stored > 0]
+        if sum(n for _, n in sizes) >= E.MIN_STORED_TOKENS:
+            return sizes
+    return []
 
 
 def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.EndpointTraffic:
@@ -77,7 +85,7 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.Endpoi
     rate_per_s = 0.0
     hits = requested = 0.0
     ready = [p for p in pods if _ready(p)]
-    stored = stored_sizes(ctx, ep, ready[0], now) if ready and ep.l2 else []
+    stored = stored_sizes(ctx, ep, ready) if ep.l2 else []
     for pod in ready:
         samples = prom.parse(pod_metrics_text(ctx.kube, ep.namespace, pod.metadata.name))
         buckets, hsum, count = prom.histogram(samples, PROMPT_HISTOGRAM)

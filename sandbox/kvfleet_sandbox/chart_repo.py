@@ -1,4 +1,4 @@
-"""An HTTP Helm chart repository on 127.0.0.1 serving the sandbox's stand-in Curvine charts.
+"""An HTTP Helm chart repository on 127.0.0.1 serving the sandbox's stand-in Curvine and Kyverno charts.
 
 Started by the Curvine simulation (``kvfleet_sandbox.controllers.curvine``) once per process and shared by every
 cluster twin; its URL is published as ``twin.services["chart_repo_url"]``. kvfleet's inventory points the chart
@@ -38,7 +38,12 @@ CHARTS_DIR = Path(__file__).resolve().parent / "charts"
 DEFAULT_VERSIONS: dict[str, tuple[str, ...]] = {
     "curvine": ("0.3.2-alpha", "0.3.3-alpha"),
     "curvine-csi": ("0.3.2-alpha",),
+    # The Kyverno chart version kvfleet pins (kvfleet.stages.kyverno.CHART_VERSION; upstream tag
+    # kyverno-chart-3.9.0, tests/conformance/facts/kyverno_chart.yaml).
+    "kyverno": ("3.9.0",),
 }
+# appVersion where it is not the chart version (upstream Chart.yaml at that version).
+APP_VERSIONS: dict[tuple[str, str], str] = {("kyverno", "3.9.0"): "v1.19.0"}
 
 # Default-value overrides for a "broken release": its worker pods crash at start-up and never become Ready
 # (the Curvine simulation's fault hook), e.g. ``repo.publish("curvine", "0.3.4-alpha",
@@ -135,7 +140,8 @@ class ChartRepository:
     def publish(self, name: str, version: str, *, app_version: str | None = None,
                 value_overrides: dict[str, Any] | None = None) -> ChartPackage:
         """Package and serve one more version (replacing a package of the same name and version)."""
-        pkg = package_chart(name, version, app_version=app_version, value_overrides=value_overrides)
+        pkg = package_chart(name, version, app_version=app_version or APP_VERSIONS.get((name, version)),
+                            value_overrides=value_overrides)
         with self._lock:
             self._packages[pkg.filename] = pkg
         return pkg

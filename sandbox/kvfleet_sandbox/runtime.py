@@ -134,6 +134,7 @@ class Sandbox:
                     None)
         if repo:
             env["KVFLEET_HELM_REPO_CURVINE"] = str(repo)
+            env["KVFLEET_HELM_REPO_KYVERNO"] = str(repo)  # the same repository serves the Kyverno stand-in
         return env
 
     def ports(self) -> list[int]:
@@ -210,6 +211,9 @@ def start_sandbox(
         for index, cluster in enumerate(inventory.clusters):
             _start_cluster(sandbox, cluster, index)
         seed_prerequisites(aws, inventory.clusters)  # what `kvfleet preflight` checks a platform team has done
+        for cluster in inventory.clusters:  # how controllers/kyverno.py starts on each cluster
+            sandbox.twins[cluster.name].services["kyverno_install"] = \
+                settings.kyverno if cluster.l2_injection == "kyverno" else "crds"
         for name in controllers if controllers is not None else CONTROLLER_MODULES:
             module = _controller_module(name)
             if module is not None:

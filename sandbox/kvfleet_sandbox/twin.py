@@ -63,6 +63,9 @@ class SandboxSettings:
     addon_delay_s: float = 20.0  # CREATING/UPDATING -> ACTIVE (model seconds)
     cluster_update_delay_s: float = 60.0  # UpdateCluster Updating -> InService (model seconds)
     ttft_noise: float = 0.02  # relative noise on TTFT (seeded)
+    # Kyverno on kyverno-mode clusters: "preinstalled" (a platform team's install is there at start-up) or
+    # "chart" (absent until its chart is installed, as kvfleet's stage 2 does; controllers/kyverno.py).
+    kyverno: str = "preinstalled"
 
 
 class Controller(Protocol):

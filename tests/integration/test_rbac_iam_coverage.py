@@ -15,7 +15,8 @@ and upgraded as kvfleet (the runtime chart's pre-upgrade hook Job runs to comple
 - k8s/iam/kvfleet-policy.json lists exactly the ``service:Operation`` pairs the AWS emulator served, plus
   sts:GetCallerIdentity (the EKS bearer token is a presigned GetCallerIdentity URL that EKS, not kvfleet, calls).
 
-The replay: stages 1-5 on ml-prod-use1 (patch mode) and ml-stage-usw2 (kyverno mode), in parallel, one endpoint
+The replay: `kvfleet preflight` on both clusters (read-only; the EBS CSI role carries an inline policy too, as a
+platform team's role may, so every IAM read preflight makes is reached), then stages 1-5 on ml-prod-use1 (patch mode) and ml-stage-usw2 (kyverno mode), in parallel, one endpoint
 each; the drift check on both; then the update paths a later rollout takes: an InferenceEndpointConfig whose
 labels were edited by hand (patch), an add-on whose configuration changed in the inventory (UpdateAddon) and a
 ClusterPolicy edited by hand (patch); last, a Curvine chart upgrade and a worker scale-out on ml-prod-use1 (the
@@ -70,6 +71,9 @@ UNREACHED = {
 }
 # Not seen by the emulator: EKS's authenticator calls it with the presigned URL of kvfleet's bearer token.
 TOKEN_ACTIONS = {"sts:GetCallerIdentity"}
+# API operations whose IAM action has another name. S3 HeadBucket is authorized by s3:ListBucket (Amazon S3 API
+# Reference, HeadBucket: "you must have permissions to perform the s3:ListBucket action").
+IAM_ACTION_OF = {"s3:HeadBucket": "s3:ListBucket"}
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,9 @@ def _replay_cluster(sandbox: Any, inv: Inventory, cluster: str) -> None:
     ep = _endpoint(inv, cluster)
     ctx = _ctx(inv, cluster)
     try:
+        from kvfleet.stages import preflight  # kvfleet preflight and the rollout's preflight task
+
+        assert preflight.errors(preflight.check(ctx)) == []
         for stage in (tiered_storage, addons, curvine):  # kvfleet_rollout: cluster_stages
             _retried(lambda stage=stage: stage.reconcile(ctx))
         _retried(lambda: endpoints.reconcile_wave(ctx, [ep], holder=f"rbac/{cluster}"))  # cluster_waves
@@ -240,6 +247,20 @@ def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
         ctx.close()
 
 
+def _inline_policy_on_the_ebs_csi_role(sandbox: Any) -> None:
+    """A platform team's role may carry inline policies beside the managed one: preflight then reads them too
+    (iam:ListRolePolicies, iam:GetRolePolicy). Written as the sandbox admin, before the request log is reset."""
+    import boto3
+
+    from kvfleet_sandbox.aws_prereqs import EBS_CSI_ROLE
+
+    iam = boto3.client("iam", endpoint_url=sandbox.aws.url, region_name="us-east-1",
+                       aws_access_key_id="sandbox-admin", aws_secret_access_key="sandbox-admin")
+    iam.put_role_policy(RoleName=EBS_CSI_ROLE, PolicyName="kvfleet-test-describe", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:DescribeVolumes",
+                                                "Resource": "*"}]}))
+
+
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay]:
     from kvfleet.history.db import get_engine
@@ -260,6 +281,7 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
                 mp.setenv(key, value)
             mp.setenv("KVFLEET_POLL_SECONDS", "0.1")
             mp.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # boto3 reads AWS_ENDPOINT_URL natively
+            _inline_policy_on_the_ebs_csi_role(sandbox)
             for twin in sandbox.twins.values():
                 twin.store.reset_request_log()
             sandbox.aws.reset_request_log()
@@ -294,7 +316,8 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
                            o and b.verb == a.verb and b.name == a.name for b, o in decisions)]
             checks = {(a.verb, a.resource, a.name) for a, ok in decisions if ok}
             hooks = [f"{r.verb} {r.name or ''}".strip() for r in records if (r.group, r.resource) == ("batch", "jobs")]
-            aws = {f"{e.service}:{e.operation}" for e in list(sandbox.aws.request_log)}
+            aws = {IAM_ACTION_OF.get(f"{e.service}:{e.operation}", f"{e.service}:{e.operation}")
+                   for e in list(sandbox.aws.request_log)}
         yield Replay(requests, aws, importlib.util.find_spec("kvfleet.stages.drift") is not None, denied, checks,
                      hooks)
     finally:
@@ -384,3 +407,6 @@ def test_iam_policy_lists_exactly_the_aws_actions_kvfleet_called(replay: Replay)
             "eks:CreateAddon", "eks:UpdateAddon"} <= replay.aws_actions
     if replay.drift_ran:
         assert "eks:ListAddons" in replay.aws_actions
+    # kvfleet preflight (issue 22 §4): the IAM and S3 reads it makes.
+    assert {"iam:GetRole", "iam:ListAttachedRolePolicies", "iam:GetPolicy", "iam:GetPolicyVersion",
+            "iam:ListRolePolicies", "iam:GetRolePolicy", "s3:ListBucket"} <= replay.aws_actions

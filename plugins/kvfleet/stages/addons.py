@@ -12,6 +12,9 @@ resolveConflicts policy:
 - on **update**, ``PRESERVE``: a platform team's own changes to add-on resources survive a version or config
   change kvfleet makes.
 Then verify that the operator's controller Deployment is Ready and that the InferenceEndpointConfig CRD is served.
+On a kyverno-mode cluster, last, Kyverno itself (``stages.kyverno``, issue 22 §1): installed with helm at a
+pinned chart version when missing (or refused with the exact command), and its admission webhook verified ready,
+before stage 4 applies the ClusterPolicy.
 
 Each create or update is a typed action (``fleet.actions.CreateAddon``/``UpdateAddon``) that ``stages.executor``
 applies with its write-ahead record, or renders in a dry run.
@@ -25,7 +28,7 @@ from typing import Any
 from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
-from kvfleet.stages import executor, operator_pause
+from kvfleet.stages import executor, kyverno, operator_pause
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 
 STAGE = "operator_addons"
@@ -110,10 +113,12 @@ def reconcile(ctx: StageContext) -> Outcome:
     changed = [n for n, r in results.items() if r == "changed"]
     planned = [n for n, r in results.items() if r == "planned"]
     if ctx.dry_run:
-        outcome = "planned" if planned else "unchanged"
-        return ctx.record("addons", STAGE, outcome, addons=results)
+        policy_engine = kyverno.reconcile(ctx).outcome.value
+        outcome = "planned" if planned or policy_engine == "planned" else "unchanged"
+        return ctx.record("addons", STAGE, outcome, addons=results, kyverno=policy_engine)
     state = verify_operator(ctx)
-    outcome = "changed" if changed else "unchanged"
+    policy_engine = kyverno.reconcile(ctx).outcome.value
+    outcome = "changed" if changed or policy_engine == "changed" else "unchanged"
     if not changed:
         ctx.say("stage 2: all five add-ons ACTIVE with the inventory's version and configuration")
-    return ctx.record("addons", STAGE, outcome, addons=results, operator=state)
+    return ctx.record("addons", STAGE, outcome, addons=results, operator=state, kyverno=policy_engine)

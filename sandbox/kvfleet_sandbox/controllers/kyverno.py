@@ -1,9 +1,24 @@
 """Kyverno, simulated: ``kyverno.io/v1`` ClusterPolicy (and namespaced Policy) ``mutate.patchStrategicMerge``
 rules applied on admission.
 
-Attached by ``kvfleet_sandbox.runtime`` to every cluster twin. It installs the ClusterPolicy and Policy CRDs
-(``clusterpolicies.kyverno.io``, short name ``cpol``; ``policies.kyverno.io``, ``pol``) and registers an
-admission hook on the cluster's API store. Every CREATE or UPDATE of a namespaced workload object (Deployment,
+Attached by ``kvfleet_sandbox.runtime`` to every cluster twin, which says how Kyverno starts there
+(``twin.services["kyverno_install"]``, :data:`INSTALL_MODES`):
+
+- ``crds`` (patch-mode clusters): the ClusterPolicy and Policy CRDs (``clusterpolicies.kyverno.io``, short name
+  ``cpol``; ``policies.kyverno.io``, ``pol``) and the admission hook, serving at once;
+- ``preinstalled`` (kyverno-mode clusters, ``SandboxSettings.kyverno``'s default): a platform team's install is
+  there: the CRDs, namespace ``kyverno`` and the admission controller Deployment ``kyverno-admission-controller``
+  under the chart's labels;
+- ``chart``: nothing until the stand-in chart (``sandbox/charts/kyverno``, served by ``chart_repo``) is installed,
+  as kvfleet's stage 2 does (``kvfleet.stages.kyverno``): its CRDs come from the chart, and the simulation starts
+  serving once the chart's admission controller Deployment is available.
+
+In every mode, once that Deployment is available the simulation creates the MutatingWebhookConfigurations
+``kyverno-resource-mutating-webhook-cfg`` and ``kyverno-policy-mutating-webhook-cfg``, as upstream's webhook
+controller does at run time (the chart does not ship them; kyverno/kyverno ``pkg/config/config.go``,
+``pkg/controllers/webhook/controller.go`` at v1.19.0). The admission hook sits on the cluster's API store.
+
+Every CREATE or UPDATE of a namespaced workload object (Deployment,
 StatefulSet, DaemonSet, ReplicaSet, Pod, ...) — including the Inference Operator's re-renders, which are full
 replaces through the store — passes through every matching rule, which is why a policy's injection survives a
 reconcile while a ``kubectl patch`` does not (DOMAIN.md stage 4, FACTS.md §6).
@@ -36,6 +51,7 @@ import copy
 import fnmatch
 import logging
 import re
+import threading
 from typing import Any
 
 from kvfleet_sandbox.controllers._objects import create_quietly
@@ -48,6 +64,16 @@ GROUP = "kyverno.io"
 AUTOGEN_ANNOTATION = "pod-policies.kyverno.io/autogen-controllers"
 AUTOGEN_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job")
 MERGE_KEYS = {"volumeMounts": "mountPath", "ports": "containerPort", "volumeDevices": "devicePath"}
+# How the simulation starts on a cluster (twin.services["kyverno_install"], set by the runtime): "crds" the CRDs
+# and the admission hook only (patch-mode clusters, as before); "preinstalled" a platform team's install (CRDs,
+# namespace, admission controller Deployment); "chart" nothing until the chart installs its Deployment.
+INSTALL_MODES = ("crds", "preinstalled", "chart")
+KYVERNO_NAMESPACE = "kyverno"
+ADMISSION_DEPLOYMENT = "kyverno-admission-controller"
+ADMISSION_LABELS = {"app.kubernetes.io/component": "admission-controller", "app.kubernetes.io/part-of": "kyverno"}
+# Upstream pkg/config/config.go (kyverno v1.19.0): MutatingWebhookConfigurationName,
+# PolicyMutatingWebhookConfigurationName.
+WEBHOOK_CONFIGURATIONS = ("kyverno-resource-mutating-webhook-cfg", "kyverno-policy-mutating-webhook-cfg")
 SKIPPED = ("events", "clusterpolicies", "policies", "customresourcedefinitions", "namespaces", "nodes", "leases")
 _ANCHOR = re.compile(r"^([+=]?)\((.+)\)$")
 
@@ -252,14 +278,68 @@ class KyvernoSimulation:
         self.twin = twin
         self.store = twin.store
         self.applied: collections.Counter[tuple[str, str]] = collections.Counter()
-        for kind, plural, short, scope in (("ClusterPolicy", "clusterpolicies", "cpol", "Cluster"),
-                                           ("Policy", "policies", "pol", "Namespaced")):
-            if self.store.get("apiextensions.k8s.io", "customresourcedefinitions", f"{plural}.{GROUP}") is None:
-                create_quietly(self.store, "apiextensions.k8s.io", "customresourcedefinitions",
-                               _crd(kind, plural, short, scope))
-        self._active = True
+        self.install = str(twin.services.get("kyverno_install", "crds"))
+        if self.install not in INSTALL_MODES:
+            raise ValueError(f"kyverno_install {self.install!r} is not one of {', '.join(INSTALL_MODES)}")
+        self._lock = threading.Lock()
+        self._webhooks_registered = False
+        self._active = self.install != "chart"
+        if self.install != "chart":  # the CRDs are there from the start; "chart" gets them from the chart
+            for kind, plural, short, scope in (("ClusterPolicy", "clusterpolicies", "cpol", "Cluster"),
+                                               ("Policy", "policies", "pol", "Namespaced")):
+                if self.store.get("apiextensions.k8s.io", "customresourcedefinitions", f"{plural}.{GROUP}") is None:
+                    create_quietly(self.store, "apiextensions.k8s.io", "customresourcedefinitions",
+                                   _crd(kind, plural, short, scope))
         self.store.add_admission(self._admit)
+        self.store.subscribe(self._on_event)
+        if self.install == "preinstalled":
+            self._preinstall()
         twin.services["kyverno"] = self
+
+    @property
+    def serving(self) -> bool:
+        """Whether the admission webhook is serving (False until the chart's admission controller is available,
+        in "chart" mode)."""
+        return self._active
+
+    def _preinstall(self) -> None:
+        """What a platform team's ``helm install kyverno`` left on the cluster, written as the admin: the namespace
+        and the admission controller Deployment under the chart's name and labels (the workloads controller runs
+        its pod; the webhook configurations follow once it is available, as in "chart" mode)."""
+        create_quietly(self.store, "", "namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": KYVERNO_NAMESPACE}})
+        labels = dict(ADMISSION_LABELS, **{"app.kubernetes.io/instance": "kyverno"})
+        create_quietly(self.store, "apps", "deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": ADMISSION_DEPLOYMENT, "namespace": KYVERNO_NAMESPACE, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                         {"name": "kyverno", "image": "reg.kyverno.io/kyverno/kyverno:v1.19.0"}]}}}})
+
+    def _on_event(self, kind: str, group: str, resource: str, obj: dict[str, Any]) -> None:
+        """The admission controller became available: register the webhook configurations (upstream's webhook
+        controller creates them at run time, the chart does not ship them) and start admitting through them."""
+        if (group, resource) != ("apps", "deployments") or kind == "DELETED":
+            return
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in ADMISSION_LABELS.items()):
+            return
+        if int((obj.get("status") or {}).get("availableReplicas") or 0) < 1:
+            return
+        with self._lock:
+            if self._webhooks_registered:
+                return
+            self._webhooks_registered = True
+        namespace = (obj.get("metadata") or {}).get("namespace") or KYVERNO_NAMESPACE
+        for name in WEBHOOK_CONFIGURATIONS:
+            create_quietly(self.store, "admissionregistration.k8s.io", "mutatingwebhookconfigurations", {
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": name, "labels": {"webhook.kyverno.io/managed-by": "kyverno"}},
+                "webhooks": [{"name": f"{name.removesuffix('-cfg')}.kyverno.svc", "admissionReviewVersions": ["v1"],
+                              "sideEffects": "NoneOnDryRun", "failurePolicy": "Fail",
+                              "clientConfig": {"service": {"name": "kyverno-svc", "namespace": namespace,
+                                                           "path": "/mutate"}}}]})
+        self._active = True
 
     def stop(self) -> None:
         self._active = False  # the store keeps its hooks; a stopped simulation lets everything through

@@ -1,0 +1,177 @@
+"""Kyverno on a kyverno-mode cluster (issue 22 §1), against the twin: missing, it is installed by kvfleet with
+helm from the chart repository at the pinned version, its admission webhook is verified ready, and only then is
+the ClusterPolicy applied; not allowed to install, kvfleet refuses with the exact helm command and changes nothing.
+
+The twin starts the cluster without Kyverno (``SandboxSettings(kyverno="chart")``): its Kyverno simulation serves
+only once the stand-in chart's admission controller Deployment is available, as the real admission controller
+registers its webhooks only once it runs. The sandbox enforces k8s/rbac, which does not grant the install
+(k8s/rbac/README.md, "Kyverno"): a test that lets kvfleet install binds the group to a cluster-admin role first,
+as the README tells a platform team to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kvfleet.errors import PermanentError
+from kvfleet.fleet.endpoint_spec import kyverno_policy
+from kvfleet.fleet.inventory import Inventory, load_inventory
+from kvfleet.stages import addons, endpoints, kyverno
+from kvfleet.stages.base import StageContext, Timeouts
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "ml-stage-usw2"  # kyverno mode in fleet.example.yaml
+PATCH_CLUSTER = "ml-prod-use1"
+RBAC = "rbac.authorization.k8s.io"
+
+
+@pytest.fixture
+def chart_env(sandbox_factory, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    sandbox = sandbox_factory(kyverno="chart")
+    for key, value in sandbox.exports().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    monkeypatch.delenv(kyverno.INSTALL_ENV, raising=False)
+    return sandbox
+
+
+@pytest.fixture
+def make_ctx(chart_env, example_fleet) -> Iterator[Callable[..., StageContext]]:  # type: ignore[no-untyped-def]
+    inv: Inventory = load_inventory(example_fleet)
+    made: list[StageContext] = []
+
+    def make(cluster: str = CLUSTER, **kw: Any) -> StageContext:
+        ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), aws_conn_id=None,
+                           timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30), **kw)
+        made.append(ctx)
+        return ctx
+
+    yield make
+    for ctx in made:
+        ctx.close()
+
+
+def grant_install(sandbox: Any) -> None:
+    """What k8s/rbac/README.md asks of a platform team that lets kvfleet install Kyverno: the group kvfleet bound
+    to a cluster-admin role (written as the cluster's admin)."""
+    store = sandbox.twin(CLUSTER).store
+    store.create(RBAC, "clusterroles", {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole",
+                                        "metadata": {"name": "test-cluster-admin"},
+                                        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]})
+    store.create(RBAC, "clusterrolebindings", {
+        "apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kvfleet-installs-kyverno"},
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "test-cluster-admin"},
+        "subjects": [{"apiGroup": RBAC, "kind": "Group", "name": "kvfleet"}]})
+
+
+def nothing_installed(sandbox: Any) -> bool:
+    store = sandbox.twin(CLUSTER).store
+    return (store.get("apiextensions.k8s.io", "customresourcedefinitions", kyverno.POLICY_CRD) is None
+            and store.get("apps", "deployments", kyverno.ADMISSION_DEPLOYMENT, kyverno.NAMESPACE) is None
+            and not store.list("", "secrets", kyverno.NAMESPACE))
+
+
+def test_missing_kyverno_is_installed_then_its_webhook_is_ready_then_the_policy(chart_env, make_ctx) -> None:
+    twin = chart_env.twin(CLUSTER)
+    assert nothing_installed(chart_env) and not twin.services["kyverno"].serving
+    grant_install(chart_env)
+
+    ctx = make_ctx()
+    state = kyverno.observe(ctx)
+    assert not kyverno.is_ready(state) and state["deployment"] is None
+
+    outcome = kyverno.reconcile(ctx)
+
+    assert outcome.outcome == "changed", outcome
+    assert outcome.detail["chart"] == f"kyverno {kyverno.CHART_VERSION}"
+    release = ctx.helm.status(kyverno.RELEASE, kyverno.NAMESPACE)
+    assert release is not None
+    assert ctx.helm.values(kyverno.RELEASE, kyverno.NAMESPACE, all_values=False) == kyverno.VALUES
+    dep = twin.store.get("apps", "deployments", kyverno.ADMISSION_DEPLOYMENT, kyverno.NAMESPACE)
+    assert dep is not None and dep["spec"]["replicas"] == 3
+    assert int(dep["status"]["availableReplicas"]) >= 1
+    webhook = twin.store.get("admissionregistration.k8s.io", "mutatingwebhookconfigurations",
+                             kyverno.RESOURCE_WEBHOOK)
+    assert webhook is not None and twin.services["kyverno"].serving
+
+    # Then the policy (stage 4): admitted by the now-serving simulation, after the webhook existed.
+    assert endpoints.ensure_kyverno_policy(ctx) == "changed"
+    name = kyverno_policy(ctx.inventory.settings)["metadata"]["name"]
+    policy = twin.store.get("kyverno.io", "clusterpolicies", name)
+    assert policy is not None and policy["status"]["ready"] is True
+    assert int(webhook["metadata"]["resourceVersion"]) < int(policy["metadata"]["resourceVersion"])
+
+    # Idempotent: a second pass observes Kyverno ready and installs nothing.
+    again = kyverno.reconcile(make_ctx())
+    assert again.outcome == "unchanged"
+
+
+def test_stage_2_installs_kyverno_on_a_kyverno_cluster_only(chart_env, make_ctx) -> None:
+    grant_install(chart_env)
+    outcome = addons.reconcile(make_ctx())
+    assert outcome.outcome == "changed" and outcome.detail["kyverno"] == "changed"
+    patch = addons.reconcile(make_ctx(PATCH_CLUSTER))
+    assert patch.detail["kyverno"] == "unchanged"
+    assert chart_env.twin(PATCH_CLUSTER).store.get("apps", "deployments", kyverno.ADMISSION_DEPLOYMENT,
+                                                   kyverno.NAMESPACE) is None
+
+
+def test_not_allowed_to_install_refuses_with_the_exact_command(chart_env, make_ctx,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    grant_install(chart_env)
+    monkeypatch.setenv(kyverno.INSTALL_ENV, "refuse")
+    with pytest.raises(PermanentError) as refused:
+        kyverno.reconcile(make_ctx())
+    text = str(refused.value)
+    repo = chart_env.exports()["KVFLEET_HELM_REPO_KYVERNO"]
+    assert (f"helm install kyverno kyverno --repo {repo} --version {kyverno.CHART_VERSION} -n kyverno "
+            "--create-namespace -f kyverno-values.yaml") in text
+    assert "admissionController:\n  replicas: 3\ncrds:\n  install: true\n" in text
+    assert CLUSTER in text and "l2_injection: kyverno" in text
+    assert nothing_installed(chart_env)
+
+    monkeypatch.setenv(kyverno.INSTALL_ENV, "sometimes")
+    with pytest.raises(PermanentError, match="KVFLEET_KYVERNO_INSTALL='sometimes' is not one of install, refuse"):
+        kyverno.reconcile(make_ctx())
+
+
+def test_an_install_rbac_forbids_is_refused_with_the_command(chart_env, make_ctx) -> None:
+    """Without the install grant (k8s/rbac alone), helm's 403 becomes the refusal, not a retried failure."""
+    with pytest.raises(PermanentError) as refused:
+        kyverno.reconcile(make_ctx())
+    assert "may not install it" in str(refused.value)
+    assert f"--version {kyverno.CHART_VERSION} -n kyverno --create-namespace" in str(refused.value)
+
+
+def test_dry_run_plans_the_install_and_changes_nothing(chart_env, make_ctx) -> None:
+    ctx = make_ctx(dry_run=True)
+    outcome = kyverno.reconcile(ctx)
+    assert outcome.outcome == "planned"
+    (planned,) = ctx.planned
+    assert planned.action == kyverno.install_command() and "MutatingWebhookConfiguration" in (planned.diff or "")
+    assert nothing_installed(chart_env)
+
+
+def test_a_preinstalled_kyverno_is_verified_not_reinstalled(sandbox_factory, example_fleet,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox = sandbox_factory()  # the default: a platform team's Kyverno is there
+    for key, value in sandbox.exports().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    inv = load_inventory(example_fleet)
+    ctx = StageContext(inventory=inv, cluster=inv.cluster(CLUSTER), aws_conn_id=None,
+                       timeouts=Timeouts(pods_s=60))
+    try:
+        ready = kyverno.wait_ready(ctx)
+        assert ready["deployment"] == f"{kyverno.NAMESPACE}/{kyverno.ADMISSION_DEPLOYMENT}"
+        assert kyverno.reconcile(ctx).outcome == "unchanged"
+        # kvfleet installed nothing: no helm release Secret in the namespace.
+        assert not [s for s in sandbox.twin(CLUSTER).store.list("", "secrets", kyverno.NAMESPACE)
+                    if (s["metadata"].get("labels") or {}).get("owner") == "helm"]
+    finally:
+        ctx.close()

@@ -445,7 +445,7 @@ class HelmUpgrade:
     why: str | None = None
     when: str | None = None
     endpoint: None = None
-    diff: None = None
+    diff: str | None = field(default=None, compare=False)  # the values diff, for a person
 
     def values_map(self) -> dict[str, Any]:
         return dict(json.loads(self.values))

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
-from kvfleet.clients.helm import render
 from kvfleet.clients.kube import call, wait_for
 from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.inventory import size_to_bytes
 from kvfleet.stages import curvine as stage3
+from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
 
@@ -278,15 +280,16 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     version = state.chart_version or spec.version  # never an upgrade on the side: the deployed chart version
     # one values file: the count, the placement kvfleet relies on, and the flags false (the chart pins nothing)
     sets = {"worker.replicas": target, **cv.placement_values(), **cv.safe_flags()}
-    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
-                                 version=version, values=sets)
-    command = render(ctx.helm.argv(*args))
     # a copy: merged_values shares nested mappings of its ``current`` argument with its result
     diff = cv.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
-    with _refusals_recorded(ctx):
-        decision["rendered"] = check_render(ctx, args, target)
+    action = A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
+                            version=version, values=sets, why=f"worker.replicas {state.replicas} -> {target}")
+    action = dataclasses.replace(action, diff=diff)
+    command = action.equivalent()
+    with _refusals_recorded(ctx):  # rendered with the very arguments the executor will run
+        decision["rendered"] = check_render(ctx, executor.helm_args(ctx, action), target)
     if ctx.dry_run:
-        ctx.plan(STAGE, command, diff=diff)
+        executor.run(ctx, STAGE, [action])
         return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)
     if ctx.history is None:
         raise PermanentError("a Curvine scale-out needs the history store (cluster lease and records)")
@@ -295,18 +298,17 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     with _refusals_recorded(ctx):
         lock.acquire()
     try:
-        return _scale_locked(ctx, req, state, target, args, command, diff, decision)
+        return _scale_locked(ctx, req, state, target, action, decision)
     finally:
         lock.release()
 
 
-def _scale_locked(ctx: StageContext, req: ScaleRequest, state: PoolState, target: int, args: list[str],
-                  command: str, diff: str, decision: dict[str, Any]) -> Outcome:
+def _scale_locked(ctx: StageContext, req: ScaleRequest, state: PoolState, target: int, action: A.HelmUpgrade,
+                  decision: dict[str, Any]) -> Outcome:
     before = stage3.capacity_snapshot(ctx, STAGE, "before")
-    ctx.say(f"scaling Curvine workers {state.replicas} -> {target}: {command}\n{diff}")
-    with ctx.write_ahead("helm_upgrade", f"release {ctx.cluster.curvine.namespace}/{C.CURVINE_RELEASE} "
-                         f"worker.replicas {state.replicas} -> {target}"):
-        ctx.helm.run(*args, what=f"helm upgrade curvine worker.replicas={target}")
+    command = action.equivalent()
+    ctx.say(f"scaling Curvine workers {state.replicas} -> {target}: {command}\n{action.diff}")
+    executor.run(ctx, STAGE, [action])
     master = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace)
     want = {f"{C.CURVINE_WORKER_STS}-{i}" for i in range(target)}
 

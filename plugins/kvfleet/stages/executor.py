@@ -214,31 +214,30 @@ def _apply_policy(ctx: StageContext, a: A.ApplyClusterPolicy) -> None:
     ctx.say(f"stage 4 (kyverno): ClusterPolicy {a.name} applied; no operator pause is needed in this mode")
 
 
-def _helm_values_file(ctx: StageContext, args: list[str], a: A.HelmInstall | A.HelmUpgrade) -> None:
-    """The values file the command hands helm carries exactly the action's values (its digest): what the dry
-    run listed is what helm gets, or nothing runs."""
+def helm_args(ctx: StageContext, a: A.HelmInstall | A.HelmUpgrade) -> list[str]:
+    """The helm command line of ``a`` (its values written to a file in the private helm home), checked: the
+    values file carries exactly the action's values (its digest), so what the dry run listed is what helm gets.
+    A gate that renders the command first (``--dry-run=server``) renders these very arguments."""
+    args: list[str]
+    if isinstance(a, A.HelmInstall):
+        args = ctx.helm.install_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
+                                     values=a.values_map())
+    else:
+        args = ctx.helm.upgrade_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
+                                     values=a.values_map(), reuse_values=a.reuse_values)
     path = args[args.index("-f") + 1] if "-f" in args else None
     written = (yaml.safe_load(ctx.helm.files[path]) or {}) if path is not None else {}
     got = A.tree_digest(written)
     if got != a.values_digest:
         raise PermanentError(f"{a.target()}: the values file for helm has digest {got}, the action {a.values_digest}:"
                              " refusing to run helm with values other than those planned")
+    return args
 
 
-def _helm_install(ctx: StageContext, a: A.HelmInstall) -> None:
+def _helm(ctx: StageContext, a: A.HelmInstall | A.HelmUpgrade) -> None:
     with ctx.write_ahead(a.kind, a.target()):
-        args = ctx.helm.install_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
-                                     values=a.values_map())
-        _helm_values_file(ctx, args, a)
-        ctx.helm.run(*args, what=f"helm install {a.release}" + (f" ({a.why})" if a.why else ""))
-
-
-def _helm_upgrade(ctx: StageContext, a: A.HelmUpgrade) -> None:
-    with ctx.write_ahead(a.kind, a.target()):
-        args = ctx.helm.upgrade_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
-                                     values=a.values_map(), reuse_values=a.reuse_values)
-        _helm_values_file(ctx, args, a)
-        ctx.helm.run(*args, what=f"helm upgrade {a.release}" + (f" ({a.why})" if a.why else ""))
+        args = helm_args(ctx, a)
+        ctx.helm.run(*args, what=f"helm {args[0]} {a.release}" + (f" ({a.why})" if a.why else ""))
 
 
 def _create_storage_class(ctx: StageContext, a: A.CreateStorageClass) -> None:
@@ -270,8 +269,8 @@ _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.WaitRolledOut: _wait_rolled_out,
     A.RerenderDeployment: _rerender,
     A.ApplyClusterPolicy: _apply_policy,
-    A.HelmInstall: _helm_install,
-    A.HelmUpgrade: _helm_upgrade,
+    A.HelmInstall: _helm,
+    A.HelmUpgrade: _helm,
     A.CreateStorageClass: _create_storage_class,
     A.CreateNamespace: _create_namespace,
     A.CreatePvc: _create_pvc,

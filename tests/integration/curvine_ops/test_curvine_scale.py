@@ -3,13 +3,17 @@ recorded, a second run changes nothing, scale-in needs an explicit Param, detect
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from opskit import CLUSTER, GIB, NS
 
 from kvfleet.errors import GateRefused
+from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.stages import curvine_scale as sc
+from kvfleet.stages import executor
 from kvfleet.stages.curvine_scale import ScaleRequest
 
 pytestmark = pytest.mark.integration
@@ -30,13 +34,24 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     dry = ops.ctx("dry", dry_run=True, progress=said.append)
     planned = sc.scale(dry, ScaleRequest(all_eligible=True), holder="run-a")
     assert planned.outcome == "planned" and ops.sim.overview()["live_workers"] == 2
-    assert dry.planned[0].action.endswith("--reuse-values -f upgrade-001.yaml") and "--set" not in dry.planned[0].action
+    [upgrade] = executor.journal(dry)  # one typed action: the helm upgrade, values as a file named by its digest
+    assert isinstance(upgrade, A.HelmUpgrade) and upgrade.reuse_values
+    assert upgrade.values_map() == {"worker.replicas": 4, **cv.placement_values(), **cv.safe_flags()}
+    assert dry.planned[0].action == upgrade.equivalent()
+    assert f" --reuse-values -f values-{upgrade.values_digest}.yaml   # " in upgrade.equivalent()
+    assert "worker.replicas=4" in upgrade.equivalent() and "--set" not in upgrade.equivalent()
     assert planned.detail["decision"]["rendered"]["format_findings"] == []  # rendered and checked, even dry
     assert dry.planned[0].diff == "~ worker.replicas: 2 -> 4"
 
     ctx = ops.ctx("scale")
     out = sc.scale(ctx, ScaleRequest(all_eligible=True, timeout_s=20), holder="run-a")
     assert out.outcome == "changed", out.detail
+    assert executor.journal(ctx) == [upgrade]  # the real run applied exactly what the dry run listed
+    audit = ops.history.query("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1),
+                              run_key=ctx.step_key.run_key, cluster=None, endpoint=None, limit=10)
+    assert [(r["action"], r["outcome"]) for r in audit if "worker.replicas" in r["target"]] == [
+        ("helm_upgrade", "changed")]  # its write-ahead record (the fixture's install shares the run)
+    assert upgrade.target() == f"release {NS}/{C.CURVINE_RELEASE} worker.replicas 2 -> 4"
     assert (out.detail["from_workers"], out.detail["to_workers"]) == (2, 4)
     ov = ops.sim.overview()
     assert ov["live_workers"] == 4 and ov["capacity"] == 400 * GIB

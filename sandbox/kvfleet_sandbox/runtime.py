@@ -210,7 +210,8 @@ def start_sandbox(
         aws.start()
         for index, cluster in enumerate(inventory.clusters):
             _start_cluster(sandbox, cluster, index)
-        seed_prerequisites(aws, inventory.clusters)  # what `kvfleet preflight` checks a platform team has done
+        # What `kvfleet preflight` checks a platform team has done (minus what the settings leave missing).
+        seed_prerequisites(aws, inventory.clusters, omit=settings.omit_prerequisites)
         for cluster in inventory.clusters:  # how controllers/kyverno.py starts on each cluster
             sandbox.twins[cluster.name].services["kyverno_install"] = \
                 settings.kyverno if cluster.l2_injection == "kyverno" else "crds"

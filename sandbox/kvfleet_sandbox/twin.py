@@ -66,6 +66,9 @@ class SandboxSettings:
     # Kyverno on kyverno-mode clusters: "preinstalled" (a platform team's install is there at start-up) or
     # "chart" (absent until its chart is installed, as kvfleet's stage 2 does; controllers/kyverno.py).
     kyverno: str = "preinstalled"
+    # AWS prerequisites the start-up does NOT create (aws_prereqs.ITEMS, e.g. ("execution_role", "tls_bucket")), so
+    # a sandbox starts with exactly those missing for `kvfleet preflight` to find.
+    omit_prerequisites: tuple[str, ...] = ()
 
 
 class Controller(Protocol):

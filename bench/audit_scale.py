@@ -264,43 +264,61 @@ def load(conn: Any, writers: dict[str, Writer]) -> dict[str, Any]:
     return figures
 
 
-def cases(now: datetime, sample: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, named query, binds): what `kvfleet audit` (7d, limit 50) and the page (30d, limit 500) run."""
+Case = tuple[str, str, dict[str, Any], dict[str, int] | None]
+
+
+def cases(now: datetime, sample: dict[str, Any]) -> list[Case]:
+    """(label, named query, binds, paging): what `kvfleet audit` (7d, pages of 50 for verifications and drift,
+    --limit 50 elsewhere) and the page (30d, limit 500) run. ``paging`` is None for a plain query, else
+    {"limit": rows per page, "skip": rows before the page timed (0: the first page)}: the case then runs
+    ``History.page`` with the cursor of the row ``skip`` (found once, untimed)."""
     d7, d30 = now - timedelta(days=7), now - timedelta(days=30)
     c, ep, run, rollout = sample["cluster"], sample["endpoint"], sample["run_key"], sample["rollout_key"]
     short = ep.split("/", 1)[1]
+    first, deep = {"limit": 50, "skip": 0}, {"limit": 50, "skip": 5000}
     return [
-        ("audit runs (7d, 50)", "recent_runs", {"cutoff": d7, "limit": 50}),
-        ("page runs (30d, 500)", "recent_runs", {"cutoff": d30, "limit": 500}),
-        ("audit verifications (7d)", "verifications", {"cutoff": d7, "lob": None, "endpoint": None}),
-        ("audit verifications --endpoint", "verifications", {"cutoff": d7, "lob": None, "endpoint": short}),
-        ("audit verifications --lob", "verifications", {"cutoff": d7, "lob": "rag", "endpoint": None}),
-        ("audit drift --open / page", "open_drift", {}),
-        ("audit drift (7d)", "drift_since", {"cutoff": d7}),
-        ("page drift (30d)", "drift_since", {"cutoff": d30}),
-        ("drift summary by LOB", "drift_open_by_lob", {}),
-        ("drift recurrence (30d)", "drift_recurrence", {"cutoff": d30, "kind": "patch_lost_to_reconcile"}),
-        ("audit gates (7d, 50)", "gate_decisions", {"cutoff": d7, "run_key": None, "limit": 50}),
-        ("audit gates --run", "gate_decisions", {"cutoff": d30, "run_key": rollout, "limit": 50}),
+        ("audit runs (7d, 50)", "recent_runs", {"cutoff": d7, "limit": 50}, None),
+        ("page runs (30d, 500)", "recent_runs", {"cutoff": d30, "limit": 500}, None),
+        ("audit verifications (7d, page 1)", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": None},
+         first),
+        ("audit verifications (7d, page 101)", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": None},
+         deep),
+        ("audit verifications --endpoint", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": short},
+         first),
+        ("audit verifications --lob", "verifications_page", {"cutoff": d7, "lob": "rag", "endpoint": None}, first),
+        ("gate evidence: verifications --endpoint", "verifications", {"cutoff": d7, "lob": None, "endpoint": short},
+         None),
+        ("audit drift --open (page 1)", "open_drift_page", {}, first),
+        ("page / gates: open drift", "open_drift", {}, None),
+        ("audit drift (7d, page 1)", "drift_page", {"cutoff": d7, "cluster": None}, first),
+        ("audit drift (7d, page 101)", "drift_page", {"cutoff": d7, "cluster": None}, deep),
+        ("page drift today (30d, every row)", "drift_since", {"cutoff": d30}, None),
+        ("page drift counts (30d)", "drift_summary", {"cutoff": d30, "cluster": None}, None),
+        ("page drift list (30d, page of 500)", "drift_page", {"cutoff": d30, "cluster": None},
+         {"limit": 500, "skip": 0}),
+        ("drift summary by LOB", "drift_open_by_lob", {}, None),
+        ("drift recurrence (30d)", "drift_recurrence", {"cutoff": d30, "kind": "patch_lost_to_reconcile"}, None),
+        ("audit gates (7d, 50)", "gate_decisions", {"cutoff": d7, "run_key": None, "limit": 50}, None),
+        ("audit gates --run", "gate_decisions", {"cutoff": d30, "run_key": rollout, "limit": 50}, None),
         ("audit write-ahead (7d, 50)", "write_ahead",
-         {"cutoff": d7, "run_key": None, "cluster": None, "endpoint": None, "limit": 50}),
+         {"cutoff": d7, "run_key": None, "cluster": None, "endpoint": None, "limit": 50}, None),
         ("audit write-ahead --cluster", "write_ahead",
-         {"cutoff": d7, "run_key": None, "cluster": c, "endpoint": None, "limit": 50}),
-        ("audit endpoint (7d)", "endpoint_changes", {"endpoint": short, "cutoff": d7}),
-        ("open intents", "open_intents", {"cluster": None, "endpoint": None, "run_key": None}),
-        ("open intents of a run", "open_intents", {"cluster": None, "endpoint": None, "run_key": run}),
-        ("audit curvine: releases", "curvine_history", {"cluster": c}),
-        ("audit curvine: capacity", "capacity_history", {"cluster": c}),
-        ("last rollout", "last_run", {"dag_id": "kvfleet_rollout"}),
-        ("audit rollout (by LOB)", "rollout_by_lob", {"run_key": rollout}),
-        ("dry-run plan", "planned_actions", {"run_key": rollout}),
-        ("hit stats weekly (30d)", "hit_stats_weekly", {"cutoff": d30}),
-        ("page clusters", "ui_clusters", {}),
-        ("page LOBs", "ui_lobs", {}),
-        ("page fleet", "ui_fleet", {"cluster": None, "lob": None}),
-        ("page fleet --cluster", "ui_fleet", {"cluster": c, "lob": None}),
-        ("page trends", "ui_endpoint_verifications", {"cluster": c, "endpoint": short, "cutoff": d30}),
-        ("page gates (30d, 500)", "ui_gate_steps", {"cutoff": d30, "limit": 500}),
+         {"cutoff": d7, "run_key": None, "cluster": c, "endpoint": None, "limit": 50}, None),
+        ("audit endpoint (7d)", "endpoint_changes", {"endpoint": short, "cutoff": d7}, None),
+        ("open intents", "open_intents", {"cluster": None, "endpoint": None, "run_key": None}, None),
+        ("open intents of a run", "open_intents", {"cluster": None, "endpoint": None, "run_key": run}, None),
+        ("audit curvine: releases", "curvine_history", {"cluster": c}, None),
+        ("audit curvine: capacity", "capacity_history", {"cluster": c}, None),
+        ("last rollout", "last_run", {"dag_id": "kvfleet_rollout"}, None),
+        ("audit rollout (by LOB)", "rollout_by_lob", {"run_key": rollout}, None),
+        ("dry-run plan", "planned_actions", {"run_key": rollout}, None),
+        ("hit stats weekly (30d)", "hit_stats_weekly", {"cutoff": d30}, None),
+        ("page clusters", "ui_clusters", {}, None),
+        ("page LOBs", "ui_lobs", {}, None),
+        ("page fleet", "ui_fleet", {"cluster": None, "lob": None}, None),
+        ("page fleet --cluster", "ui_fleet", {"cluster": c, "lob": None}, None),
+        ("page trends", "ui_endpoint_verifications", {"cluster": c, "endpoint": short, "cutoff": d30}, None),
+        ("page gates (30d, 500)", "ui_gate_steps", {"cutoff": d30, "limit": 500}, None),
     ]
 
 
@@ -316,16 +334,36 @@ def sample_keys(engine: Any) -> dict[str, Any]:
     return {"rollout_key": rollout, "run_key": run, "cluster": c, "endpoint": ep}
 
 
-def time_queries(history: Any, repeat: int, plans: bool) -> list[dict[str, Any]]:
+def _runner(history: Any, name: str, binds: dict[str, Any],
+            paging: dict[str, int] | None) -> tuple[Any, dict[str, Any]]:
+    """The call a case times, and the binds its SQL runs with (for EXPLAIN)."""
+    from kvfleet.history.repo import PAGED, decode_cursor
+
+    if paging is None:
+        return (lambda: history.query(name, **binds)), binds
+    after = None
+    if paging["skip"]:
+        _rows, after = history.page(name, limit=paging["skip"], **binds)
+    keys = PAGED[name]
+    values = decode_cursor(name, after) if after else [None] * len(keys)
+    sql_binds = {**binds, **{f"after_{k}": v for k, v in zip(keys, values, strict=True)},
+                 "limit": paging["limit"] + 1}
+    return (lambda: history.page(name, limit=paging["limit"], after=after, **binds)[0]), sql_binds
+
+
+def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None) -> list[dict[str, Any]]:
     from sqlalchemy import text
 
     results = []
-    for label, name, binds in cases(datetime.now(UTC), sample_keys(history.engine)):
-        rows = history.query(name, **binds)  # warm the cache once
+    for label, name, binds, paging in cases(datetime.now(UTC), sample_keys(history.engine)):
+        if only and only not in label and only not in name:
+            continue
+        call, sql_binds = _runner(history, name, binds, paging)
+        rows = call()  # warm the cache once
         times = []
         for _ in range(repeat):
             started = time.perf_counter()
-            history.query(name, **binds)
+            call()
             times.append(1000 * (time.perf_counter() - started))
         times.sort()
         entry: dict[str, Any] = {"label": label, "query": name, "rows": len(rows),
@@ -334,7 +372,7 @@ def time_queries(history: Any, repeat: int, plans: bool) -> list[dict[str, Any]]
         entry["ok"] = entry["p95_ms"] < TARGET_MS
         sql = (ROOT / "sql" / "queries" / f"{name}.sql").read_text()
         with history.engine.connect() as conn:
-            plan = list(conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), binds).scalars().all())
+            plan = list(conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), sql_binds).scalars().all())
         # The server's own execution time (no transfer, no rows turned into dicts) and its sequential scans.
         entry["server_ms"] = next((float(line.split(":")[1].split()[0]) for line in plan
                                    if line.startswith("Execution Time")), None)
@@ -366,7 +404,8 @@ def server(state: Path | None) -> Iterator[tuple[Any, Path]]:
                 pg.stop()
 
 
-def run(rows: int, repeat: int, plans: bool, state: Path | None, log: Any) -> dict[str, Any]:
+def run(rows: int, repeat: int, plans: bool, state: Path | None, log: Any,
+        only: str | None = None) -> dict[str, Any]:
     import psycopg2
     from sqlalchemy import create_engine, text
 
@@ -399,7 +438,7 @@ def run(rows: int, repeat: int, plans: bool, state: Path | None, log: Any) -> di
         history = History(superuser)
         figures["verify"] = time_verify(history)
         log("timing the named queries")
-        figures["queries"] = time_queries(history, repeat, plans)
+        figures["queries"] = time_queries(history, repeat, plans, only)
         superuser.dispose()
         owner.dispose()
     figures["target_ms"] = TARGET_MS
@@ -414,11 +453,11 @@ def print_report(f: dict[str, Any], plans: bool) -> None:
     v = f["verify"]
     print(f"audit chain (kvfleet audit verify): {'valid' if v['ok'] else 'BROKEN ' + json.dumps(v['broken'])}, "
           f"{v['rows']:,} rows walked in {v['seconds']}s (a full walk by design)")
-    print(f"\n{'case':34} {'named query':26} {'rows':>6} {'p50 ms':>7} {'p95 ms':>7} {'server ms':>9}  "
+    print(f"\n{'case':40} {'named query':26} {'rows':>6} {'p50 ms':>7} {'p95 ms':>7} {'server ms':>9}  "
           f"seq scans  (target p95 < {f['target_ms']:.0f} ms)")
     for q in f["queries"]:
         server = "" if q["server_ms"] is None else f"{q['server_ms']:.1f}"
-        print(f"{q['label']:34} {q['query']:26} {q['rows']:6} {q['p50_ms']:7.1f} {q['p95_ms']:7.1f} {server:>9}  "
+        print(f"{q['label']:40} {q['query']:26} {q['rows']:6} {q['p50_ms']:7.1f} {q['p95_ms']:7.1f} {server:>9}  "
               f"{', '.join(q['seq_scans']) or '-'} {'✓' if q['ok'] else '✗'}")
         if plans:
             print("\n".join("    " + line for line in q["plan"]) + "\n")
@@ -431,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", action="store_true", help="print EXPLAIN (ANALYZE, BUFFERS) of every query")
     parser.add_argument("--json", action="store_true", help="print only the results, as JSON")
     parser.add_argument("--state", type=Path, default=None, help="keep (and reuse) the server's data here")
+    parser.add_argument("--only", metavar="TEXT", help="time only the cases whose label or named query contains "
+                                                       "TEXT (a subset while iterating)")
     args = parser.parse_args(argv)
     if not 1_000 <= args.rows <= 20_000_000:
         parser.error(f"--rows {args.rows}: must be 1,000 to 20,000,000")
@@ -441,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        figures = run(args.rows, args.repeat, args.plans, args.state, log)
+        figures = run(args.rows, args.repeat, args.plans, args.state, log, args.only)
     if args.json:
         print(json.dumps(figures, indent=2, default=str))
     else:

@@ -180,14 +180,24 @@ def _runs(h: Any, args: argparse.Namespace) -> Table:
                   "failed", "planned", "unknown_changes", "reason"]
 
 
+def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[dict[str, Any]]:
+    """One page (--limit rows after --after) of a keyset-paged query; its next cursor goes to ``args.next``."""
+    try:
+        rows, args.next = h.page(name, limit=args.limit, after=args.after, **binds)
+    except ValueError as exc:
+        raise UsageError(f"kvfleet audit {args.what}: {exc}") from None
+    return list(rows)
+
+
 def _verifications(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("verifications", cutoff=_cutoff(args.since), lob=args.lob, endpoint=args.endpoint)
+    rows = _paged(h, args, "verifications_page", cutoff=_cutoff(args.since), lob=args.lob, endpoint=args.endpoint)
     return rows, ["at", "run", "cluster", "endpoint", "lob", "prompt_tokens", "hit_ratio", "ttft_cold_ms",
                   "ttft_warm_ms", "speedup", "expected_speedup", "verdict", "diagnosis"]
 
 
 def _drift(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("open_drift") if args.open else h.query("drift_since", cutoff=_cutoff(args.since))
+    rows = (_paged(h, args, "open_drift_page") if args.open
+            else _paged(h, args, "drift_page", cutoff=_cutoff(args.since), cluster=args.cluster))
     return rows, (["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual", "first_seen",
                    "last_seen"] + ([] if args.open else ["resolved_at", "resolution"])
                   + ["remediation_action", "remediation_outcome"])
@@ -216,6 +226,7 @@ def _endpoint(h: Any, args: argparse.Namespace) -> Table:
                   "triggered_by"]
 
 
+_PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (History.page)
 _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gates": _gates, "changes": _changes,
            "endpoint": _endpoint}
 
@@ -225,6 +236,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise UsageError("kvfleet audit curvine: --cluster is required")
     if args.what == "endpoint" and not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
+    if args.after is not None and args.what not in _PAGED:
+        raise UsageError(f"kvfleet audit {args.what}: --after pages {' and '.join(sorted(_PAGED))} only; "
+                         "drop it (--limit caps this listing)")
     h = _history()
     if args.what == "verify":
         return _audit_verify(h, args)
@@ -232,11 +246,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return _audit_rollout(h, args)
     if args.what == "curvine":
         return _audit_curvine(h, args)
+    args.next = None
     rows, cols = _TABLES[args.what](h, args)
     if args.json:
         _json_dump(rows)
     else:
         _print_table(rows, cols)
+    if args.next:  # JSON stays a list of rows on stdout; the cursor of the next page goes beside it
+        line = f"next page: kvfleet audit {args.what} --after {args.next}"
+        if args.json:
+            print(json.dumps({"next": args.next}), file=sys.stderr)
+        else:
+            _out(line)
     return 0
 
 
@@ -539,7 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changes: write-ahead records; verify: check the audit log's hash chain")
     a.add_argument("--run", help="rollout, gates, changes: the run key (dag_id/run_id); rollout: default the newest")
     a.add_argument("--since", type=_since, default="7d", help="7d, 12h, 30m (at most 36500d)")
-    a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=50)
+    a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=50,
+                   help="rows per listing (a page for verifications and drift; default 50)")
+    a.add_argument("--after", metavar="CURSOR", help="verifications, drift: the page after this cursor (the "
+                                                     "'next' value the previous page printed)")
     a.add_argument("--lob")
     a.add_argument("--endpoint")
     a.add_argument("--cluster")

@@ -1,11 +1,11 @@
 -- Runs started since :cutoff, newest first, with step counts per outcome.
 -- The :limit newest runs are chosen first (runs_started_at), then each one's steps are counted through its own
--- index range (step_events_run): the counts never read the steps of runs that are not shown.
+-- index range (step_events_run): the counts never read the steps of runs that are not shown. Its write-ahead
+-- intents without an outcome are counted in audit_open_intents (kept at write time; revision 0008).
 SELECT r.run_key, r.dag_id, r.run_id, r.trigger, r.triggered_by, r.status, r.reason, r.started_at,
        r.ended_at, r.params,
        s.changed, s.unchanged, s.failed, s.planned,
-       (SELECT count(*) FROM audit_log i WHERE i.run_key = r.run_key AND i.kind = 'intent'
-          AND NOT EXISTS (SELECT 1 FROM audit_log o WHERE o.intent_id = i.id)) AS unknown_changes
+       (SELECT count(*) FROM audit_open_intents oi WHERE oi.run_key = r.run_key) AS unknown_changes
 FROM (
     SELECT * FROM runs
     WHERE started_at >= :cutoff

@@ -10,6 +10,7 @@ parameter (SQLAlchemy 2.1's ``text()`` would read ``:2`` inside a JSON literal a
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -571,6 +572,65 @@ class History:
                 stmt = stmt.bindparams(bindparam(key, type_=JSONB))
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(stmt, params).mappings()]
+
+    def page(self, name: str, *, limit: int, after: str | None = None,
+             **params: Any) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a keyset-paged named query (``PAGED``): at most ``limit`` rows after the cursor ``after``
+        (None: the first page), and the cursor of the next page (None when this page is the last). A cursor
+        names its query, so one from another query is refused (ValueError)."""
+        keys = PAGED[name]
+        values = decode_cursor(name, after) if after else [None] * len(keys)
+        binds = {**params, **{f"after_{k}": v for k, v in zip(keys, values, strict=True)}, "limit": limit + 1}
+        rows = self.query(name, **binds)
+        if len(rows) <= limit:
+            return rows, None
+        rows = rows[:limit]
+        return rows, encode_cursor(name, [rows[-1][k] for k in keys])
+
+
+# Keyset-paged named queries and the columns of their cursor (their ORDER BY).
+PAGED: dict[str, tuple[str, ...]] = {
+    "verifications_page": ("at", "id"),
+    "drift_page": ("first_seen", "id"),
+    "open_drift_page": ("first_seen", "cluster", "kind", "id"),
+}
+
+
+def encode_cursor(name: str, values: Iterable[Any]) -> str:
+    """An opaque page cursor: the query's name and the last row's sort key, as URL-safe base64 of JSON."""
+    raw = json.dumps([name, [v.isoformat() if isinstance(v, datetime) else v for v in values]],
+                     separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(name: str, cursor: str) -> list[Any]:
+    """The sort key a cursor of ``name`` carries; ValueError naming the problem for anything else."""
+    keys = PAGED[name]
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        got_name, values = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--after: {cursor[:80]!r} is not a page cursor; pass the 'next' value a previous page "
+                         "printed") from exc
+    if got_name != name or not isinstance(values, list) or len(values) != len(keys):
+        raise ValueError(f"--after: the cursor is for another listing ({str(got_name)[:40]!r}), not {name!r}; pass "
+                         "the 'next' value this listing printed")
+    out: list[Any] = []
+    for key, value in zip(keys, values, strict=True):
+        if key in ("cluster", "kind") and not isinstance(value, str):
+            raise ValueError(f"--after: the cursor's {key} {value!r} is not text; pass the 'next' value a previous "
+                             "page printed")
+        if key == "id" and not isinstance(value, int):
+            raise ValueError(f"--after: the cursor's {key} {value!r} is not a whole number; pass the 'next' value "
+                             "a previous page printed")
+        if key in ("at", "first_seen"):
+            try:
+                value = datetime.fromisoformat(str(value))
+            except ValueError:
+                raise ValueError(f"--after: the cursor's {key} {value!r} is not a time; pass the 'next' value a "
+                                 "previous page printed") from None
+        out.append(value)
+    return out
 
 
 MAX_SINCE_DAYS = 36_500  # a hundred years: older than any history

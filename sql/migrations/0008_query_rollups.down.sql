@@ -1,0 +1,21 @@
+-- kvfleet history schema: undo revision 0008 (summaries maintained at write time, keyset-paging indexes).
+DROP TRIGGER IF EXISTS audit_log_open_intents ON audit_log;
+DROP TRIGGER IF EXISTS hit_verifications_stats_ins ON hit_verifications;
+DROP TRIGGER IF EXISTS hit_verifications_stats_upd ON hit_verifications;
+DROP TRIGGER IF EXISTS hit_verifications_stats_del ON hit_verifications;
+DROP TRIGGER IF EXISTS drift_findings_counts_ins ON drift_findings;
+DROP TRIGGER IF EXISTS drift_findings_counts_upd ON drift_findings;
+DROP TRIGGER IF EXISTS drift_findings_counts_del ON drift_findings;
+DROP FUNCTION IF EXISTS kvfleet_open_intents_sync();
+DROP FUNCTION IF EXISTS kvfleet_hit_stats_sync();
+DROP FUNCTION IF EXISTS kvfleet_drift_counts_sync();
+DROP FUNCTION IF EXISTS kvfleet_quarter_hour(timestamptz);
+DROP FUNCTION IF EXISTS kvfleet_utc_day(timestamptz);
+DROP TABLE IF EXISTS audit_open_intents;
+DROP TABLE IF EXISTS hit_stats_buckets;
+DROP TABLE IF EXISTS drift_day_counts;
+DROP INDEX IF EXISTS hit_verifications_at_id;
+DROP INDEX IF EXISTS hit_verifications_lob_at_id;
+DROP INDEX IF EXISTS drift_findings_first_seen_id;
+DROP INDEX IF EXISTS drift_findings_open_page;
+DROP INDEX IF EXISTS drift_findings_kind_first_seen_cover;

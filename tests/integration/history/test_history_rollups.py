@@ -1,0 +1,297 @@
+"""The summaries kept at write time (revision 0008) and the keyset-paged queries, on real PostgreSQL: each
+summary query returns what the full query it replaces returns over the same rows, through the product's own writes;
+pages put together are the full listing; the writer role reads the summaries and cannot write them."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
+
+from kvfleet import cli
+from kvfleet.history import migrate
+from kvfleet.history.db import OWNER_ROLE, WRITER_ROLE
+from kvfleet.history.repo import History, StepKey, decode_cursor, encode_cursor
+
+pytestmark = pytest.mark.integration
+NOW = datetime.now(UTC)
+
+# What hit_stats_weekly and open_intents computed before revision 0008, over every row (the reference).
+FULL_HIT_STATS = """
+SELECT lob, date_trunc('week', at) AS week, COUNT(*) AS verifications,
+       AVG(hit_ratio) AS avg_hit_ratio, AVG(speedup) AS avg_speedup,
+       AVG(expected_speedup) AS avg_expected_speedup,
+       COUNT(*) FILTER (WHERE verdict = 'pass') AS passed
+FROM hit_verifications WHERE at >= :cutoff GROUP BY lob, week ORDER BY week DESC, lob
+"""
+FULL_OPEN_INTENTS = """
+SELECT i.id FROM audit_log i WHERE i.kind = 'intent'
+  AND NOT EXISTS (SELECT 1 FROM audit_log o WHERE o.intent_id = i.id) ORDER BY i.id
+"""
+
+
+def _rows(engine: Engine, sql: str, **binds: Any) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(text(sql), binds).mappings()]
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Equal rows; averages to 1e-12 (a sum of sums rounds differently from one running sum)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.keys() != y.keys():
+            return False
+        for k in x:
+            if isinstance(x[k], float) and isinstance(y[k], float):
+                if not math.isclose(x[k], y[k], rel_tol=1e-12):
+                    return False
+            elif x[k] != y[k] or type(x[k]) is not type(y[k]):
+                return False
+    return True
+
+
+def _verification(engine: Engine, at: datetime, lob: str | None, verdict: str, hit: float | None,
+                  speedup: float | None, n: list[int]) -> None:
+    n[0] += 1
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO hit_verifications (run_key, task_id, map_index, step, cluster, endpoint, lob, verdict, "
+            "hit_ratio, speedup, expected_speedup, at) VALUES ('kvfleet_hit_verification/r', 'v', -1, :s, 'c1', "
+            "'ns/e', :lob, :v, :h, :sp, 2.4, :at)"), {"s": f"verify:{n[0]}", "lob": lob, "v": verdict, "h": hit,
+                                                     "sp": speedup, "at": at})
+
+
+def test_hit_stats_weekly_from_the_buckets_equals_the_full_aggregate(history: History) -> None:
+    engine = history.engine
+    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+                      trigger="schedule", triggered_by=None, params={})
+    n = [0]
+    for i in range(60):  # 40 days back, several per quarter hour, a NULL LOB and NULL figures among them
+        at = NOW - timedelta(hours=16 * i, minutes=7 * i)
+        _verification(engine, at, (None, "rag", "chat")[i % 3], ("pass", "fail")[i % 5 == 0],
+                      None if i % 7 == 0 else 0.5 + i / 200, None if i % 11 == 0 else 2.0 + i / 100, n)
+        _verification(engine, at + timedelta(minutes=3), "rag", "pass", 1.0, 2.5, n)
+    # cutoffs inside a quarter hour, on one, and before everything
+    cutoffs = [NOW - timedelta(days=30, minutes=4), NOW - timedelta(days=7),
+               datetime(2026, 1, 5, 0, 15, tzinfo=UTC), NOW - timedelta(days=400)]
+    for cutoff in cutoffs:  # rows in the quarter hour of each cutoff, on both sides of it
+        _verification(engine, cutoff + timedelta(seconds=1), "chat", "pass", 0.9, 2.6, n)
+        _verification(engine, cutoff - timedelta(seconds=1), "chat", "fail", 0.2, 1.1, n)
+    for cutoff in cutoffs:
+        assert _same(history.query("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
+    with engine.begin() as conn:  # an owner's correction and deletion are followed too
+        conn.execute(text("UPDATE hit_verifications SET hit_ratio = 0.1, lob = 'ads' WHERE id % 4 = 0"))
+        conn.execute(text("DELETE FROM hit_verifications WHERE id % 9 = 0"))
+    for cutoff in cutoffs:
+        assert _same(history.query("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
+    assert history.query("hit_stats_weekly", cutoff=NOW + timedelta(days=1)) == []
+
+
+def _per_cluster(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """The kvfleet page's drift counts from every finding since the cutoff (what pages.drift_data computes)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        c = out.setdefault(r["cluster"], {"seen": 0, "open": 0, "resolved": 0, "remediated": 0,
+                                          "remediation_refused": 0, "remediation_failed": 0})
+        c["seen"] += 1
+        c["resolved" if r["resolved_at"] is not None else "open"] += 1
+        outcome = (r.get("remediation") or {}).get("outcome")
+        if outcome == "changed":
+            c["remediated"] += 1
+        elif outcome in ("refused", "failed"):
+            c[f"remediation_{outcome}"] += 1
+    return out
+
+
+def _finding(fp: str, kind: str = "stale_pods") -> dict[str, Any]:
+    return {"fingerprint": fp, "kind": kind, "severity": "high", "object_ref": f"Deployment/{fp}",
+            "endpoint": f"ns/{fp}", "lob": "rag"}
+
+
+def test_drift_summary_equals_the_counts_over_every_finding(history: History) -> None:
+    engine = history.engine
+    history.start_run("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
+                      triggered_by=None, params={})
+    run = "kvfleet_drift_check/r"
+    history.sync_findings("c1", [_finding(f"a{i}") for i in range(6)], run)
+    history.sync_findings("c2", [_finding(f"b{i}") for i in range(3)], run)
+    history.record_remediation("a0", {"action": "safe_patch", "outcome": "changed"})
+    history.record_remediation("a1", {"action": "safe_patch", "outcome": "refused"})
+    history.record_remediation("b0", {"action": "safe_patch", "outcome": "failed"})
+    history.resolve_remediated("c1", ["a0"], run)
+    history.sync_findings("c1", [_finding(f"a{i}") for i in range(1, 4)], run)  # a4, a5 gone; a1..a3 touched
+    with engine.begin() as conn:  # spread last_seen over days, as weeks of checks would
+        conn.execute(text("UPDATE drift_findings SET first_seen = now() - make_interval(days => id::int * 2, "
+                          "hours => id::int), last_seen = now() - make_interval(days => id::int, hours => id::int)"))
+        # findings in the UTC day of a cutoff, on both sides of it (the part read from the rows)
+        conn.execute(text("UPDATE drift_findings SET last_seen = :t WHERE id IN (1, 2)"),
+                     {"t": NOW - timedelta(days=4, hours=5) + timedelta(seconds=1)})
+        conn.execute(text("UPDATE drift_findings SET last_seen = :t WHERE id = 3"),
+                     {"t": NOW - timedelta(days=4, hours=5) - timedelta(seconds=1)})
+    for cutoff in (NOW - timedelta(days=30), NOW - timedelta(days=4, hours=5), NOW - timedelta(hours=1),
+                   NOW - timedelta(days=3650)):
+        summary = {r.pop("cluster"): r for r in history.query("drift_summary", cutoff=cutoff, cluster=None)}
+        assert summary == _per_cluster(history.query("drift_since", cutoff=cutoff))
+        only = history.query("drift_summary", cutoff=cutoff, cluster="c2")
+        assert [r["cluster"] for r in only] == (["c2"] if "c2" in summary else [])
+    assert history.query("drift_summary", cutoff=NOW - timedelta(days=3650), cluster=None)[0]["remediated"] == 1
+
+
+def test_open_intents_are_kept_at_write_time(history: History) -> None:
+    engine = history.engine
+    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+                      triggered_by="alice", params={})
+    key = StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0)
+    done = history.intent(key, "apply_iec", "IEC ns/a", cluster="c1", endpoint="ns/a")
+    history.outcome(done, "changed")
+    orphan = history.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b")
+    other = history.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_1", 0), "scale", "Deployment ns/c",
+                           cluster="c2", endpoint="ns/c")
+    assert history.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b") == orphan  # a retry
+    assert [r["id"] for r in history.open_intents()] == [orphan, other] == [
+        r["id"] for r in _rows(engine, FULL_OPEN_INTENTS)]
+    assert [r["id"] for r in history.open_intents(endpoint="b")] == [orphan]
+    (run,) = history.query("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
+    assert run["unknown_changes"] == 2
+    history.resolve_intent(orphan, {"replicas": 2}, run_key="kvfleet_drift_check/r9")
+    assert [r["id"] for r in history.open_intents()] == [other] == [r["id"] for r in _rows(engine, FULL_OPEN_INTENTS)]
+    (run,) = history.query("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
+    assert run["unknown_changes"] == 1
+
+
+def test_pages_put_together_are_the_full_listing(history: History) -> None:
+    engine = history.engine
+    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+                      trigger="schedule", triggered_by=None, params={})
+    n = [0]
+    same_time = NOW - timedelta(hours=2)
+    for i in range(23):  # ties on `at` too: the id breaks them
+        _verification(engine, same_time if i % 4 == 0 else NOW - timedelta(minutes=13 * i), "rag", "pass", 1.0,
+                      2.5, n)
+    full = history.query("verifications", cutoff=NOW - timedelta(days=7), lob=None, endpoint=None)
+    got: list[dict[str, Any]] = []
+    after = None
+    pages = 0
+    while True:
+        rows, after = history.page("verifications_page", limit=5, after=after, cutoff=NOW - timedelta(days=7),
+                                   lob=None, endpoint=None)
+        got += rows
+        pages += 1
+        if after is None:
+            break
+    assert pages == 5 and len(got) == len(full) == 23
+    assert [r["step"] if "step" in r else (r["at"], r["id"]) for r in got] == sorted(
+        ((r["at"], r["id"]) for r in got), reverse=True)
+    assert {(r["at"], r["run_key"]) for r in got} == {(r["at"], r["run_key"]) for r in full}
+    assert [r["at"] for r in got] == [r["at"] for r in full]  # same order (newest first)
+
+    history.start_run("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
+                      triggered_by=None, params={})
+    history.sync_findings("c1", [_finding(f"a{i}") for i in range(7)], "kvfleet_drift_check/r")
+    for name, binds, full_name, full_binds in (
+            ("open_drift_page", {}, "open_drift", {}),
+            ("drift_page", {"cutoff": NOW - timedelta(days=1), "cluster": None}, "drift_since",
+             {"cutoff": NOW - timedelta(days=1)})):
+        got, after = [], None
+        while True:
+            rows, after = history.page(name, limit=2, after=after, **binds)
+            got += rows
+            if after is None:
+                break
+        full = history.query(full_name, **full_binds)
+        assert sorted(r["object_ref"] for r in got) == sorted(r["object_ref"] for r in full) and len(got) == 7
+        assert len({r["id"] for r in got}) == 7
+
+
+def test_a_cursor_is_checked() -> None:
+    cursor = encode_cursor("drift_page", [NOW, 12])
+    assert decode_cursor("drift_page", cursor) == [NOW, 12]
+    with pytest.raises(ValueError, match="for another listing"):
+        decode_cursor("verifications_page", cursor)
+    with pytest.raises(ValueError, match="is not a page cursor"):
+        decode_cursor("drift_page", "not a cursor!")
+    forged = encode_cursor("drift_page", ["yesterday", 12])
+    with pytest.raises(ValueError, match="is not a time"):
+        decode_cursor("drift_page", forged)
+    with pytest.raises(ValueError, match="not a whole number"):
+        decode_cursor("drift_page", encode_cursor("drift_page", [NOW, "12; DROP TABLE x"]))
+
+
+def test_the_cli_pages_verifications_and_drift(history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    engine = history.engine
+    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+                      trigger="schedule", triggered_by=None, params={})
+    n = [0]
+    for i in range(3):
+        _verification(engine, NOW - timedelta(minutes=i), "rag", "pass", 1.0, 2.5, n)
+    assert cli.main(["audit", "verifications", "--json", "--limit", "2"]) == 0
+    out = capsys.readouterr()
+    first = json.loads(out.out)
+    assert len(first) == 2 and first[0]["run_key"] == "kvfleet_hit_verification/r"  # a list of rows, as before
+    cursor = json.loads(out.err.strip().splitlines()[-1])["next"]
+    assert cli.main(["audit", "verifications", "--json", "--limit", "2", "--after", cursor]) == 0
+    out = capsys.readouterr()
+    (last,) = json.loads(out.out)
+    assert last["at"] < first[-1]["at"] and '"next"' not in out.err
+    assert cli.main(["audit", "verifications", "--limit", "2"]) == 0
+    assert f"--after {cursor}" in capsys.readouterr().out
+    assert cli.main(["audit", "drift", "--after", cursor]) == 2
+    assert "cursor is for another listing" in capsys.readouterr().err
+    assert cli.main(["audit", "runs", "--after", cursor]) == 2
+    assert "--after pages drift and verifications only" in capsys.readouterr().err
+
+
+# ---- the roles --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_roles(pg) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """A fresh database owned by the owner role, migrated as the owner; (owner URL, writer URL)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    pg.ensure_database(name)
+    admin = create_engine(pg.url("postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{name}" OWNER TO {OWNER_ROLE}'))
+    engine = create_engine(pg.url(name, OWNER_ROLE))
+    migrate.upgrade(engine)
+    engine.dispose()
+    yield pg.url(name, OWNER_ROLE), pg.url(name, WRITER_ROLE)
+    from kvfleet.history.db import dispose_engines
+
+    dispose_engines()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.mark.parametrize("statement", [
+    "DELETE FROM audit_open_intents",
+    "TRUNCATE audit_open_intents",
+    "INSERT INTO audit_open_intents (intent_id) SELECT id FROM audit_log",
+    "UPDATE hit_stats_buckets SET passed = 0",
+    "DELETE FROM drift_day_counts",
+    "ALTER TABLE audit_log DISABLE TRIGGER audit_log_open_intents",
+    "DROP TRIGGER hit_verifications_stats_ins ON hit_verifications",
+    "ALTER TABLE drift_findings DISABLE TRIGGER drift_findings_counts_upd",
+])
+def test_the_writer_reads_the_summaries_and_cannot_write_them(two_roles: tuple[str, str], statement: str) -> None:
+    _, writer_url = two_roles
+    history = History(create_engine(writer_url))
+    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+                      triggered_by="alice", params={})
+    orphan = history.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0), "apply_iec", "IEC ns/a",
+                            cluster="c1", endpoint="ns/a")  # the writer's insert fills the owner's summary
+    history.sync_findings("c1", [_finding("a0")], "kvfleet_rollout/r1")
+    with pytest.raises(DBAPIError, match="permission denied|must be owner"), history.engine.begin() as conn:
+        conn.execute(text(statement))
+    assert [r["id"] for r in history.open_intents()] == [orphan]
+    assert history.query("drift_summary", cutoff=NOW - timedelta(days=1), cluster=None)[0]["open"] == 1
+    history.engine.dispose()

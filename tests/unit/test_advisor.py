@@ -197,3 +197,25 @@ def test_advice_json_keys_are_stable() -> None:
     cl = E.advise_cluster("c", [adv], capacity_bytes=100 * E.GIB, workers=1)
     assert set(cl.as_dict()) == {"cluster", "recommendation", "add_workers", "working_set_bytes", "capacity_bytes",
                                  "workers", "usage", "arithmetic", "threshold", "workers_needed", "cost"}
+
+
+def test_the_scale_out_decision_takes_the_advisor_s_worker_count() -> None:
+    quiet = {"due": False, "reasons": [], "target": 2}
+    w = 100 * E.GIB
+    # 250 GiB at 80 %: ceil(250 / 80) = 4 workers; 6 eligible nodes hold them
+    out = E.scale_decision_with_working_set(quiet, replicas=2, eligible=6, working_set_bytes=250 * E.GIB,
+                                            worker_bytes=w)
+    assert out["due"] and out["target"] == 4 and out["advised_workers"] == 4
+    assert any(r.startswith("advisor: working set 250.0 GiB needs 4 worker(s)") for r in out["reasons"])
+    # only 3 eligible nodes: one worker per node, and the reason says how many GPU nodes are missing
+    capped = E.scale_decision_with_working_set(quiet, replicas=2, eligible=3, working_set_bytes=250 * E.GIB,
+                                               worker_bytes=w)
+    assert capped["target"] == 3 and "add 1 GPU node(s)" in capped["reasons"][-1]
+    # enough workers: the detection's own decision stands, never lowered
+    own = {"due": True, "reasons": ["2 GPU node(s) without a Curvine worker: a, b"], "target": 5}
+    kept = E.scale_decision_with_working_set(own, replicas=3, eligible=5, working_set_bytes=10 * E.GIB,
+                                             worker_bytes=w)
+    assert kept["target"] == 5 and kept["due"] and kept["reasons"] == own["reasons"] and kept["advised_workers"] == 1
+    # the threshold is the setting the scale-out DAG passes: 250 GiB at 50 % needs 5
+    assert E.scale_decision_with_working_set(quiet, replicas=2, eligible=8, working_set_bytes=250 * E.GIB,
+                                             worker_bytes=w, threshold=0.5)["target"] == 5

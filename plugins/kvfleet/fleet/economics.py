@@ -367,3 +367,27 @@ def cluster_cost(endpoints: Sequence[EndpointAdvice], add_workers: int,
         lines.append(f"cost: no price for {', '.join(unpriced)[:200]}")
     return {"gpu_usd_per_hour": gpu, "saved_usd_per_hour": value, "add_workers_usd_per_hour": added,
             "node_price_usd_per_hour": node_price_usd, "unpriced_instance_types": unpriced, "arithmetic": lines}
+
+
+def scale_decision_with_working_set(decision: Mapping[str, Any], *, replicas: int, eligible: int,
+                                    working_set_bytes: float, worker_bytes: float,
+                                    threshold: float = CAPACITY_THRESHOLD) -> dict[str, Any]:
+    """The scale-out detection's decision (``curvine_gates.scale_out_due``: ``due``, ``reasons``, ``target``)
+    with the advisor's capacity recommendation folded in: when the observed working set needs more workers than
+    run (``workers_needed`` at ``threshold``), the target grows to that, capped at one worker per eligible node
+    (a reason then names the GPU nodes missing). Never lowers the decision's own target."""
+    out = dict(decision)
+    reasons = list(out.get("reasons") or [])
+    target = int(out.get("target", replicas))
+    needed = workers_needed(working_set_bytes, worker_bytes, threshold)
+    out.update(advised_workers=needed, working_set_bytes=round(working_set_bytes))
+    if needed > replicas:
+        cap = max(replicas, eligible)
+        reason = (f"advisor: working set {working_set_bytes / GIB:.1f} GiB needs {needed} worker(s) of "
+                  f"{worker_bytes / GIB:.0f} GiB at {threshold:.0%}")
+        if needed > cap:
+            reason += f"; only {cap} eligible node(s): add {needed - cap} GPU node(s) to hold it"
+        reasons.append(reason)
+        target = max(target, min(needed, cap))
+    out.update(reasons=reasons, target=target, due=bool(out.get("due")) or target > replicas)
+    return out

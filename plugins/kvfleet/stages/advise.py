@@ -127,3 +127,22 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
     except KvfleetError as exc:
         report.errors.append(f"Curvine master: {exc}")
     return report
+
+
+def with_advised_workers(ctx: StageContext, decision: Mapping[str, Any], *, replicas: int, eligible: int,
+                         worker_bytes: float, threshold: float = E.CAPACITY_THRESHOLD,
+                         now: datetime | None = None) -> dict[str, Any]:
+    """The scale-out DAG's scheduled detection with the advisor's capacity recommendation: observe the cluster's
+    L2 endpoints, then ``economics.scale_decision_with_working_set``. When the advisor cannot observe (no
+    endpoint readable), the decision is returned unchanged with the reason recorded."""
+    report = advise_cluster(ctx, threshold=threshold, now=now)
+    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
+    judged = [a for a in report.endpoints if a.endpoint in l2_keys and a.verdict != "insufficient_data"]
+    if not judged:
+        return {**decision, "advisor": "no L2 endpoint with enough observed traffic: capacity not advised",
+                "advisor_errors": report.errors}
+    working_set = sum(a.working_set_bytes for a in judged)
+    out = E.scale_decision_with_working_set(decision, replicas=replicas, eligible=eligible,
+                                            working_set_bytes=working_set, worker_bytes=worker_bytes,
+                                            threshold=threshold)
+    return {**out, "advisor_errors": report.errors}

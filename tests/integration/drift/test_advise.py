@@ -168,3 +168,17 @@ def test_the_first_sweep_after_rollout_is_the_baseline(rolled_out, drift_ctx, dr
     h.record_step(StepKey("t/rollout2", "wave"), StepEvent(f"endpoint:{ep.key}", "endpoint", "changed",
                                                            cluster=STAGE, endpoint=ep.key))
     assert endpoint_baseline(h, STAGE, ep.key) is None
+
+
+def test_the_scale_out_detection_can_take_the_advisor_s_recommendation(rolled_out, drift_ctx) -> None:  # type: ignore[no-untyped-def]
+    """What `curvine_scale.detect` gets from ``advise.with_advised_workers`` on the twin's traffic: a week of
+    retention is far beyond 2 x 100 GiB at 5 %, so the target grows to one worker per eligible node."""
+    ctx = drift_ctx(STAGE)
+    quiet = {"due": False, "reasons": [], "target": 2}
+    tight = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=100 * 2**30,
+                                        threshold=0.05, now=_twin_now(rolled_out))
+    assert tight["due"] and tight["target"] > 2 and tight["advised_workers"] > 2, tight
+    assert any(r.startswith("advisor: working set") for r in tight["reasons"])
+    roomy = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=10**15,
+                                        threshold=1.0, now=_twin_now(rolled_out))
+    assert not roomy["due"] and roomy["target"] == 2 and roomy["advised_workers"] <= 2

@@ -1,8 +1,9 @@
 """GPU hardware of the SageMaker instance types kvfleet knows: GPUs per node and memory per GPU, with sources.
 
 Pure. Used by the inventory's GPU-capacity check (``kvfleet validate``), by stage 4's choice of an update
-strategy (``spare_gpus``: is there room for one more pod?), and available to a model-fit check (issue 22 §5:
-weights + KV room against the GPU memory of one replica).
+strategy (``spare_gpus``: is there room for one more pod?), and by the model-fit check (issue 22 §5,
+``fleet.models.fit``: a model's weights against the GPU memory of one replica, refused when they do not fit; the KV
+room left is shown in the plan).
 
 Sources (one per family; the SageMaker ``ml.`` type has the hardware of the EC2 type of the same name):
 

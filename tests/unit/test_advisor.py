@@ -193,7 +193,8 @@ def test_advice_json_keys_are_stable() -> None:
         "endpoint", "verdict", "requests", "requests_per_hour", "mean_prompt_tokens", "share_below_payoff",
         "saved_ms_per_request", "saved_s_per_hour", "saved_fraction", "working_set_bytes", "curve", "arithmetic",
         "assumptions", "prefer_prefix_routing", "value_usd_per_hour", "instance_type", "replicas", "bytes_per_token",
-        "bytes_per_token_source", "hourly_price_usd", "gpu_cost_usd_per_hour"}
+        "bytes_per_token_source", "hourly_price_usd", "gpu_cost_usd_per_hour", "lengths"}
+    assert adv.lengths == [{"tokens": 2500.0, "requests": 30.0}]
     cl = E.advise_cluster("c", [adv], capacity_bytes=100 * E.GIB, workers=1)
     assert set(cl.as_dict()) == {"cluster", "recommendation", "add_workers", "working_set_bytes", "capacity_bytes",
                                  "workers", "usage", "arithmetic", "threshold", "workers_needed", "cost"}

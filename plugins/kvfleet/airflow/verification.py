@@ -124,6 +124,7 @@ def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     if ctx.history is not None and ctx.step_key is not None:
         ctx.record(f"advise:{cluster}", "advise", "reported",
                    verdicts={e.endpoint: e.verdict for e in report.endpoints},
+                   endpoints=doc["endpoints"],  # the `kvfleet advise --json` shape (docs/advise.md), lengths included
                    capacity=doc["capacity"], errors=report.errors)
     return {"cluster": cluster, "verdicts": {e.endpoint: e.verdict for e in report.endpoints},
             "capacity": (report.capacity.recommendation if report.capacity else None)}

@@ -195,6 +195,8 @@ class EndpointAdvice:
     bytes_per_token_source: str = ""
     hourly_price_usd: float | None = None
     gpu_cost_usd_per_hour: float | None = None
+    # the observed prompt-length distribution the verdict integrates (what the kvfleet page plots)
+    lengths: list[dict[str, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -245,7 +247,8 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
     common: dict[str, Any] = {
         "instance_type": t.instance_type, "replicas": t.replicas, "bytes_per_token": round(bpt, 1),
         "bytes_per_token_source": bpt_source, "hourly_price_usd": t.hourly_price_usd,
-        "gpu_cost_usd_per_hour": gpu_cost}
+        "gpu_cost_usd_per_hour": gpu_cost,
+        "lengths": [{"tokens": round(b.tokens, 1), "requests": round(b.requests, 3)} for b in t.lengths]}
     if requests < min_requests:
         return EndpointAdvice(
             endpoint=t.endpoint, verdict="insufficient_data", requests=requests, requests_per_hour=round(per_hour, 1),

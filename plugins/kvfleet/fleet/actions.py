@@ -430,7 +430,8 @@ class HelmInstall:
 class HelmUpgrade:
     """``helm upgrade`` (``--reuse-values`` unless ``reuse_values`` is false) with a values file, as ``HelmInstall``.
     ``why`` names the change in the audit target (``format flags false``); ``when`` says when it runs in its
-    sequence (rendered only)."""
+    sequence (rendered only). A chart upgrade (``reset_then_reuse``) passes ``--reset-then-reuse-values`` and a
+    second values file last (``last_values``, its digest ``last_digest``: the format flags false, so they win)."""
 
     kind: ClassVar[str] = "helm_upgrade"
     mutating: ClassVar[bool] = True
@@ -444,14 +445,26 @@ class HelmUpgrade:
     reuse_values: bool = True
     why: str | None = None
     when: str | None = None
+    reset_then_reuse: bool = False
+    last_values: str | None = None  # canonical JSON: a second values file, after --reset-then-reuse-values
+    last_digest: str | None = None
     endpoint: None = None
     diff: str | None = field(default=None, compare=False)  # the values diff, for a person
 
     def values_map(self) -> dict[str, Any]:
         return dict(json.loads(self.values))
 
+    def last_values_map(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.last_values)) if self.last_values is not None else None
+
     def target(self) -> str:
         return f"release {self.namespace}/{self.release} {self.why or self.version}"
+
+    def files(self) -> list[tuple[str, dict[str, Any]]]:
+        """The values files of the command, in order, by the name the equivalent gives them (their digest)."""
+        out = [(_values_file(self.values_digest), self.values_map())] if self.values_map() else []
+        last = self.last_values_map()
+        return out + ([(_values_file(self.last_digest or ""), last)] if last is not None else [])
 
     def equivalent(self) -> str:
         words = ["upgrade", self.release, self.chart, "--repo", self.repo, "--version", self.version,
@@ -459,7 +472,11 @@ class HelmUpgrade:
         words += ["--reuse-values"] if self.reuse_values else []
         values = self.values_map()
         words += ["-f", _values_file(self.values_digest)] if values else []
+        words += ["--reset-then-reuse-values"] if self.reset_then_reuse else []
+        last = self.last_values_map()
+        words += ["-f", _values_file(self.last_digest or "")] if last is not None else []
         notes = [_values_comment(values, self.values_digest)] if values else []
+        notes += [_values_comment(last, self.last_digest or "")] if last is not None else []
         notes += [self.when] if self.when else []
         return _helm_line(words) + (f"   # {'; '.join(notes)}" if notes else "")
 
@@ -473,10 +490,35 @@ def helm_install(release: str, chart: str, namespace: str, *, repo: str, version
 
 def helm_upgrade(release: str, chart: str, namespace: str, *, repo: str, version: str,
                  values: Mapping[str, Any], reuse_values: bool = True, why: str | None = None,
-                 when: str | None = None) -> HelmUpgrade:
-    """A ``HelmUpgrade`` of ``values`` (dotted or nested keys), its digest computed."""
+                 when: str | None = None, reset_then_reuse: bool = False,
+                 last_values: Mapping[str, Any] | None = None) -> HelmUpgrade:
+    """A ``HelmUpgrade`` of ``values`` (dotted or nested keys; ``last_values``: the file after
+    ``--reset-then-reuse-values``), digests computed."""
     return HelmUpgrade(release, chart, namespace, repo, version, _compact(dict(values)), values_digest(values),
-                       reuse_values, why, when)
+                       reuse_values=reuse_values, why=why, when=when, reset_then_reuse=reset_then_reuse,
+                       last_values=_compact(dict(last_values)) if last_values is not None else None,
+                       last_digest=values_digest(last_values) if last_values is not None else None)
+
+
+@dataclass(frozen=True)
+class HelmRollback:
+    """``helm rollback`` to ``revision`` (chosen by the caller: every format flag false in its stored values and
+    objects); ``from_revision`` is the failed one, for the audit target."""
+
+    kind: ClassVar[str] = "helm_rollback"
+    mutating: ClassVar[bool] = True
+    release: str
+    namespace: str
+    revision: int
+    from_revision: int
+    endpoint: None = None
+    diff: None = None
+
+    def target(self) -> str:
+        return f"release {self.namespace}/{self.release} revision {self.from_revision} -> {self.revision}"
+
+    def equivalent(self) -> str:
+        return _helm_line(["rollback", self.release, str(self.revision), "-n", self.namespace])
 
 
 @dataclass(frozen=True)
@@ -541,7 +583,8 @@ class CreatePvc:
 
 Action = (UpdateCluster | CreateAddon | UpdateAddon | ApplyEndpointConfig | PauseOperator | RestoreOperator | Scale
           | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | WaitRolledOut | RerenderDeployment
-          | ApplyClusterPolicy | HelmInstall | HelmUpgrade | CreateStorageClass | CreateNamespace | CreatePvc)
+          | ApplyClusterPolicy | HelmInstall | HelmUpgrade | HelmRollback | CreateStorageClass | CreateNamespace
+          | CreatePvc)
 
 
 def canonical(value: Any) -> str:

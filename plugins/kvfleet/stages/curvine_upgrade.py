@@ -23,28 +23,31 @@ Order of work (``upgrade``):
 5. On failure, when asked, **rollback** to the newest earlier revision whose stored values have every flag false
    (``rollback_to_safe_revision``); none → refused, with why. Never to a revision with a flag true.
 
-A dry run stops after the gates and prints the exact helm command and the values diff.
+A dry run stops after the gates and prints the exact helm command and the values diff. The upgrade and the
+rollback are typed actions (``fleet.actions.HelmUpgrade`` with its values files' digests, ``HelmRollback``) that
+``stages.executor`` applies with their write-ahead records or renders; the render gate renders the very
+arguments the executor then runs (``executor.helm_args``).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kvfleet.clients.curvine import CurvineMaster
-from kvfleet.clients.helm import render
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import GateRefused, KvfleetError, PermanentError
+from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.curvine_gates import metadata_preserved
 from kvfleet.fleet.curvine_gates import normalize_overrides as normalize_overrides  # the judges' former home
 from kvfleet.fleet.curvine_gates import refuse_flag_overrides as refuse_flag_overrides
 from kvfleet.stages import curvine as stage3
+from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
 
@@ -78,7 +81,7 @@ class Preflight:
     values: dict[str, Any]  # the release's computed values (--all)
     user_values: dict[str, Any]  # the release's user-supplied values: what --reuse-values keeps
     result: dict[str, Any]  # what the upgrade will deploy
-    args: list[str]
+    action: A.HelmUpgrade
     command: str
     diff: str
     warnings: list[str] = field(default_factory=list)
@@ -125,34 +128,38 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
     if cv.flags_set(result):  # cannot happen while the flags are passed last; kept as the contract's check
         raise GateRefused(f"upgrade refused on {ctx.cluster.name}: the resulting values would set "
                           f"{', '.join(cv.flags_set(result))} true")
-    args = upgrade_args(ctx, req.version, overrides)
-    # the check that counts: the flags in what helm would deploy with exactly these arguments
-    rendered = stage3.refuse_rendered_flags(ctx, ctx.helm.upgrade_render(args), "upgrade",
-                                            f"helm upgrade to {req.version} (--dry-run=server)")
+    diff = cv.values_diff(values, result)
+    action = dataclasses.replace(upgrade_action(ctx, req.version, overrides, revision, release.chart_version),
+                                 diff=diff)
+    # the check that counts: the flags in what helm would deploy with exactly the arguments the executor runs
+    rendered = stage3.refuse_rendered_flags(ctx, ctx.helm.upgrade_render(executor.helm_args(ctx, action)),
+                                            "upgrade", f"helm upgrade to {req.version} (--dry-run=server)")
     for w in warnings:
         ctx.say(f"warning: {w}")
-    return Preflight(revision, release.chart_version, values, user_values, result, args,
-                     render(ctx.helm.argv(*args)), cv.values_diff(values, result), warnings,
-                     values_files=_files_of(ctx, args), rendered=rendered)
+    files = {name: yaml_text(tree) for name, tree in action.files()}
+    return Preflight(revision, release.chart_version, values, user_values, result, action, action.equivalent(),
+                     diff, warnings, values_files=files, rendered=rendered)
 
 
-def _files_of(ctx: StageContext, args: list[str]) -> dict[str, str]:
-    """The YAML of each values file in ``args``, by the name the rendered command shows."""
-    return {Path(path).name: ctx.helm.files.get(path, "")
-            for flag, path in itertools.pairwise(args) if flag == "-f"}
+def yaml_text(values: Mapping[str, Any]) -> str:
+    """A values file's YAML (the nested tree of dotted keys), as shown in the records."""
+    import yaml
+
+    return str(yaml.safe_dump(cv.nested(values), sort_keys=True, default_flow_style=False, width=120))
 
 
-def upgrade_args(ctx: StageContext, version: str, overrides: Mapping[str, Any]) -> list[str]:
-    """``helm upgrade --reset-then-reuse-values -f <overrides> -f <flags false>``: the new chart's defaults, then
+def upgrade_action(ctx: StageContext, version: str, overrides: Mapping[str, Any], revision: int,
+                   chart_version: str | None) -> A.HelmUpgrade:
+    """``helm upgrade -f <overrides> --reset-then-reuse-values -f <flags false>``: the new chart's defaults, then
     the release's user-supplied values, then the files in order — what ``merged_values`` models. The overrides
     and the flags are YAML files kvfleet writes (never ``--set``, whose parser splits values on commas); the
     flags file comes last, so it wins. Plain ``--reuse-values`` would also keep the *old* chart's defaults (helm
     copies the previous chart's values), so a new chart's new keys would never arrive; without either, the
     release's values would be dropped for chart defaults."""
     spec = ctx.cluster.curvine
-    args = ctx.helm.upgrade_args(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),
-                                 version=version, values=overrides, reuse_values=False)
-    return [*args, "--reset-then-reuse-values", "-f", ctx.helm.values_file(cv.safe_flags(), "format-flags-false")]
+    return A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx), version=version,
+                          values=overrides, reuse_values=False, reset_then_reuse=True, last_values=cv.safe_flags(),
+                          why=f"revision {revision} {chart_version} -> {version}")
 
 
 # ---- L2 samples and post-checks ----------------------------------------------------------------------------------
@@ -300,14 +307,13 @@ def rollback_to_safe_revision(ctx: StageContext, failed_revision: int, *, reason
             f"metadata and cache. Fix forward instead: `helm upgrade curvine -n {ns} --reuse-values --version "
             "<a working version> --set cluster.formatMaster=false --set cluster.formatWorker=false "
             "--set cluster.formatJournal=false`.")
-    command = f"helm rollback {C.CURVINE_RELEASE} {target} -n {ns}"
+    rollback = A.HelmRollback(C.CURVINE_RELEASE, ns, target, failed_revision)
     if ctx.dry_run:
-        ctx.plan(STAGE, command)
+        executor.run(ctx, STAGE, [rollback])
         return {"to": target, "planned": True}
     ctx.say(f"rolling back Curvine from revision {failed_revision} to revision {target} (its stored values have "
             f"every format flag false){': ' + reason if reason else ''}")
-    with ctx.write_ahead("helm_rollback", f"release {ns}/{C.CURVINE_RELEASE} revision {failed_revision} -> {target}"):
-        ctx.helm.rollback(C.CURVINE_RELEASE, ns, target)
+    executor.run(ctx, STAGE, [rollback])
     values = ctx.helm.values(C.CURVINE_RELEASE, ns)
     if cv.flags_set(values):  # the target was checked; this guards against a release edited meanwhile
         raise PermanentError(f"after the rollback on {ctx.cluster.name} the release has {cv.flags_set(values)} set: "
@@ -359,7 +365,7 @@ def upgrade(ctx: StageContext, req: UpgradeRequest, *, holder: str) -> Outcome:
         ctx.record("gates", STAGE, "refused", version=req.version, reason=str(exc))
         raise
     if ctx.dry_run:
-        ctx.plan(STAGE, pre.command, diff=pre.diff)
+        executor.run(ctx, STAGE, [pre.action])
         return ctx.record("upgrade", STAGE, "planned", version=req.version, **pre.as_dict())
     if ctx.history is None:
         raise PermanentError("a Curvine upgrade needs the history store (cluster lease and records)")
@@ -398,9 +404,7 @@ def _upgrade_locked(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[s
     failure: Exception | None = None
     checks: dict[str, Any] = {}
     try:
-        with ctx.write_ahead("helm_upgrade", f"release {ctx.cluster.curvine.namespace}/{C.CURVINE_RELEASE} "
-                             f"revision {pre.revision} {pre.chart_version} -> {req.version}"):
-            ctx.helm.run(*pre.args, what=f"helm upgrade curvine to {req.version}")
+        executor.run(ctx, STAGE, [pre.action])
         stage3.wait_rolled_out(ctx, req.timeout_s)
         checks = post_checks(ctx, before, files, req)
     except KvfleetError as exc:

@@ -225,19 +225,34 @@ def helm_args(ctx: StageContext, a: A.HelmInstall | A.HelmUpgrade) -> list[str]:
     else:
         args = ctx.helm.upgrade_args(a.release, a.chart, a.namespace, repo=a.repo, version=a.version,
                                      values=a.values_map(), reuse_values=a.reuse_values)
-    path = args[args.index("-f") + 1] if "-f" in args else None
+    _check_file(ctx, a, args[args.index("-f") + 1] if "-f" in args else None, a.values_digest)
+    if isinstance(a, A.HelmUpgrade) and a.reset_then_reuse:
+        args.append("--reset-then-reuse-values")
+    last = a.last_values_map() if isinstance(a, A.HelmUpgrade) else None
+    if last is not None:
+        path = ctx.helm.values_file(last, "format-flags-false")
+        _check_file(ctx, a, path, getattr(a, "last_digest", None))
+        args += ["-f", path]
+    return args
+
+
+def _check_file(ctx: StageContext, a: A.HelmInstall | A.HelmUpgrade, path: str | None, want: str | None) -> None:
     written = (yaml.safe_load(ctx.helm.files[path]) or {}) if path is not None else {}
     got = A.tree_digest(written)
-    if got != a.values_digest:
-        raise PermanentError(f"{a.target()}: the values file for helm has digest {got}, the action {a.values_digest}:"
-                             " refusing to run helm with values other than those planned")
-    return args
+    if got != want:
+        raise PermanentError(f"{a.target()}: a values file for helm has digest {got}, the action {want}: refusing "
+                             "to run helm with values other than those planned")
 
 
 def _helm(ctx: StageContext, a: A.HelmInstall | A.HelmUpgrade) -> None:
     with ctx.write_ahead(a.kind, a.target()):
         args = helm_args(ctx, a)
         ctx.helm.run(*args, what=f"helm {args[0]} {a.release}" + (f" ({a.why})" if a.why else ""))
+
+
+def _helm_rollback(ctx: StageContext, a: A.HelmRollback) -> None:
+    with ctx.write_ahead(a.kind, a.target()):
+        ctx.helm.rollback(a.release, a.namespace, a.revision)
 
 
 def _create_storage_class(ctx: StageContext, a: A.CreateStorageClass) -> None:
@@ -271,6 +286,7 @@ _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.ApplyClusterPolicy: _apply_policy,
     A.HelmInstall: _helm,
     A.HelmUpgrade: _helm,
+    A.HelmRollback: _helm_rollback,
     A.CreateStorageClass: _create_storage_class,
     A.CreateNamespace: _create_namespace,
     A.CreatePvc: _create_pvc,

@@ -8,9 +8,11 @@ import yaml
 from opskit import CLUSTER, NS, wait
 
 from kvfleet.errors import GateRefused, PermanentError
+from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.stages import curvine_upgrade as up
+from kvfleet.stages import executor
 from kvfleet.stages.curvine_upgrade import UpgradeRequest
 from kvfleet_sandbox.chart_repo import CRASHLOOP_WORKER
 
@@ -34,9 +36,14 @@ def test_upgrade_to_a_newer_chart_keeps_l2_files_and_metadata_counts(ops) -> Non
     paths = ops.write_files(6)
     before = ops.sim.overview()
     formats = len(ops.sim.formats)
+    dry = ops.ctx("upgrade-dry", dry_run=True)
+    assert up.upgrade(dry, UpgradeRequest(version="0.3.3-alpha", timeout_s=20), holder="run-a").outcome == "planned"
     ctx = ops.ctx("upgrade")
     out = up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha", timeout_s=20), holder="run-a")
     assert out.outcome == "changed"
+    # the real run applied exactly the typed action the dry run listed (values files by digest included)
+    assert [type(a).__name__ for a in executor.journal(ctx)] == ["HelmUpgrade"]
+    assert executor.journal(ctx) == executor.journal(dry)
     assert out.detail["from_revision"] == 2 and out.detail["to_revision"] == 3
     values = ctx.helm.values(C.CURVINE_RELEASE, NS)
     assert cv.flags_of(values) == {"formatMaster": False, "formatWorker": False, "formatJournal": False}
@@ -127,6 +134,7 @@ def test_a_failed_upgrade_rolls_back_to_the_newest_safe_revision_not_revision_1(
     rollback = _steps(ops, "rollback")[0]
     assert rollback["outcome"] == "changed" and rollback["detail"]["to"] == 2 and rollback["detail"]["from"] == 3
     assert rollback["detail"]["replaced_stuck_pods"] == ["curvine-worker-1"]
+    assert executor.journal(ctx)[-1] == A.HelmRollback(C.CURVINE_RELEASE, NS, revision=2, from_revision=3)
     rels = ops.history.query("curvine_history", cluster=CLUSTER)
     assert [(r["revision"], r["format_master"]) for r in rels] == [(1, True), (2, False), (3, False), (4, False)]
     assert ops.history.lock_of(CLUSTER) is None
@@ -154,12 +162,16 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
     assert out.outcome == "planned"
     repo = ops.twin.services["chart_repo_url"]
     # values files kvfleet writes, never --set (a comma in a --set value would set a second key); the flags last
-    command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine -f upgrade-001.yaml "
-               "--reset-then-reuse-values -f format-flags-false-002.yaml")
-    assert [p.action for p in ctx.planned] == [command]
+    [action] = executor.journal(ctx)  # one typed action, each values file named by its content digest
+    assert isinstance(action, A.HelmUpgrade)
+    first, last = f"values-{action.values_digest}.yaml", f"values-{action.last_digest}.yaml"
+    command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine -f {first} "
+               f"--reset-then-reuse-values -f {last}   # {first}: config.log.level=DEBUG; {last}: "
+               "cluster.formatJournal=false cluster.formatMaster=false cluster.formatWorker=false")
+    assert [p.action for p in ctx.planned] == [command] == [action.equivalent()]
     files = out.detail["values_files"]
-    assert yaml.safe_load(files["upgrade-001.yaml"]) == {"config": {"log": {"level": "DEBUG"}}}
-    assert yaml.safe_load(files["format-flags-false-002.yaml"]) == {"cluster": {
+    assert yaml.safe_load(files[first]) == {"config": {"log": {"level": "DEBUG"}}}
+    assert yaml.safe_load(files[last]) == {"cluster": {
         "formatMaster": False, "formatWorker": False, "formatJournal": False}}
     assert out.detail["rendered"]["format_findings"] == []  # what helm would deploy was rendered and checked
     assert "~ config.log.level: 'INFO' -> 'DEBUG'" in ctx.planned[0].diff

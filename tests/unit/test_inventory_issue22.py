@@ -374,3 +374,14 @@ def test_cli_validate_warns_about_patch_on_production_and_exits_0(tmp_path) -> N
     assert proc.returncode == 0, proc.stderr
     assert "warning: fleet.yaml: clusters.c1.l2_injection: patch on a production cluster" in proc.stderr
     assert "1 warning(s) on stderr" in proc.stdout
+
+
+@pytest.mark.parametrize("extra, mode", [({"production": True}, "kyverno"), ({}, "patch"),
+                                         ({"production": True, "l2_injection": "patch"}, "patch"),
+                                         ({"l2_injection": "kyverno"}, "kyverno")])
+def test_the_twin_resolves_auto_as_the_inventory_does(extra: dict[str, object], mode: str) -> None:
+    """The twin reads the fleet itself (it may import only fleet.constants): its mode must be kvfleet's."""
+    from kvfleet_sandbox.fleet_reader import parse_fleet
+
+    text = _with(lambda d: d["clusters"][0].update(extra))
+    assert parse_fleet(text).clusters[0].l2_injection == mode == _parse(text).clusters[0].l2_injection

@@ -43,7 +43,8 @@ def seeded(history: Any) -> dict[str, Any]:
     history.start_run(older, dag_id="kvfleet_hit_verification", run_id=older.split("/", 1)[1], trigger="schedule",
                       triggered_by=None, params={})
     history.record_step(StepKey(older, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1",
-                                                               detail={"verdicts": {rag["endpoint"]: "marginal"}}))
+                                                               detail={"verdicts": {rag["endpoint"]: "marginal",
+                                                                                    "retail/retail-old": "marginal"}}))
     history.record_step(StepKey(rk, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1", detail={
         "verdicts": {rag["endpoint"]: rag["verdict"], chat["endpoint"]: chat["verdict"]},
         "endpoints": [rag, chat], "capacity": capacity, "errors": []}))
@@ -51,7 +52,7 @@ def seeded(history: Any) -> dict[str, Any]:
         "verdicts": {"retail/retail-docs": "does_not_pay_off"}, "capacity": None,
         "errors": ["Curvine master: unreachable"]}))
     history.end_run(rk, "success", {})
-    return {"rag": rag, "chat": chat, "capacity": capacity}
+    return {"rag": rag, "chat": chat, "capacity": capacity, "older": older, "newer": rk}
 
 
 def render(history: Any, **query: str) -> tuple[dict[str, Any], str]:
@@ -74,8 +75,12 @@ def test_the_panel_plots_each_endpoints_lengths_against_the_payoff_threshold(his
     data, html = render(history)
     assert [c["cluster"] for c in data["clusters"]] == ["c1", "c2"]
     c1 = data["clusters"][0]
-    assert [(e["endpoint"], e["verdict"], e["lob"]) for e in c1["endpoints"]] == [
-        ("support/support-rag", "pays_off", "support"), ("retail/retail-chat", "does_not_pay_off", "retail")]
+    # each endpoint's newest advice: a run scoped to some endpoints does not hide the others' older advice
+    assert [(e["endpoint"], e["verdict"], e["lob"], e["run_key"]) for e in c1["endpoints"]] == [
+        ("retail/retail-chat", "does_not_pay_off", "retail", seeded["newer"]),
+        ("retail/retail-old", "marginal", None, seeded["older"]),
+        ("support/support-rag", "pays_off", "support", seeded["newer"])]
+    assert c1["capacity"] == seeded["capacity"] and c1["run_key"] == seeded["newer"]
     colours = LobColours(["retail", "support"])
     rag = bars(html, "plot-lengths-c1-support/support-rag")
     assert [(x, y) for x, y, _, _ in rag] == RAG and {b for *_, b in rag} == {"false"}
@@ -97,8 +102,8 @@ def test_the_panel_plots_each_endpoints_lengths_against_the_payoff_threshold(his
 def test_a_step_with_verdicts_only_and_the_filters(history: Any, seeded: Any) -> None:
     data, html = render(history, cluster="c2")
     (c2,) = data["clusters"]
-    assert c2["endpoints"] == [{"endpoint": "retail/retail-docs", "verdict": "does_not_pay_off", "lengths": [],
-                                "lob": None}]
+    assert [{k: e[k] for k in ("endpoint", "verdict", "lengths", "lob")} for e in c2["endpoints"]] == [
+        {"endpoint": "retail/retail-docs", "verdict": "does_not_pay_off", "lengths": [], "lob": None}]
     assert "recorded no prompt-length distribution" in html and "could not read: Curvine master: unreachable" in html
     assert 'id="plot-lengths-' not in html
     data, _ = render(history, lob="retail")

@@ -219,22 +219,32 @@ def _advised_endpoints(detail: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def advisor_data(history: Any, f: Filters) -> dict[str, Any]:
-    """The newest ``advise:<cluster>`` step per cluster (recorded by kvfleet_hit_verification), each endpoint with
-    its LOB (from the Fleet view's rows), filtered by LOB and endpoint."""
+    """Per cluster, each endpoint's newest advice from the ``advise:<cluster>`` steps kvfleet_hit_verification
+    recorded (a run scoped to some endpoints reports only those), with its LOB (from the Fleet view's rows), and
+    the newest capacity recommendation and errors; filtered by LOB and endpoint."""
     lob_of = {(r["cluster"], r["endpoint"]): r["lob"] for r in catalog.run(history, "ui_fleet", Filters())}
     q = (f.get("endpoint") or "").lower()
-    clusters = []
-    for row in catalog.run(history, "ui_advice", f):
+    clusters: dict[str, dict[str, Any]] = {}
+    for row in catalog.run(history, "ui_advice", f):  # newest first
         detail = row.get("detail") or {}
-        eps = []
+        c = clusters.setdefault(row["cluster"], {"cluster": row["cluster"], "at": row["at"], "run_key": row["run_key"],
+                                                 "capacity": None, "capacity_run_key": None,
+                                                 "errors": list(detail.get("errors") or []), "endpoints": {}})
+        if c["capacity"] is None and detail.get("capacity"):
+            c["capacity"], c["capacity_run_key"] = detail["capacity"], row["run_key"]
         for e in _advised_endpoints(detail):
-            e["lob"] = e.get("lob") or lob_of.get((row["cluster"], e["endpoint"]))
-            if (not f.get("lob") or e["lob"] == f.get("lob")) and (not q or q in str(e["endpoint"]).lower()):
-                eps.append(e)
-        clusters.append({"cluster": row["cluster"], "at": row["at"], "run_key": row["run_key"],
-                         "capacity": detail.get("capacity"), "errors": list(detail.get("errors") or []),
-                         "endpoints": eps})
-    return {"since": f.since, "payoff_tokens": economics.MIN_USEFUL_TOKENS, "clusters": clusters}
+            if e["endpoint"] in c["endpoints"]:
+                continue
+            e.update(lob=e.get("lob") or lob_of.get((row["cluster"], e["endpoint"])), reported_at=row["at"],
+                     run_key=row["run_key"])
+            c["endpoints"][e["endpoint"]] = e
+    out = []
+    for name in sorted(clusters):
+        c = clusters[name]
+        eps = [e for _, e in sorted(c["endpoints"].items())
+               if (not f.get("lob") or e["lob"] == f.get("lob")) and (not q or q in str(e["endpoint"]).lower())]
+        out.append({**c, "endpoints": eps})
+    return {"since": f.since, "payoff_tokens": economics.MIN_USEFUL_TOKENS, "clusters": out}
 
 
 def runs_data(history: Any, f: Filters) -> dict[str, Any]:
@@ -450,8 +460,8 @@ def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: 
                               "kvfleet_hit_verification records one per cluster.</p>"])
     for c in data["clusters"]:
         cap = c.get("capacity") or {}
-        out.append(f'<h2>{escape(c["cluster"])} <small>reported {escape(cell(c["at"]))} · run '
-                   f'<code>{escape(c["run_key"])}</code></small></h2>')
+        out.append(f'<h2>{escape(c["cluster"])} <small>newest report {escape(cell(c["at"]))} · run '
+                   f'<code>{escape(c["run_key"])}</code> (each endpoint shows its newest advice)</small></h2>')
         if cap:
             add = f' (+{cap.get("add_workers")} workers)' if cap.get("add_workers") else ""
             out.append(f'<p class="summary" id="capacity-{escape(c["cluster"])}" data-recommendation='
@@ -463,7 +473,7 @@ def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: 
         cols = ["endpoint", "lob", *[k for k in ("verdict", "requests_per_hour", "mean_prompt_tokens",
                                                   "share_below_payoff", "saved_ms_per_request", "saved_fraction",
                                                   "working_set_gib", "curve")
-                                     if any(k in e for e in c["endpoints"])]]
+                                     if any(k in e for e in c["endpoints"])], "reported_at", "run_key"]
         out.append(table(c["endpoints"], cols, table_id=f'advisor-{c["cluster"]}', colours=colours,
                          data={"cluster": c["cluster"]}))
         out.extend(_render_advised_endpoint(c, e, payoff, colours) for e in c["endpoints"])

@@ -295,3 +295,30 @@ def test_the_writer_reads_the_summaries_and_cannot_write_them(two_roles: tuple[s
     assert [r["id"] for r in history.open_intents()] == [orphan]
     assert history.query("drift_summary", cutoff=NOW - timedelta(days=1), cluster=None)[0]["open"] == 1
     history.engine.dispose()
+
+
+FULL_RECURRENCE = """
+SELECT cluster, kind, count(DISTINCT (coalesce(endpoint, object_ref), first_run_key)) AS occurrences,
+       min(first_seen) AS first_seen, max(first_seen) AS last_opened
+FROM drift_findings WHERE first_seen >= :cutoff AND kind = :kind GROUP BY cluster, kind ORDER BY cluster, kind
+"""
+
+
+def test_drift_recurrence_counts_one_event_per_object_and_check(history: History) -> None:
+    for run in ("kvfleet_drift_check/r1", "kvfleet_drift_check/r2"):
+        history.start_run(run, dag_id="kvfleet_drift_check", run_id=run[-2:], trigger="schedule",
+                          triggered_by=None, params={})
+    kind = "patch_lost_to_reconcile"
+
+    def lost(fp: str, endpoint: str | None, field: str) -> dict[str, Any]:
+        return {**_finding(fp, kind), "endpoint": endpoint, "field": field, "object_ref": "Deployment/x"}
+
+    # r1: one endpoint lost two fields (one event), a cluster-level object lost one (another event)
+    history.sync_findings("c1", [lost("f1", "ns/a", "volume"), lost("f2", "ns/a", "mount"),
+                                 lost("f3", None, "spec")], "kvfleet_drift_check/r1")
+    history.sync_findings("c2", [lost("f4", "ns/a", "volume")], "kvfleet_drift_check/r1")
+    history.sync_findings("c1", [], "kvfleet_drift_check/r2")  # resolved ...
+    history.sync_findings("c1", [lost("f1", "ns/a", "volume")], "kvfleet_drift_check/r2")  # ... and lost again
+    rows = history.query("drift_recurrence", cutoff=NOW - timedelta(days=1), kind=kind)
+    assert [(r["cluster"], r["occurrences"]) for r in rows] == [("c1", 3), ("c2", 1)]
+    assert _same(rows, _rows(history.engine, FULL_RECURRENCE, cutoff=NOW - timedelta(days=1), kind=kind))

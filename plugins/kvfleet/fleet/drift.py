@@ -16,7 +16,8 @@ One kind per condition, so that an audit query by kind tells the truth (issue 21
 (``addon_missing``), a status other than ACTIVE (``addon_not_active``), a wrong version or configuration
 (``addon_version_mismatch``, ``addon_config_mismatch``), a missing operator controller (``operator_missing``), a
 missing Curvine release (``curvine_release_missing``), an unreadable master (``curvine_master_unreadable``), a
-changed ClusterPolicy (``policy_changed``) are each their own kind (migration 0007_drift_kinds renamed the rows
+changed ClusterPolicy (``policy_changed``), a Kyverno that is absent or not serving (``kyverno_missing``) are each
+their own kind (migration 0007_drift_kinds renamed the rows
 recorded under the older, overloaded kinds). The endpoint kinds the batched patch fixes are the L2 overlay's
 (``PATCHABLE``, from ``fleet.overlay``); those that block it are the CR's (``NOT_PATCHABLE``).
 
@@ -65,6 +66,7 @@ SEVERITY: dict[str, str] = {
     "addon_not_active": "high",  # installed, but its status is not ACTIVE
     "addon_version_mismatch": "high",
     "addon_config_mismatch": "high",
+    "kyverno_missing": "high",  # kyverno mode, and Kyverno or its admission webhook is not there: nothing injects
     "policy_missing": "high",  # kyverno mode, and kvfleet's ClusterPolicy is absent
     "policy_changed": "high",  # present, but its spec is not kvfleet's
     "curvine_release_missing": "high",  # no Curvine release: no L2 at all
@@ -152,6 +154,7 @@ class ClusterObservation:
     operator_pauser: dict[str, Any] | None = None
     policy: dict[str, Any] | None = None
     policy_checked: bool = False
+    kyverno: dict[str, Any] | None = None  # kyverno mode: {"ready": bool, "detail": str} (stages.kyverno.observe)
     curvine_values: dict[str, Any] | None = None
     curvine_live_workers: int | None = None
     curvine_error: str | None = None
@@ -381,6 +384,16 @@ def curvine_findings(cl: Cluster, values: Mapping[str, Any] | None, live_workers
     return out
 
 
+def kyverno_findings(cl: Cluster, state: Mapping[str, Any] | None) -> list[Finding]:
+    """Kyverno absent, or its admission controller not available or its webhook not registered: the ClusterPolicy
+    (present or not) injects nothing into the operator's renders."""
+    if state is None or state.get("ready"):
+        return []
+    return [Finding("kyverno_missing", cl.name, "Deployment/kyverno/kyverno-admission-controller", "status",
+                    "available, with MutatingWebhookConfiguration kyverno-resource-mutating-webhook-cfg",
+                    str(state.get("detail") or "not ready"))]
+
+
 def policy_findings(cl: Cluster, inv: Inventory, policy: Mapping[str, Any] | None) -> list[Finding]:
     desired = kyverno_policy(inv.settings)
     ref = f"ClusterPolicy/{desired['metadata']['name']}"
@@ -403,6 +416,8 @@ def classify(inv: Inventory, cluster: str, obs: ClusterObservation) -> list[Find
     out += operator_findings(cl, inv, obs.operator, obs.now, obs.operator_zero_since, obs.operator_pauser)
     out += curvine_findings(cl, obs.curvine_values, obs.curvine_live_workers, obs.curvine_error)
     out += curvine_loss_findings(cl, obs.curvine_overview, obs.curvine_previous)
+    if cl.l2_injection == "kyverno":
+        out += kyverno_findings(cl, obs.kyverno)
     if cl.l2_injection == "kyverno" and obs.policy_checked and any(e.l2 for e in inv.endpoints_of(cluster)):
         out += policy_findings(cl, inv, obs.policy)
     out += pvc_findings(cluster, inv, obs.pvcs)
@@ -435,9 +450,11 @@ def kyverno_advice(cl: Cluster, patch_losses: int) -> str | None:
 def remediation_plan(findings: Iterable[Finding]) -> dict[str, list[Finding]]:
     """What the drift reconciler can fix with the rollout's own reconcilers, by action; the rest is reported."""
     plan: dict[str, list[Finding]] = {"restore_operator": [], "flip_format_flags": [], "patch_endpoints": [],
-                                      "ensure_policy": []}
+                                      "ensure_kyverno": [], "ensure_policy": []}
     for f in findings:
-        if f.kind in POLICY_KINDS:
+        if f.kind == "kyverno_missing":
+            plan["ensure_kyverno"].append(f)
+        elif f.kind in POLICY_KINDS:
             plan["ensure_policy"].append(f)
         elif f.kind == "operator_paused":
             plan["restore_operator"].append(f)

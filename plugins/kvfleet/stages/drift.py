@@ -7,8 +7,9 @@ benchmark (``bench/drift_check.py``) and by the tests.
 Observation cost is constant per cluster, whatever the number of endpoints (issue 8): four cluster-wide LISTs
 with the ``app.kubernetes.io/managed-by=kvfleet`` label selector (InferenceEndpointConfigs, Deployments, Pods,
 PVCs — the operator copies the CR's labels onto the Deployment and its pod template, and stage 3 labels the
-PVCs), one LIST of the operator's namespace (its controller, under the add-on's or the Helm chart's name), one GET
-of the ClusterPolicy in kyverno mode, ``helm get values``
+PVCs), one LIST of the operator's namespace (its controller, under the add-on's or the Helm chart's name), in
+kyverno mode one GET of the ClusterPolicy and Kyverno's own state (``stages.kyverno.observe``: its CRD, one LIST of
+its admission controller by label, its webhook configuration), ``helm get values``
 of the Curvine release, one read of the Curvine master API through the pod proxy; on the AWS side
 DescribeCluster (HyperPod and EKS, for the kube client), ListAddons and DescribeAddon per installed managed
 add-on. Never one GET per endpoint. Lists are read as raw JSON (``_preload_content=False``): turning thousands of
@@ -26,6 +27,8 @@ Remediation (off by default; the run's ``remediate`` Param, or per LOB ``remedia
   without the pause threshold, and restored under a lease taken over from the dead holder; the remediation
   records whom it restored the operator from and why that holder was judged dead;
 - ``format_flag_set``: stage 3's ``reconcile``, which flips the flags false with ``--reuse-values``;
+- ``kyverno_missing``: stage 2's Kyverno step (``stages.kyverno.reconcile``: install when allowed, else refused
+  with the exact command), before the policy;
 - ``policy_missing`` / ``policy_changed``: stage 4's ``ensure_kyverno_policy``.
 Every remediation is written on its findings' history rows and as a step event (audit log).
 
@@ -56,7 +59,7 @@ from kvfleet.fleet import drift as rules
 from kvfleet.fleet.endpoint_spec import kyverno_policy
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.history.leases import SUFFIX, Leases
-from kvfleet.stages import curvine, endpoints, operator_pause
+from kvfleet.stages import curvine, endpoints, kyverno, operator_pause
 from kvfleet.stages.addons import addon_diff
 from kvfleet.stages.base import StageContext
 from kvfleet.stages.locks import ClusterLock
@@ -148,6 +151,8 @@ def observe(ctx: StageContext, now: datetime) -> rules.ClusterObservation:
         obs.policy = _raw_or_none(kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name,
                                   what=f"read ClusterPolicy {name}")
         obs.policy_checked = True
+        state = kyverno.observe(ctx)
+        obs.kyverno = {"ready": kyverno.is_ready(state), "detail": kyverno.describe(state)}
     try:
         obs.curvine_values = ctx.helm.values(C.CURVINE_RELEASE, cl.curvine.namespace)
     except ReleaseNotFound:
@@ -324,6 +329,7 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     ``now`` is the check's clock: a lease whose holder died is judged (and taken over) at that time."""
     plan = rules.remediation_plan(chosen)
     policy = plan["ensure_policy"]
+    engine = plan["ensure_kyverno"]
     if not any(plan.values()):
         return []
     base_now, base_mono = now or datetime.now(UTC), time.monotonic()
@@ -350,7 +356,15 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
         if plan["flip_format_flags"]:
             done.append(_act(ctx, "flip_format_flags", plan["flip_format_flags"],
                              lambda: {"curvine": curvine.reconcile(ctx).detail.get("hazard_fixed")}))
-        if policy:
+        engine_ok = True
+        if engine:
+            done.append(_act(ctx, "ensure_kyverno", engine,
+                             lambda: {"kyverno": kyverno.reconcile(ctx).as_dict()["detail"]}))
+            engine_ok = done[-1]["outcome"] == "changed"
+        if policy and not engine_ok:  # no Kyverno to admit it: the policy waits for the one above
+            done.append(_record(ctx, "ensure_kyverno_policy", policy, "refused", {
+                "reason": "Kyverno is not there (see the ensure_kyverno remediation); the ClusterPolicy follows it"}))
+        elif policy:
             done.append(_act(ctx, "ensure_kyverno_policy", policy,
                              lambda: {"policy": endpoints.ensure_kyverno_policy(ctx)}))
         if plan["patch_endpoints"]:

@@ -123,7 +123,7 @@ def is_ready(state: dict[str, Any]) -> bool:
     return bool(state["crd"] and state["available"] and state["webhook"])
 
 
-def _describe(state: dict[str, Any]) -> str:
+def describe(state: dict[str, Any]) -> str:
     return (f"CRD {POLICY_CRD} served={state['crd']}, admission controller {state['deployment'] or 'absent'} "
             f"ready {state['ready']} available={state['available']}, MutatingWebhookConfiguration "
             f"{RESOURCE_WEBHOOK} {'present' if state['webhook'] else 'absent'}")
@@ -134,7 +134,7 @@ def wait_ready(ctx: StageContext) -> dict[str, Any]:
 
     def check() -> tuple[bool, str]:
         last.update(observe(ctx))
-        return is_ready(last), _describe(last)
+        return is_ready(last), describe(last)
 
     wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(), what=f"[{ctx.cluster.name}] Kyverno",
              progress=ctx.progress)
@@ -151,17 +151,17 @@ def reconcile(ctx: StageContext) -> Outcome:
         return ctx.record("kyverno", STAGE, "unchanged", mode=cl.l2_injection, kyverno="not needed")
     state = observe(ctx)
     if is_ready(state):
-        ctx.say(f"kyverno: ready ({_describe(state)})")
-        return ctx.record("kyverno", STAGE, "unchanged", verified=_describe(state))
+        ctx.say(f"kyverno: ready ({describe(state)})")
+        return ctx.record("kyverno", STAGE, "unchanged", verified=describe(state))
     if state["deployment"] is not None:  # installed, not (yet) serving: wait, never install over it
         if ctx.dry_run:
-            return ctx.record("kyverno", STAGE, "unchanged", observed=_describe(state),
+            return ctx.record("kyverno", STAGE, "unchanged", observed=describe(state),
                               note="installed; a rollout waits for its webhook")
         ready = wait_ready(ctx)
-        return ctx.record("kyverno", STAGE, "unchanged", verified=_describe(ready), waited=True)
+        return ctx.record("kyverno", STAGE, "unchanged", verified=describe(ready), waited=True)
     if not install_allowed(ctx):
         why = f"{INSTALL_ENV}=refuse (or clusters.{cl.name}.kyverno_install: false) does not let kvfleet install it"
-        ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(), observed=_describe(state))
+        ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(), observed=describe(state))
         raise PermanentError(_refusal(ctx, why))
     if ctx.dry_run:
         ctx.plan(STAGE, install_command(), diff=f"+ Kyverno {CHART_VERSION} in namespace {NAMESPACE} "
@@ -170,15 +170,15 @@ def reconcile(ctx: StageContext) -> Outcome:
         return ctx.record("kyverno", STAGE, "planned", command=install_command())
     _install(ctx, state)
     ready = wait_ready(ctx)
-    ctx.say(f"kyverno: installed {CHART} {CHART_VERSION}; {_describe(ready)}")
+    ctx.say(f"kyverno: installed {CHART} {CHART_VERSION}; {describe(ready)}")
     return ctx.record("kyverno", STAGE, "changed", chart=f"{CHART} {CHART_VERSION}", repo=repo_url(),
-                      namespace=NAMESPACE, values=VALUES, verified=_describe(ready))
+                      namespace=NAMESPACE, values=VALUES, verified=describe(ready))
 
 
 def _install(ctx: StageContext, state: dict[str, Any]) -> None:
     args = ["install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION, "-n", NAMESPACE,
             "--create-namespace", "-f", ctx.helm.values_file(VALUES, "kyverno")]
-    ctx.say(f"kyverno: {render(['helm', *args])}   # Kyverno missing: {_describe(state)}")
+    ctx.say(f"kyverno: {render(['helm', *args])}   # Kyverno missing: {describe(state)}")
     with ctx.write_ahead("helm_install", f"release {NAMESPACE}/{RELEASE} {CHART_VERSION} (Kyverno)") as wa:
         try:
             ctx.helm.run(*args, what=f"helm install {RELEASE} (Kyverno)")

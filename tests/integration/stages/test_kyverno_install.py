@@ -175,3 +175,27 @@ def test_a_preinstalled_kyverno_is_verified_not_reinstalled(sandbox_factory, exa
                     if (s["metadata"].get("labels") or {}).get("owner") == "helm"]
     finally:
         ctx.close()
+
+
+def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_policy(chart_env,
+                                                                                       make_ctx) -> None:
+    from kvfleet.stages import drift
+
+    before = drift.check(make_ctx())
+    (missing,) = [f for f in before.findings if f.kind == "kyverno_missing"]
+    assert missing.severity == "high" and "absent" in missing.actual
+    assert "policy_missing" in {f.kind for f in before.findings}
+
+    # Not allowed to install (k8s/rbac alone): refused, and the policy waits for it.
+    refused = drift.check(make_ctx(), remediate=True)
+    outcomes = {r["action"]: r["outcome"] for r in refused.remediations}
+    assert outcomes["ensure_kyverno"] == "refused" and outcomes["ensure_kyverno_policy"] == "refused"
+    assert nothing_installed(chart_env)
+
+    grant_install(chart_env)
+    fixed = drift.check(make_ctx(), remediate=True)
+    order = [r["action"] for r in fixed.remediations]
+    assert order.index("ensure_kyverno") < order.index("ensure_kyverno_policy")
+    assert {r["action"]: r["outcome"] for r in fixed.remediations}["ensure_kyverno_policy"] == "changed"
+    after = {f.kind for f in drift.check(make_ctx()).findings}
+    assert "kyverno_missing" not in after and "policy_missing" not in after

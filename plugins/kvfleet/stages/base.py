@@ -17,10 +17,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfleet.fleet.inventory import Cluster, Inventory
 from kvfleet.history.repo import History, StepEvent, StepKey, WriteAhead
+
+if TYPE_CHECKING:  # imported when first used (a dry run that only needs AWS never loads the Kubernetes client)
+    from kvfleet.clients.helm import Helm
+    from kvfleet.clients.hyperpod import HyperPodClient
+    from kvfleet.clients.kube import ClusterAccess
 
 log = logging.getLogger("kvfleet")
 
@@ -114,19 +119,19 @@ class StageContext:
     memo: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
-    def hyperpod(self) -> Any:
+    def hyperpod(self) -> HyperPodClient:
         from kvfleet.clients.hyperpod import HyperPodClient
 
         return HyperPodClient(self.cluster.region, self.aws_conn_id)
 
     @cached_property
-    def kube(self) -> Any:
+    def kube(self) -> ClusterAccess:
         from kvfleet.clients.kube import ClusterAccess
 
         return ClusterAccess.from_hyperpod(self.hyperpod, self.cluster.name)
 
     @cached_property
-    def helm(self) -> Any:
+    def helm(self) -> Helm:
         from kvfleet.clients.helm import Helm
 
         return Helm(self.kube)

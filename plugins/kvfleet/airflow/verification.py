@@ -113,7 +113,10 @@ def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 
     ctx = stage_context(cluster, params)
     try:
-        report = advise.advise_cluster(ctx)
+        # each endpoint's recorded sweep (its baseline) is its measured curve; the others use the published one
+        baselines = {ep.key: endpoint_baseline(ctx.history, cluster, ep.key)
+                     for ep in ctx.inventory.endpoints_of(cluster)}
+        report = advise.advise_cluster(ctx, sweeps={k: b["points"] for k, b in baselines.items() if b})
     finally:
         ctx.close()
     doc = report.as_dict()

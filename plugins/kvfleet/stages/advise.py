@@ -19,8 +19,8 @@ instance-hour, never fetched). The JSON shape is documented in docs/advise.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -109,12 +109,19 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.Endpoi
 
 
 def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD, retention_h: float = 24.0,
-                   now: datetime | None = None) -> ClusterReport:
+                   now: datetime | None = None,
+                   sweeps: Mapping[str, Sequence[tuple[int, float]]] | None = None) -> ClusterReport:
+    """``sweeps``: measured (tokens, speedup) curves by endpoint key (the hourly DAG passes each endpoint's
+    recorded sweep); an endpoint without one is judged on the published curve."""
     now = now or datetime.now(UTC)
     report = ClusterReport(ctx.cluster.name)
     for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
         try:
-            report.endpoints.append(E.advise_endpoint(observe_endpoint(ctx, ep, now), retention_h=retention_h))
+            traffic = observe_endpoint(ctx, ep, now)
+            measured = (sweeps or {}).get(ep.key)
+            if measured:
+                traffic = replace(traffic, sweep=tuple((int(n), float(x)) for n, x in measured))
+            report.endpoints.append(E.advise_endpoint(traffic, retention_h=retention_h))
         except KvfleetError as exc:
             report.errors.append(f"{ep.ref}: {exc}")
     l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}

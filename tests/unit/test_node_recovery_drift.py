@@ -75,3 +75,13 @@ def test_classify_reports_node_recovery_mismatch_for_a_declared_cluster() -> Non
     assert ("node_recovery_mismatch" in kinds) is (declared is not None)
     obs.node_recovery = want
     assert "node_recovery_mismatch" not in [f.kind for f in rules.classify(inv, name, obs)]
+
+
+def test_the_loaded_inventory_says_which_cluster_declares_node_recovery() -> None:
+    """fleet.example.yaml writes node_recovery for some clusters only: those are reconciled and judged."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "fleet.example.yaml").read_text())
+    written = {c["name"]: c.get("node_recovery") for c in raw["clusters"]}
+    inv = load_inventory(ROOT / "fleet.example.yaml")
+    assert {cl.name: rules.declared_node_recovery(cl) for cl in inv.clusters} == written

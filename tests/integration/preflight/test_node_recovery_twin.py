@@ -8,6 +8,7 @@ import time
 import pytest
 from preflightkit import CLUSTER, aws_client, declaring
 
+from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -67,8 +68,8 @@ def test_undeclared_node_recovery_keeps_the_live_value(fleet_env, inventory, mak
     while live(fleet_env)["ClusterStatus"] != "InService" or live(fleet_env)["NodeRecovery"] != "None":
         assert time.monotonic() < deadline, "the cluster did not settle"
         time.sleep(0.05)
-    inv = declaring(inventory, CLUSTER, declared=False)  # node_recovery defaults to Automatic, not declared
-    assert inv.cluster(CLUSTER).node_recovery == "Automatic"
+    inv = declaring(inventory, CLUSTER, declared=False)  # the inventory names no node_recovery
+    assert declared_node_recovery(inv.cluster(CLUSTER)) is None
     fleet_env.aws.reset_request_log()
 
     outcome = tiered_storage.reconcile(make_ctx(inv=inv))

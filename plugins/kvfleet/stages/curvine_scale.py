@@ -170,10 +170,15 @@ def observe(ctx: StageContext) -> PoolState:
 
 
 def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, Any]:
-    """The scheduled path's decision (the judge: ``fleet.curvine_gates.scale_out_due``)."""
-    return gates.scale_out_due(replicas=state.replicas, eligible=len(state.eligible),
-                               nodes_without_worker=state.nodes_without_worker, usage=state.usage,
-                               previous_usage=_previous_usage(ctx), threshold=req.threshold)
+    """The scheduled path's decision: the judge ``fleet.curvine_gates.scale_out_due`` (new GPU nodes, usage), raised
+    to the L2 advisor's worker count when the observed working set needs more (``advise.with_advised_workers``)."""
+    from kvfleet.stages import advise
+
+    decision = gates.scale_out_due(replicas=state.replicas, eligible=len(state.eligible),
+                                   nodes_without_worker=state.nodes_without_worker, usage=state.usage,
+                                   previous_usage=_previous_usage(ctx), threshold=req.threshold)
+    return advise.with_advised_workers(ctx, decision, replicas=state.replicas, eligible=len(state.eligible),
+                                       worker_bytes=state.worker_bytes, threshold=req.threshold)
 
 
 def _previous_usage(ctx: StageContext) -> float | None:

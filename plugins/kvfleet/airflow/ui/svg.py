@@ -318,7 +318,7 @@ def length_histogram(buckets: Sequence[Bucket], *, title: str, threshold: float,
         tip = (f"~{b.tokens:,.0f} tokens: {b.requests:,.0f} requests ({b.requests / total:.1%})"
                + (" — below the payoff threshold" if below else ""))
         group.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{top + ph - y:.1f}" '
-                     f'fill="{colour}" data-x="{b.tokens:g}" data-y="{b.requests:g}" '
+                     f'fill="{colour}" data-x="{b.tokens:.12g}" data-y="{b.requests:.12g}" '
                      f'data-below="{"true" if below else "false"}"><title>{escape(tip)}</title></rect>')
         if below:
             group.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{top + ph - y:.1f}" '

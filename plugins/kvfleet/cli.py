@@ -227,18 +227,25 @@ def _endpoint(h: Any, args: argparse.Namespace) -> Table:
 
 
 _PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (History.page)
+PAGE_SIZE = 100
 _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gates": _gates, "changes": _changes,
            "endpoint": _endpoint}
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
+def _check_audit_args(args: argparse.Namespace) -> None:
     if args.what == "curvine" and not args.cluster:
         raise UsageError("kvfleet audit curvine: --cluster is required")
     if args.what == "endpoint" and not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
+    if args.limit is None:  # a page of 100 for the paged listings, 50 rows for the others (as before)
+        args.limit = PAGE_SIZE if args.what in _PAGED else 50
     if args.after is not None and args.what not in _PAGED:
         raise UsageError(f"kvfleet audit {args.what}: --after pages {' and '.join(sorted(_PAGED))} only; "
                          "drop it (--limit caps this listing)")
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    _check_audit_args(args)
     h = _history()
     if args.what == "verify":
         return _audit_verify(h, args)
@@ -560,8 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="changes: write-ahead records; verify: check the audit log's hash chain")
     a.add_argument("--run", help="rollout, gates, changes: the run key (dag_id/run_id); rollout: default the newest")
     a.add_argument("--since", type=_since, default="7d", help="7d, 12h, 30m (at most 36500d)")
-    a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=50,
-                   help="rows per listing (a page for verifications and drift; default 50)")
+    a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=None,
+                   help="rows per page for verifications and drift (default 100), per listing for runs, gates "
+                        "and changes (default 50)")
     a.add_argument("--after", metavar="CURSOR", help="verifications, drift: the page after this cursor (the "
                                                      "'next' value the previous page printed)")
     a.add_argument("--lob")

@@ -473,8 +473,12 @@ def _system_ready(store: KubeStore) -> bool:
     ds = (store.get("apps", "daemonsets", "aws-node", "kube-system") or {}).get("status") or {}
     deploy = store.get("apps", "deployments", "ebs-csi-controller", "kube-system") or {}
     want = (deploy.get("spec") or {}).get("replicas", 1)
+    # A preinstalled Kyverno (controllers/kyverno.py) is handed over serving: its webhook configuration registered.
+    kyverno_ok = store.get("apps", "deployments", "kyverno-admission-controller", "kyverno") is None or store.get(
+        "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "kyverno-resource-mutating-webhook-cfg") \
+        is not None
     return bool(ds.get("numberReady", 0) >= ds.get("desiredNumberScheduled", 1) > 0
-            and (deploy.get("status") or {}).get("readyReplicas", 0) >= want)
+                and (deploy.get("status") or {}).get("readyReplicas", 0) >= want and kyverno_ok)
 
 
 def _wait_system_ready(sandbox: Sandbox, timeout_s: float = 15.0) -> None:

@@ -15,7 +15,9 @@ What is checked (../shared/seeds, "Estágio 3", and issue 22 §4), each missing 
    provider for the operator's service account (AWS docs, sagemaker-hyperpod-model-deployment-ts-trust);
 5. the TLS certificate bucket (``tlsCertificateS3Bucket``) exists;
 6. the EBS StorageClass (the inventory's ``ebs_storage_class``) exists;
-7. at least two GPU nodes (a single node cannot show cross-node reuse — the sources).
+7. at least two GPU nodes (a single node cannot show cross-node reuse — the sources);
+8. on a kyverno-mode cluster, Kyverno and its admission webhook (``stages.kyverno``): absent, it is a warning when
+   stage 2 may install it (the fix is the same command, to run beforehand) and an error when it may not.
 
 Where the values come from: ``executionRoleArn`` and ``tlsCertificateS3Bucket`` from the inventory's operator
 add-on ``configuration`` (what stage 2 sends as configurationValues), unless the inventory carries dedicated
@@ -279,6 +281,29 @@ class _Checker:
                      f"not {EBS_PROVISIONER}", f"set clusters.{self.cl.name}.ebs_storage_class to an EBS class, or "
                      f"kubectl delete storageclass {name} and create it:\n{manifest}")
 
+    def kyverno(self) -> None:
+        from kvfleet.stages import kyverno
+
+        if self.cl.l2_injection != "kyverno":
+            return
+        state = kyverno.observe(self.ctx)
+        if kyverno.is_ready(state):
+            return
+        if state["deployment"] is not None:
+            self.add("kyverno", f"Kyverno is installed but not serving yet ({kyverno.describe(state)})",
+                     f"kubectl get deployment -n {state['deployment'].split('/')[0]} -l "
+                     f"{kyverno.ADMISSION_SELECTOR}; kubectl get mutatingwebhookconfiguration "
+                     f"{kyverno.RESOURCE_WEBHOOK}", severity="warning")
+            return
+        values = f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n{kyverno.install_command()}"
+        if kyverno.install_allowed(self.ctx):
+            self.add("kyverno", f"Kyverno is not installed (kyverno mode); stage 2 installs chart {kyverno.CHART} "
+                     f"{kyverno.CHART_VERSION}, which needs the install grant of k8s/rbac/README.md (Kyverno)",
+                     f"let stage 2 install it, or install it now:\n{values}", severity="warning")
+        else:
+            self.add("kyverno", f"Kyverno is not installed (kyverno mode) and kvfleet may not install it "
+                     f"({kyverno.INSTALL_ENV}=refuse)", values)
+
     def gpu_nodes(self) -> None:
         nodes = self.ctx.kube.core.list_node().items
         gpus = [n for n in nodes if int(((n.status.allocatable or {}) if n.status else {}).get(GPU_RESOURCE, 0)
@@ -306,6 +331,8 @@ def check(ctx: StageContext) -> list[Problem]:
     c.guarded("tls_bucket", "the TLS certificate bucket", "s3:ListBucket on the bucket (HeadBucket)", c.tls_bucket)
     c.guarded("storage_class", "the EBS StorageClass", "get on storageclasses", c.storage_class)
     c.guarded("gpu_nodes", "the GPU nodes", "list on nodes", c.gpu_nodes)
+    c.guarded("kyverno", "Kyverno", "k8s/rbac/kyverno-mode.yaml (get on Kyverno's CRD and webhook configuration)",
+              c.kyverno)
     return c.problems
 
 

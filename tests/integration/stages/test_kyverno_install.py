@@ -199,3 +199,19 @@ def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_
     assert {r["action"]: r["outcome"] for r in fixed.remediations}["ensure_kyverno_policy"] == "changed"
     after = {f.kind for f in drift.check(make_ctx()).findings}
     assert "kyverno_missing" not in after and "policy_missing" not in after
+
+
+def test_preflight_names_a_missing_kyverno(chart_env, make_ctx, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning while stage 2 may install it (the command to run beforehand as the fix); an error when not."""
+    from kvfleet.stages import preflight
+
+    (problem,) = preflight.check(make_ctx())
+    assert (problem.check, problem.severity) == ("kyverno", "warning")
+    assert kyverno.install_command() in problem.fix and "3.9.0" in problem.what
+    assert preflight.check(make_ctx(PATCH_CLUSTER)) == []  # patch mode needs no Kyverno
+
+    monkeypatch.setenv(kyverno.INSTALL_ENV, "refuse")
+    (problem,) = preflight.check(make_ctx())
+    assert (problem.check, problem.severity) == ("kyverno", "error")
+    assert problem.fix.endswith(kyverno.install_command())
+    assert nothing_installed(chart_env)

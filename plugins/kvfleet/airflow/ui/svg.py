@@ -298,7 +298,8 @@ def length_histogram(buckets: Sequence[Bucket], *, title: str, threshold: float,
     for t in nice_ticks(0.0, ymax):
         if t <= ymax:
             out.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
-                       f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:,.0f}</text>')
+                       f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">'
+                       f"{f'{t:,.0f}' if ymax >= 10 else f'{t:g}'}</text>")
     for exp in range(math.floor(lx0), math.ceil(lx1) + 1):
         for m in (1, 2, 5):
             t = m * 10.0 ** exp

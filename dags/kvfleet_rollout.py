@@ -1,10 +1,15 @@
 """kvfleet_rollout: the tiered KV cache rolled out as a progressive delivery, and the daily reconcile.
 
-plan -> per cluster (in parallel up to ``max_parallel_clusters``): stages 1–3 -> canary wave (one endpoint per
+plan -> per cluster (in parallel up to ``max_parallel_clusters``): preflight (the prerequisites; a cluster missing
+any is refused with the fixes, before anything changes) -> stages 1–3 -> canary wave (one endpoint per
 LOB) -> gate -> the remaining waves in plan order, each followed by a gate -> teardown (operator restored,
 lease released) -> a summary per line of business. A gate passes on verified cross-pod hits, stops the
 cluster's later waves on a failure, and asks a human (approve / skip the endpoint / abort) when the
 verification is inconclusive or when ``approval`` asks for it. ``dry_run`` prints the exact diff instead.
+
+Waits do not hold a worker slot: the lease wait, a cluster or add-on still converging and the bake defer to the
+triggerer (``deferrable_task``); the mutating tasks run in the pools ``kvfleet_cluster_changes`` and
+``kvfleet_endpoint_waves`` (docs/run-for-real.md).
 
 Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the gate
 operator, the callbacks) and does no I/O; each task imports its body (kvfleet.airflow.rollout: the stages, the
@@ -19,18 +24,18 @@ from typing import Any
 from airflow.sdk import dag, task, task_group
 
 from kvfleet.airflow import callbacks, notify
-from kvfleet.airflow.operators import WaveGateOperator
+from kvfleet.airflow.operators import CLUSTER_POOL, ENDPOINT_POOL, WaveGateOperator, deferrable_task
 from kvfleet.airflow.params import WAVE_SLOTS, rollout_params
 
 
 def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     """Slot ``slot`` of a cluster's waves (slot 0 is the canary; the last slot runs every remaining wave)."""
 
-    @task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16)
-    def wave(cluster, plan_dict, previous, params=None):  # type: ignore[no-untyped-def]
+    @deferrable_task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16, pool=ENDPOINT_POOL)
+    def wave(cluster, plan_dict, previous, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import rollout
 
-        return rollout.run_wave_slot(cluster, slot, plan_dict, previous, params)
+        return rollout.run_wave_slot(cluster, slot, plan_dict, previous, params, kvfleet_resume)
 
     return wave
 
@@ -65,18 +70,25 @@ def kvfleet_rollout() -> None:
     @task_group(group_id="cluster")
     def per_cluster(cluster: str, plan_dict: dict[str, Any]):  # type: ignore[no-untyped-def]
         @task(max_active_tis_per_dagrun=16)
-        def stages(cluster, params=None):  # type: ignore[no-untyped-def]
+        def preflight(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 
-            return rollout.run_cluster_stages(cluster, params)
+            return rollout.run_preflight(cluster, params)
 
-        @task(retries=3)
+        @deferrable_task(max_active_tis_per_dagrun=16, pool=CLUSTER_POOL)
+        def stages(cluster, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
+            from kvfleet.airflow import rollout
+
+            return rollout.run_cluster_stages(cluster, params, kvfleet_resume)
+
+        @task(retries=3, pool=CLUSTER_POOL)
         def release(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 
             return rollout.release_cluster(cluster, params)
 
         first = stages(cluster)
+        preflight(cluster) >> first
         previous = None
         upstream: Any = first
         for slot in range(WAVE_SLOTS):

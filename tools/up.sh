@@ -124,6 +124,17 @@ cat "$UP/sandbox/env" >>"$UP/env"
 say "migrating Airflow's metadata database"
 "$PY" -m airflow db migrate >"$UP/logs/db-migrate.log" 2>&1 || { tail -30 "$UP/logs/db-migrate.log" >&2; fail "airflow db migrate failed"; }
 
+# kvfleet's pools, one per concurrency class of its mutating tasks (kvfleet.airflow.operators.POOLS; a task in a
+# pool that does not exist is never scheduled). `airflow pools set` is idempotent; it keeps no deferred slots.
+say "creating kvfleet's Airflow pools"
+"$PY" -c "from kvfleet.airflow.operators import POOLS
+for name, (slots, description) in POOLS.items(): print(name, slots, description, sep='\t')" |
+  while IFS=$'\t' read -r pool slots description; do
+    "$PY" -m airflow pools set "$pool" "$slots" "$description" >>"$UP/logs/db-migrate.log" 2>&1 \
+      || { tail -30 "$UP/logs/db-migrate.log" >&2; fail "airflow pools set $pool failed"; }
+    echo "    pool $pool: $slots slots"
+  done
+
 start() {  # name, then the command; own process group (down signals the group), output to logs/<name>.log
   local name="$1"; shift
   setsid "$@" </dev/null >"$UP/logs/$name.log" 2>&1 &

@@ -1,4 +1,12 @@
-"""The wave gate: a Human-in-the-loop operator (the standard provider's ``HITLOperator``) that only asks when
+"""kvfleet's operators: the deferrable task (``deferrable_task``, issue 19) and the wave gate.
+
+``deferrable_task`` is ``@task`` whose body may wait in the triggerer instead of a worker slot: the body (the
+task bodies in ``kvfleet.airflow.rollout``) raises Airflow's ``TaskDeferred`` naming ``resume``, with what it had
+done so far as ``kvfleet_resume``; when the trigger fires, ``resume`` calls the same body again with that state
+and the trigger's event (``kvfleet_resume["event"]``). The body stays a plain function: outside Airflow it never
+defers unless it must wait, and its arguments are those of ``@task`` (XComArgs, mapped task group arguments).
+
+The wave gate: a Human-in-the-loop operator (the standard provider's ``HITLOperator``) that only asks when
 it must.
 
 It sits between two wave slots of a cluster in `kvfleet_rollout`. It reads the previous wave's result and
@@ -14,11 +22,46 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
+from airflow.sdk.bases.decorator import task_decorator_factory
 
 from kvfleet.fleet import gates
 
 ALL_OPTIONS = [*gates.REVIEW_OPTIONS, "Reject"]
+RESUME_METHOD = "resume"
+RESUME_KEY = "kvfleet_resume"
+
+# Airflow pools for kvfleet's mutating tasks, one per concurrency class: name -> (slots, description). Created by
+# tools/up.sh (`airflow pools set`) and documented in docs/run-for-real.md; a deployment creates them once (an
+# Airflow task assigned to a pool that does not exist is never scheduled). A deferred task holds no pool slot
+# (pools count deferred tasks only with include_deferred, which kvfleet leaves off), so a wait costs no slot.
+CLUSTER_POOL = "kvfleet_cluster_changes"
+ENDPOINT_POOL = "kvfleet_endpoint_waves"
+POOLS: dict[str, tuple[int, str]] = {
+    CLUSTER_POOL: (8, "kvfleet: clusters changed at once across runs (UpdateCluster, EKS add-ons, Curvine helm, "
+                      "the rollout teardown)"),
+    ENDPOINT_POOL: (16, "kvfleet: endpoint waves rolled and verified at once across runs and clusters"),
+}
+
+
+class DeferrableTaskOperator(_PythonDecoratedOperator):
+    """``@task`` that can be resumed after a deferral raised by its own body (module docstring)."""
+
+    custom_operator_name = "@task"
+
+    def resume(self, context: Any, event: Any = None, **kwargs: Any) -> Any:
+        state = dict(kwargs.get(RESUME_KEY) or {})
+        # kvfleet's triggers send a dict with a status; the standard DateTimeTrigger sends the moment it fired.
+        state["event"] = dict(event) if isinstance(event, dict) else {"status": "success", "value": str(event)}
+        self.op_kwargs = {**self.op_kwargs, RESUME_KEY: state}
+        return self.execute(context)
+
+
+def deferrable_task(python_callable: Any = None, **kwargs: Any) -> Any:
+    """``@task``, deferrable by its body: ``@deferrable_task(task_id=..., pool=...)``."""
+    return task_decorator_factory(python_callable=python_callable, decorated_operator_class=DeferrableTaskOperator,
+                                  **kwargs)
 
 
 class WaveGateOperator(HITLOperator):

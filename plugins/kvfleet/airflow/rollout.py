@@ -21,6 +21,20 @@ are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs e
 verification; a later run resumes). Mapping is per cluster only, so 1,000 endpoints on 10 clusters is 10
 instances per task, far below ``max_map_length`` (1024).
 
+Waits give their worker slot back (issue 19): a task that must wait **defers** (``TaskDeferred``, resumed in
+``kvfleet.airflow.operators.DeferrableTaskOperator.resume``) instead of sleeping:
+- the cluster lease held by another run, and every parallelism slot taken: ``LeaseFreeTrigger`` (the patience
+  ``lock_wait_minutes`` counts from the first try, across deferrals; running out is ``LeaseWaitTimeout``,
+  permanent, naming the holder);
+- a HyperPod cluster not ``InService`` before stage 1 (an update in flight from a previous try or by hand) and an
+  add-on ``CREATING``/``UPDATING`` before stage 2: ``ClusterReadyTrigger`` (a terminal state fails permanently, a
+  timeout is ``ConvergenceTimeout``, temporary, as ``wait_cluster``/``wait_addon`` do);
+- the bake between a wave and its verification: the standard provider's ``DateTimeTrigger``; the lease is parked
+  for the bake (its ttl stretched to cover it) and taken again, re-entrantly, on resume.
+What a task had done before it deferred travels in the deferral's kwargs (``kvfleet_resume``), so a resumed task
+does not redo or re-record it. Still inside the worker (they need a stage split, ``kvfleet.stages`` is not this
+layer's): the wait for ``UpdateCluster``/an add-on change *kvfleet itself just made*, and pods becoming Ready.
+
 Each task parses the run's Params once into a frozen ``RolloutRequest`` (``kvfleet.airflow.request``: defaults
 from ``kvfleet.airflow.params``) and reads only that; each task body sits behind the task boundary
 (``kvfleet.airflow.boundary``), which classifies whatever it raises.
@@ -30,7 +44,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
 
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import airflow_run_alive as airflow_run_alive  # its former home
@@ -38,8 +53,7 @@ from kvfleet.airflow.context import cluster_context, run_info, scoped
 from kvfleet.airflow.params import WAVE_SLOTS
 from kvfleet.airflow.request import RolloutRequest
 from kvfleet.airflow.request import refuse_unknown_conf as refuse_unknown_conf  # its former home
-from kvfleet.clients.kube import sleep_or_stop
-from kvfleet.errors import LeaseWaitTimeout, PermanentError
+from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.plan import make_plan, render_plan_text
@@ -76,24 +90,95 @@ def _slot_holder(run_key: str, cluster: str) -> str:
     return f"{run_key}{SUFFIX}{cluster}"
 
 
-def _slot(history: History, run_key: str, cluster: str, limit: int, wait_s: float, say: Any) -> str:
-    """One of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same table,
-    parked for the whole run (released by the teardown, or at once when ``cluster_stages`` fails)."""
+def _slot(history: History, run_key: str, cluster: str, limit: int) -> str | None:
+    """Take one of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same
+    table, parked for the whole run (released by the teardown, or at once when ``cluster_stages`` fails); None
+    when all are taken (the caller defers)."""
     leases = Leases(history.engine)
     holder = _slot_holder(run_key, cluster)
-    started = time.monotonic()
-    while True:
-        for i in range(limit):
-            name = f"{_slot_prefix(run_key)}{i}"
-            row = leases.try_take(name, holder, "rollout parallelism", PARKED_LEASE_TTL_S)
-            if row.get("holder") == holder:
-                leases.park(name, holder, PARKED_LEASE_TTL_S)
-                return name
-        if time.monotonic() - started > wait_s:
-            raise LeaseWaitTimeout(f"no parallelism slot free for {cluster} after {wait_s:.0f}s "
-                              f"(max_parallel_clusters={limit})")
-        say(f"waiting for one of {limit} parallel cluster slots")
-        sleep_or_stop(min(poll_seconds() * 5, 10), f"[{cluster}] parallelism slot wait")
+    names = [f"{_slot_prefix(run_key)}{i}" for i in range(limit)]
+    held = [n for n in names if (leases.get(n) or {}).get("holder") == holder]  # resumed after a deferral
+    for name in held[:1] + [n for n in names if n not in held]:
+        row = leases.try_take(name, holder, "rollout parallelism", PARKED_LEASE_TTL_S)
+        if row.get("holder") == holder:
+            leases.park(name, holder, PARKED_LEASE_TTL_S)
+            return name
+    return None
+
+
+# ---- deferral --------------------------------------------------------------------------------------------------
+def _defer(trigger: Any, state: dict[str, Any]) -> NoReturn:
+    """Give the worker slot back until ``trigger`` fires; the operator's ``resume`` calls the task body again
+    with ``state`` (and the trigger's event) as ``kvfleet_resume``."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from kvfleet.airflow.operators import RESUME_KEY, RESUME_METHOD
+
+    raise TaskDeferred(trigger=trigger, method_name=RESUME_METHOD, kwargs={RESUME_KEY: state})
+
+
+def _check_event(resume: dict[str, Any]) -> None:
+    """A trigger's ``error`` event in the error model: a lease wait out of patience is ``LeaseWaitTimeout``
+    (permanent); a cluster or add-on that did not converge in time ``ConvergenceTimeout`` (temporary: the retry
+    observes again); anything else (a terminal state, an unreadable lease table) permanent."""
+    event = resume.get("event") or {}
+    if not isinstance(event, dict) or event.get("status") != "error":
+        return
+    message = str(event.get("message") or event)
+    if resume.get("wait") in ("lease", "slot"):
+        if event.get("reason") == "timeout":
+            raise LeaseWaitTimeout(message)
+        raise PermanentError(message)
+    if event.get("reason") == "timeout":
+        raise ConvergenceTimeout(message)
+    raise PermanentError(message)
+
+
+def _waited(resume: dict[str, Any], wait: str) -> float:
+    """When this wait began (wall clock), kept across deferrals of the same wait."""
+    return float(resume["since"]) if resume.get("wait") == wait and resume.get("since") else time.time()
+
+
+def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: float, *,
+                   names: list[str] | None = None) -> Any:
+    from kvfleet.airflow.triggers import LeaseFreeTrigger
+
+    return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(poll_seconds() * 5, 10), timeout_s=req.lock_wait_s,
+                            started_at=since, names=names, exact_holder=names is not None)
+
+
+def _take_slot_or_defer(ctx: StageContext, req: RolloutRequest, history: History, resume: dict[str, Any],
+                        state: dict[str, Any]) -> str:
+    """One of the run's parallelism slots, or a deferral until one is free (or the patience is spent)."""
+    info, cluster, limit = run_info(), ctx.cluster.name, req.max_parallel_clusters
+    taken = _slot(history, info.run_key, cluster, limit)
+    if taken is not None:
+        return taken
+    since = _waited(resume, "slot")
+    if time.time() - since >= req.lock_wait_s:
+        raise LeaseWaitTimeout(f"no parallelism slot free for {cluster} after {time.time() - since:.0f}s "
+                               f"(max_parallel_clusters={limit})")
+    ctx.say(f"waiting for one of {limit} parallel cluster slots: deferring")
+    names = [f"{_slot_prefix(info.run_key)}{i}" for i in range(limit)]
+    _defer(_lease_trigger(ctx, req, _slot_holder(info.run_key, cluster), since, names=names),
+           {**state, "wait": "slot", "since": since})
+
+
+def _take_lease_or_defer(ctx: StageContext, req: RolloutRequest, resume: dict[str, Any],
+                         state: dict[str, Any]) -> ClusterLock:
+    """The cluster lease (re-entrant for this run), or a deferral until it is free (or the patience is spent)."""
+    info = run_info()
+    lock = _lease(ctx, req)
+    lock.wait_s = 0  # one try: waiting is the triggerer's
+    try:
+        return lock.acquire()
+    except LeaseWaitTimeout as exc:
+        since = _waited(resume, "lease")
+        if time.time() - since >= req.lock_wait_s:
+            raise LeaseWaitTimeout(f"{exc}".replace("waited 0s", f"waited {time.time() - since:.0f}s")) from None
+        ctx.say(f"[{ctx.cluster.name}] lease held by another run: deferring (waiting since "
+                f"{datetime.fromtimestamp(since, UTC).isoformat(timespec='seconds')})")
+        _defer(_lease_trigger(ctx, req, info.run_key, since), {**state, "wait": "lease", "since": since})
 
 
 def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]:
@@ -122,23 +207,51 @@ def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
     return plan.as_dict()
 
 
+@task_boundary
+def run_preflight(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The cluster's first task: its prerequisites (``stages.preflight``, read-only), recorded; a cluster with
+    anything missing is refused (permanent) with every missing item and its fix, before anything changes."""
+    from kvfleet.stages import preflight
+
+    ctx = rollout_context(cluster, RolloutRequest.from_params(params))
+    try:
+        warnings = preflight.refuse_if_missing(ctx)
+    finally:
+        ctx.close()
+    return {"cluster": cluster, "warnings": [p.as_dict() for p in warnings]}
+
+
 def cluster_names(plan: dict[str, Any]) -> list[str]:
     return [c["cluster"] for c in plan["clusters"]]
 
 
 @task_boundary
-def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+def run_cluster_stages(cluster: str, params: dict[str, Any],
+                       kvfleet_resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Take a parallelism slot and the cluster lease, then stages 1–3 (and the drift remediation). Every wait
+    defers (module docstring); ``kvfleet_resume`` is what the task had done before its last deferral."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    resume = dict(kvfleet_resume or {})
+    _check_event(resume)
     req = RolloutRequest.from_params(params)
     ctx = rollout_context(cluster, req)
     info = run_info()
     lease: ClusterLock | None = None
     history = ctx.history or History()
+    done: list[dict[str, Any]] = list(resume.get("done") or [])
     try:
         if not ctx.dry_run:
-            _slot(history, info.run_key, cluster, req.max_parallel_clusters, req.lock_wait_s, ctx.say)
-            lease = _lease(ctx, req).acquire()
-        outcomes = [stage.reconcile(ctx) for stage in (tiered_storage, addons, curvine)]
+            _take_slot_or_defer(ctx, req, history, resume, {"done": done})
+            lease = _take_lease_or_defer(ctx, req, resume, {"done": done})
+        _stages_1_to_3(ctx, resume, done)
         drift_report = _remediate_drift(ctx) if req.remediate_drift and not ctx.dry_run else None
+    except TaskDeferred:
+        # Waiting in the triggerer: the slot stays parked (the run still counts this cluster), the lease too when
+        # this task holds it (waiting for the cluster itself); the resumed task takes them again.
+        if lease is not None:
+            lease.park()
+        raise
     except BaseException:
         # Every failure path frees what this task took: a retry takes it again; the teardown has nothing left.
         if lease is not None:
@@ -151,9 +264,52 @@ def run_cluster_stages(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
             lease.park()
     finally:
         ctx.close()
-    for o in outcomes:
-        log.info("[%s] %s: %s", cluster, o.stage, o.outcome)
-    return {"cluster": cluster, "stages": [o.as_dict() for o in outcomes], "drift": drift_report}
+    for o in done:
+        log.info("[%s] %s: %s", cluster, o.get("stage"), o.get("outcome"))
+    return {"cluster": cluster, "stages": done, "drift": drift_report}
+
+
+def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[str, Any]]) -> None:
+    """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``)."""
+    for stage in (tiered_storage, addons, curvine)[len(done):]:
+        if not ctx.dry_run:
+            _defer_until_ready(ctx, stage, resume, {"done": done})
+        done.append(stage.reconcile(ctx).as_dict())
+
+
+ADDON_MOVING = frozenset({"CREATING", "UPDATING"})
+
+
+def _defer_until_ready(ctx: StageContext, stage: Any, resume: dict[str, Any], state: dict[str, Any]) -> None:
+    """Before stage 1, a cluster that is not ``InService``; before stage 2, an add-on that is being created or
+    updated (a change in flight from an earlier try or made by hand): defer on ``ClusterReadyTrigger`` instead of
+    the stage's in-worker wait. Read-only calls; a terminal state is left to the stage (it fails at once with
+    the service's message)."""
+    from kvfleet.airflow.triggers import ClusterReadyTrigger
+    from kvfleet.clients.hyperpod import CLUSTER_FAILED, CLUSTER_OK
+    from kvfleet.fleet import constants as C
+
+    cl = ctx.cluster
+    if stage is tiered_storage:
+        hp = ctx.hyperpod.describe_cluster(cl.name)
+        if hp is None or hp.status in CLUSTER_OK or hp.status in CLUSTER_FAILED:
+            return
+        what, addon, timeout = f"HyperPod cluster {cl.name} is {hp.status}", None, ctx.timeouts.cluster_update_s
+    elif stage is addons:
+        eks = ctx.hyperpod.require_cluster(cl.name).eks_cluster_name
+        moving = [(n, (ctx.hyperpod.describe_addon(eks, n) or {}).get("status")) for n in C.ADDON_ORDER]
+        first = next(((n, st) for n, st in moving if st in ADDON_MOVING), None)
+        if first is None:
+            return
+        what, addon, timeout = f"EKS add-on {first[0]} on {eks} is {first[1]}", first[0], ctx.timeouts.addon_s
+    else:
+        return
+    wait = f"ready:{addon or 'cluster'}"
+    since = _waited(resume, wait)
+    ctx.say(f"stage {'1' if addon is None else '2'}: {what}: deferring until it is ready")
+    _defer(ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=addon,
+                               poll_s=poll_seconds(), timeout_s=timeout, started_at=since),
+           {**state, "wait": wait, "since": since})
 
 
 def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
@@ -186,20 +342,17 @@ def _verify_and_record(ctx: StageContext, ep: Endpoint, req: RolloutRequest, ste
     return result
 
 
-def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], req: RolloutRequest,
-                  holder: str) -> tuple[str, dict[str, str]]:
+def _apply_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], holder: str) -> dict[str, str]:
+    """Reconcile one wave's endpoints; the endpoints that failed or were refused, with why."""
     ctx.say(f"wave {wave['wave']} ({wave['kind']}): {', '.join(e.key for e in eps)}")
     outcomes = endpoints.reconcile_wave(ctx, eps, holder=holder)
-    broken = {str(o.endpoint): "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
-              for o in outcomes if o.outcome in ("failed", "refused")}
-    if ctx.dry_run:
-        return "none", {}
-    if not req.gated:
-        return ("fail" if broken else "pass"), broken
-    bake = req.bake_s
-    if bake:
-        ctx.say(f"baking {bake:.0f}s before the gate")
-        sleep_or_stop(bake, f"[{ctx.cluster.name}] bake")
+    return {str(o.endpoint): "fail — " + "; ".join(o.detail.get("violations") or [o.detail.get("reason", "")])[:300]
+            for o in outcomes if o.outcome in ("failed", "refused")}
+
+
+def _verify_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], req: RolloutRequest,
+                 broken: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """After the bake: verify the wave's endpoints and record its gate."""
     results = {ep.key: _verify_and_record(ctx, ep, req, f"verify:{wave['wave']}:{ep.key}") for ep in eps
                if ep.key not in broken}
     verdict = gates.wave_verdict([*results.values(), *({"verdict": "fail"} for _ in broken)])
@@ -209,46 +362,99 @@ def _run_one_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], 
                                   for k, v in results.items()}}
 
 
+def _carried(ctx: StageContext, waves: list[dict[str, Any]], by_ref: dict[str, Endpoint],
+             previous: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any] | None:
+    """The slot's result when it has nothing to run (no waves) or an earlier gate stopped or aborted the
+    cluster (its endpoints marked so); None when the slot runs."""
+    decision = (previous or {}).get("decision", gates.CONTINUE)
+    if not waves:
+        return {**out, "carry": decision if decision in (gates.STOP, gates.ABORT) else None,
+                "reason": (previous or {}).get("reason")}
+    if decision in (gates.STOP, gates.ABORT):
+        outcome = "skipped_by_gate" if decision == gates.STOP else "aborted"
+        _mark(ctx, [by_ref[e["ref"]] for w in waves for e in w["endpoints"]], outcome,
+              (previous or {}).get("reason", ""))
+        return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
+    return None
+
+
+def _wave_step(ctx: StageContext, req: RolloutRequest, lease: ClusterLock | None, wave: dict[str, Any],
+               eps: list[Endpoint], baked: dict[str, str] | None, state: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    """One wave: applied, baked (deferred), verified. ``baked``: the wave was applied before a bake that has now
+    passed (the endpoints that had failed, from before the deferral): only its verification is left."""
+    if baked is not None:
+        return _verify_wave(ctx, wave, eps, req, dict(baked))
+    broken = _apply_wave(ctx, wave, eps, run_info().run_key)
+    if ctx.dry_run:
+        return "none", {}
+    if not req.gated:
+        return ("fail" if broken else "pass"), broken
+    if req.bake_s:
+        until = datetime.now(UTC) + timedelta(seconds=req.bake_s)
+        ctx.say(f"baking {req.bake_s:.0f}s before the gate: deferring until {until.isoformat(timespec='seconds')}")
+        _defer_bake(lease, until, {**state, "baked": broken})
+    return _verify_wave(ctx, wave, eps, req, broken)
+
+
+def _stop_after(ctx: StageContext, wave: dict[str, Any], verdict: str, rest: list[Endpoint],
+                req: RolloutRequest) -> dict[str, Any] | None:
+    """A gated wave that failed stops the slot's later waves; an inconclusive one pauses them for review."""
+    if rest and verdict == "fail" and req.gated:
+        _mark(ctx, rest, "skipped_by_gate", f"wave {wave['wave']} failed its gate")
+        return {"verdict": "fail", "carry": gates.STOP}
+    if rest and verdict == "review" and req.gated:
+        _mark(ctx, rest, "paused_for_review", f"wave {wave['wave']} inconclusive; re-run after review")
+        return {"carry": gates.STOP}
+    return None
+
+
+BAKE_LEASE_MARGIN_S = 15 * 60  # the lease parked over a bake outlives it by this much
+
+
 @task_boundary
 def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
-                  params: dict[str, Any]) -> dict[str, Any]:
-    """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster."""
+                  params: dict[str, Any], kvfleet_resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster. A wave's bake (and a lease
+    held by another run) defers; ``kvfleet_resume`` says where the slot stood: which wave, applied or not."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    resume = dict(kvfleet_resume or {})
+    _check_event(resume)
     req = RolloutRequest.from_params(params)
     ctx = rollout_context(cluster, req)
-    info = run_info()
     waves = _slot_waves(plan, cluster, slot)
     by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
-    out: dict[str, Any] = {"cluster": cluster, "slot": slot, "waves": [w["wave"] for w in waves], "endpoints": {},
-                           "review": [], "verdict": "none", "has_next": False}
-    decision = (previous or {}).get("decision", gates.CONTINUE)
+    out: dict[str, Any] = resume.get("out") or {
+        "cluster": cluster, "slot": slot, "waves": [w["wave"] for w in waves], "endpoints": {}, "review": [],
+        "verdict": "none", "has_next": False}
     lease: ClusterLock | None = None
     try:
-        if not waves:
-            return {**out, "carry": decision if decision in (gates.STOP, gates.ABORT) else None,
-                    "reason": (previous or {}).get("reason")}
-        all_eps = [by_ref[e["ref"]] for w in waves for e in w["endpoints"]]
-        if decision in (gates.STOP, gates.ABORT):
-            outcome = "skipped_by_gate" if decision == gates.STOP else "aborted"
-            _mark(ctx, all_eps, outcome, (previous or {}).get("reason", ""))
-            return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
+        carried = _carried(ctx, waves, by_ref, previous, out)
+        if carried is not None:
+            return carried
         skip = set((previous or {}).get("skip") or [])
-        if not ctx.dry_run:
-            lease = _lease(ctx, req).acquire()  # re-entrant for this run; fails naming another holder
-        for i, wave in enumerate(waves):
+        start, baked = int(resume.get("wave_index") or 0), resume.get("baked")
+        if not ctx.dry_run:  # re-entrant for this run; another holder: deferred until free
+            lease = _take_lease_or_defer(ctx, req, resume, {"out": out, "wave_index": start, "baked": baked})
+        for i in range(start, len(waves)):
+            wave = waves[i]
             eps = [by_ref[e["ref"]] for e in wave["endpoints"] if by_ref[e["ref"]].key not in skip]
-            verdict, detail = _run_one_wave(ctx, wave, eps, req, info.run_key)
+            verdict, detail = _wave_step(ctx, req, lease, wave, eps, baked if i == start else None,
+                                         {"out": out, "wave_index": i})
             out["endpoints"].update(detail)
             out["verdict"] = verdict
             out["review"] = [k for k, v in detail.items() if v.startswith(("degraded", "unverifiable"))]
             rest = [by_ref[e["ref"]] for w in waves[i + 1:] for e in w["endpoints"]]
-            if rest and verdict == "fail" and req.gated:
-                _mark(ctx, rest, "skipped_by_gate", f"wave {wave['wave']} failed its gate")
-                return {**out, "verdict": "fail", "carry": gates.STOP}
-            if rest and verdict == "review" and req.gated:
-                _mark(ctx, rest, "paused_for_review", f"wave {wave['wave']} inconclusive; re-run after review")
-                return {**out, "carry": gates.STOP}
+            stop = _stop_after(ctx, wave, verdict, rest, req)
+            if stop is not None:
+                return {**out, **stop}
         out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
         return out
+    except TaskDeferred:
+        if lease is not None:  # parked over the wait (a bake parks it itself, with a ttl that outlives the bake)
+            lease.park()
+            lease = None
+        raise
     except BaseException:
         if lease is not None:  # a failed wave frees the cluster; its retry (or the teardown) takes over
             lease.release()
@@ -258,6 +464,17 @@ def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[
         if lease is not None:
             lease.park()
         ctx.close()
+
+
+def _defer_bake(lease: ClusterLock | None, until: datetime, state: dict[str, Any]) -> NoReturn:
+    """The bake in the triggerer (the standard provider's ``DateTimeTrigger``), the lease parked for longer than
+    the bake so that no other run takes the cluster between the wave and its verification."""
+    from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+    if lease is not None:
+        bake_s = (until - datetime.now(UTC)).total_seconds()
+        lease.park_ttl_s = max(lease.park_ttl_s, bake_s + BAKE_LEASE_MARGIN_S)
+    _defer(DateTimeTrigger(moment=until), state)
 
 
 @task_boundary

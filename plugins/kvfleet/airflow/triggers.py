@@ -71,40 +71,55 @@ class LeaseFreeTrigger(BaseTrigger):
     holder). A connection error is transient: it is logged and polled again."""
 
     def __init__(self, cluster: str, holder: str, *, history_url: str | None = None, poll_s: float = 5.0,
-                 timeout_s: float | None = None, started_at: float | None = None) -> None:
+                 timeout_s: float | None = None, started_at: float | None = None,
+                 names: list[str] | None = None, exact_holder: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.cluster, self.holder, self.history_url = cluster, holder, history_url
         self.poll_s, self.timeout_s = float(poll_s), timeout_s
         # Wall clock, so the deadline survives a triggerer restart (re-created from serialize()).
         self.started_at = float(started_at) if started_at is not None else time.time()
+        # Several leases, any one of which will do (a run's parallelism slots ``slot:<run key>:<i>``); the
+        # slots of one run are held by its other clusters, so "ours" then means this exact holder.
+        self.names = [str(n) for n in names] if names else None
+        self.exact_holder = bool(exact_holder)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return _classpath(self), {"cluster": self.cluster, "holder": self.holder, "history_url": self.history_url,
                                   "poll_s": self.poll_s, "timeout_s": self.timeout_s,
-                                  "started_at": self.started_at}
+                                  "started_at": self.started_at, "names": self.names,
+                                  "exact_holder": self.exact_holder}
 
     def _check(self) -> tuple[str | None, str]:
         """(status or None: keep waiting, message). Runs in a thread."""
         from sqlalchemy.exc import OperationalError, ProgrammingError
 
         from kvfleet.history.db import get_engine
-        from kvfleet.history.leases import Leases, judge, run_key_of, utcnow
 
         try:
-            row = Leases(get_engine(self.history_url)).get(self.cluster)
+            leases = _leases(get_engine(self.history_url))
+            waiting = [self._check_one(leases, name) for name in (self.names or [self.cluster])]
         except ProgrammingError as exc:  # undefined table, permission denied: waiting cannot fix it
             return ERROR, f"lease table unreadable for {self.cluster}: {exc.orig}"
         except OperationalError as exc:
             log.warning("[%s] history database unreachable, polling again: %s", self.cluster, exc.orig)
             return None, "history database unreachable"
+        free = [message for status, message in waiting if status is not None]
+        return (SUCCESS, free[0]) if free else (None, "; ".join(message for _, message in waiting))
+
+    def _check_one(self, leases: Any, name: str) -> tuple[str | None, str]:
+        from kvfleet.history.leases import judge, run_key_of, utcnow
+
+        row = leases.get(name)
         if row is None:
-            return SUCCESS, f"no lease on {self.cluster}"
-        if run_key_of(str(row["holder"])) == run_key_of(self.holder):
-            return SUCCESS, f"the lease on {self.cluster} is held by our own run ({row['holder']})"
+            return SUCCESS, f"no lease on {name}"
+        ours = str(row["holder"]) == self.holder if self.exact_holder else \
+            run_key_of(str(row["holder"])) == run_key_of(self.holder)
+        if ours:
+            return SUCCESS, f"the lease on {name} is held by our own run ({row['holder']})"
         verdict = judge(row, utcnow())
         if not verdict.alive:
-            return SUCCESS, f"the lease on {self.cluster} held by {row['holder']} is dead: {verdict.reason}"
-        return None, (f"{self.cluster} is locked by {row['holder']} ({row.get('purpose')}), {verdict.reason}")
+            return SUCCESS, f"the lease on {name} held by {row['holder']} is dead: {verdict.reason}"
+        return None, (f"{name} is locked by {row['holder']} ({row.get('purpose')}), {verdict.reason}")
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
@@ -121,6 +136,12 @@ class LeaseFreeTrigger(BaseTrigger):
                 return
             self.log.info("[%s] %s; waited %.0fs", self.cluster, message, waited)
             await asyncio.sleep(self.poll_s)
+
+
+def _leases(engine: Any) -> Any:
+    from kvfleet.history.leases import Leases
+
+    return Leases(engine)
 
 
 # ---- cluster readiness ----------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet_sandbox.admin import AdminServer
 from kvfleet_sandbox.aws import AwsEmulator
 from kvfleet_sandbox.aws_prereqs import seed_prerequisites
@@ -309,7 +310,8 @@ def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:
         eks,
         [{"InstanceGroupName": GPU_GROUP, "InstanceType": cluster.gpu_instance_type,
           "InstanceCount": cluster.gpu_node_count}],
-        node_recovery=cluster.node_recovery,
+        # An inventory that declares no NodeRecovery (None) gets what CreateCluster leaves: Automatic.
+        node_recovery=cluster.node_recovery or NODE_RECOVERY_DEFAULT,
     )
     nodes = [_node(summary, cluster, i) for i, summary in enumerate(aws.hyperpod_nodes(cluster.name))]
     for node in nodes:

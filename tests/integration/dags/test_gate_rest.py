@@ -163,7 +163,7 @@ def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  
         dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={
             "fleet": str(small_fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False,
             "wave_size": 1, "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "none",
-            "approval": "every_wave", "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8,
+            "approval": "every_wave", "remediate_drift": False, "prompt_tokens": 2000,
             "lock_wait_minutes": 10})
     finally:
         responder.done.set()

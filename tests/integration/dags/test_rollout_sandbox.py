@@ -18,7 +18,7 @@ def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
     """Every Param explicitly: dag.test() keeps the Params of an earlier run in the same process."""
     base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 3,
             "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "verify", "approval": "none",
-            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10}
+            "remediate_drift": False, "prompt_tokens": 2000, "lock_wait_minutes": 10}
     return {**base, **overrides}
 
 

@@ -33,7 +33,7 @@ def rollout_conf(fleet: Path, **overrides: Any) -> dict[str, Any]:
     """Every Param explicitly: dag.test() keeps the Params of an earlier run in the same process."""
     base = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False, "wave_size": 1,
             "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0, "gate": "none", "approval": "none",
-            "remediate_drift": False, "prompt_tokens": 2000, "speedup_tolerance": 0.8, "lock_wait_minutes": 10}
+            "remediate_drift": False, "prompt_tokens": 2000, "lock_wait_minutes": 10}
     return {**base, **overrides}
 
 

@@ -84,10 +84,11 @@ DEFAULT_MODEL_PATH = "/opt/ml/model"  # what LMCache puts in its keys: the serve
 # (0.11.x), i.e. 1, 2, 5, 10, 20, 50, ... up to the model's context length (the sandbox serves 32,768 tokens).
 PROMPT_BUCKETS = tuple(m * 10 ** e for e in range(5) for m in (1, 2, 5) if m * 10 ** e <= 32768)
 # The twin's traffic mixes (the L2 advisor's input), by a word in the endpoint's name: (prompt tokens, requests
-# per hour for the whole endpoint, LMCache hit share). The counters a pod shows grow with its age (from the pod's
-# startTime), split evenly over the Deployment's replicas: deterministic, with no background load. A RAG endpoint
-# with long retrieved context, a chat endpoint with short turns, a batch-eval endpoint in between; other endpoints
-# carry only their real requests. ``VllmSimulation.set_traffic_mix`` replaces them per endpoint.
+# per wall-clock hour for the whole endpoint, LMCache hit share). The counters a pod shows grow with its age (from
+# the pod's startTime, in real seconds), split evenly over the Deployment's replicas: deterministic, with no
+# background load. A RAG endpoint with long retrieved context, a chat endpoint with short turns, a batch-eval
+# endpoint in between; other endpoints carry only their real requests. ``VllmSimulation.set_traffic_mix``
+# replaces them per endpoint.
 DEFAULT_TRAFFIC: dict[str, tuple[tuple[int, int, float], ...]] = {
     "rag": ((1800, 1200, 0.8), (2600, 2000, 0.8), (3200, 400, 0.8)),
     "chat": ((180, 2000, 0.6), (420, 1400, 0.6), (700, 200, 0.6)),
@@ -372,8 +373,11 @@ class VllmSimulation:
             return extra
         pod = self.twin.store.get("", "pods", engine.name, engine.namespace) or {}
         started = _parse_ts((pod.get("status") or {}).get("startTime"))
-        # model time, like the pod's startTime the workloads controller stamps (twin.clock)
-        hours = max(0.0, (self.twin.clock.now() - (started or self.twin.clock.now())) / 3600)
+        # The mix is requests per *wall* hour (a modelling choice: tests/conformance/facts/vllm_traffic_mix.yaml):
+        # kvfleet reads rates on the wall clock, as a real operator tool does. The pod's startTime is model time
+        # (the workloads controller stamps twin.clock), so its model age becomes real seconds through clock.real.
+        now = self.twin.clock.now()
+        hours = max(0.0, self.twin.clock.real(now - (started or now)) / 3600)
         dep = self.twin.store.get("apps", "deployments", engine.app, engine.namespace) if engine.app else None
         replicas = max(1, int(((dep or {}).get("spec") or {}).get("replicas") or 1))
         for tokens, per_hour, hit in mix:

@@ -111,3 +111,30 @@ def test_the_deferrable_task_resumes_its_body_with_the_state_and_the_event() -> 
     # DateTimeTrigger (the bake) sends the moment it fired, not a dict: the body sees a success.
     getattr(op, RESUME_METHOD)(context, event="2026-12-01T00:00:00+00:00", kvfleet_resume={"wait": "bake"})
     assert calls[-1][1]["event"] == {"status": "success", "value": "2026-12-01T00:00:00+00:00"}
+
+
+def test_without_the_deferral_s_kwargs_the_state_comes_from_the_task_s_xcom() -> None:
+    """``dag.test()`` resumes with the trigger's event alone: the state saved as an XCom before deferring is used."""
+    from types import SimpleNamespace
+
+    from airflow.sdk import DAG
+
+    from kvfleet.airflow.operators import RESUME_KEY, RESUME_METHOD, deferrable_task
+
+    seen: list[Any] = []
+    with DAG("t_deferrable_xcom", schedule=None):
+        @deferrable_task(task_id="body")
+        def body(cluster, kvfleet_resume=None):  # type: ignore[no-untyped-def]
+            seen.append(kvfleet_resume)
+
+        op = body("c1").operator
+    pulled: list[tuple[Any, ...]] = []
+
+    def xcom_pull(task_ids: str, key: str, map_indexes: int) -> Any:
+        pulled.append((task_ids, key, map_indexes))
+        return {"wave_index": 1, "baked": {}}
+
+    ti = SimpleNamespace(map_index=3, xcom_pull=xcom_pull)
+    getattr(op, RESUME_METHOD)({"ti": ti, "params": {}}, event={"status": "success"})
+    assert pulled == [("body", RESUME_KEY, 3)]
+    assert seen == [{"wave_index": 1, "baked": {}, "event": {"status": "success"}}]

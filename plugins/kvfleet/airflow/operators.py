@@ -51,11 +51,18 @@ class DeferrableTaskOperator(_PythonDecoratedOperator):
     custom_operator_name = "@task"
 
     def resume(self, context: Any, event: Any = None, **kwargs: Any) -> Any:
-        state = dict(kwargs.get(RESUME_KEY) or {})
+        state = dict(kwargs.get(RESUME_KEY) or self._saved_state(context) or {})
         # kvfleet's triggers send a dict with a status; the standard DateTimeTrigger sends the moment it fired.
         state["event"] = dict(event) if isinstance(event, dict) else {"status": "success", "value": str(event)}
         self.op_kwargs = {**self.op_kwargs, RESUME_KEY: state}
         return self.execute(context)
+
+    def _saved_state(self, context: Any) -> Any:
+        """The state the body saved as an XCom before deferring (``kvfleet.airflow.rollout._defer``)."""
+        ti = context.get("ti")
+        if ti is None:
+            return None
+        return ti.xcom_pull(task_ids=self.task_id, key=RESUME_KEY, map_indexes=ti.map_index)
 
 
 def deferrable_task(python_callable: Any = None, **kwargs: Any) -> Any:

@@ -110,10 +110,14 @@ def _slot(history: History, run_key: str, cluster: str, limit: int) -> str | Non
 def _defer(trigger: Any, state: dict[str, Any]) -> NoReturn:
     """Give the worker slot back until ``trigger`` fires; the operator's ``resume`` calls the task body again
     with ``state`` (and the trigger's event) as ``kvfleet_resume``."""
+    from airflow.sdk import get_current_context
     from airflow.sdk.exceptions import TaskDeferred
 
     from kvfleet.airflow.operators import RESUME_KEY, RESUME_METHOD
 
+    # Also an XCom of this task instance (kept across a deferral, cleared by a new try): ``dag.test()`` resumes
+    # with the trigger's event alone, where the triggerer merges the event into the deferral's kwargs.
+    get_current_context()["ti"].xcom_push(key=RESUME_KEY, value=state)
     raise TaskDeferred(trigger=trigger, method_name=RESUME_METHOD, kwargs={RESUME_KEY: state})
 
 

@@ -31,7 +31,7 @@ def test_the_twin_s_default_mix_is_the_sheet_s() -> None:
 
 
 def test_kvfleet_reads_the_prompt_histogram_and_applies_rate_s_reset_rule() -> None:
-    assert advise.PROMPT_HISTOGRAM == FACTS["prompt_histogram"]["name"]
+    assert FACTS["prompt_histogram"]["name"] == advise.PROMPT_HISTOGRAM
     # a counter lower than before restarted from zero inside the interval: its new value is the increase
     reset = E.request_rate([E.PodCount("p", 30.0, 86_400.0)], {"p": 500.0}, 60.0)
     assert reset.source == "delta" and reset.per_hour == 30.0 * 60

@@ -193,7 +193,8 @@ def test_advice_json_keys_are_stable() -> None:
         "endpoint", "verdict", "requests", "requests_per_hour", "mean_prompt_tokens", "share_below_payoff",
         "saved_ms_per_request", "saved_s_per_hour", "saved_fraction", "working_set_bytes", "curve", "arithmetic",
         "assumptions", "prefer_prefix_routing", "value_usd_per_hour", "instance_type", "replicas", "bytes_per_token",
-        "bytes_per_token_source", "hourly_price_usd", "gpu_cost_usd_per_hour", "lengths"}
+        "bytes_per_token_source", "hourly_price_usd", "gpu_cost_usd_per_hour", "lengths", "rate_source",
+        "observation"}
     assert adv.lengths == [{"tokens": 2500.0, "requests": 30.0}]
     cl = E.advise_cluster("c", [adv], capacity_bytes=100 * E.GIB, workers=1)
     assert set(cl.as_dict()) == {"cluster", "recommendation", "add_workers", "working_set_bytes", "capacity_bytes",
@@ -220,3 +221,61 @@ def test_the_scale_out_decision_takes_the_advisor_s_worker_count() -> None:
     # the threshold is the setting the scale-out DAG passes: 250 GiB at 50 % needs 5
     assert E.scale_decision_with_working_set(quiet, replicas=2, eligible=8, working_set_bytes=250 * E.GIB,
                                              worker_bytes=w, threshold=0.5)["target"] == 5
+
+
+# --- the request rate: counters' increase between observations (Prometheus rate()), never count / a floored age ---
+
+def test_rate_is_the_counter_increase_between_two_observations() -> None:
+    # two pods, 600 s apart: +300 and +150 requests -> 450 / 600 s = 2,700/h, whatever the pods' age
+    r = E.request_rate([E.PodCount("a", 1300.0, 86_400.0), E.PodCount("b", 650.0, None)],
+                       {"a": 1000.0, "b": 500.0}, 600.0)
+    assert r.source == "delta" and r.per_hour == pytest.approx(2700.0)
+    assert "600 s between observations" in r.arithmetic
+
+
+def test_a_counter_reset_counts_the_new_value_inside_the_interval() -> None:
+    # pod a restarted (18086 -> 40): its 40 requests were made since the reset, within the 3,600 s interval;
+    # pod b started 120 s ago, after the previous observation: its whole counter over its age
+    r = E.request_rate([E.PodCount("a", 40.0, 7200.0), E.PodCount("b", 12.0, 120.0)], {"a": 18086.0}, 3600.0)
+    assert r.source == "delta" and "1 counter reset" in r.arithmetic
+    assert r.per_hour == pytest.approx(40.0 + 12.0 / 120.0 * 3600)
+
+
+def test_without_a_previous_observation_the_pod_age_counts_only_when_old_enough() -> None:
+    old = E.request_rate([E.PodCount("a", 600.0, 1800.0)])
+    assert old.source == "pod_age" and old.per_hour == pytest.approx(1200.0)
+    # the twin's bug: a start time ahead of the reader's clock (age None) or seconds ago -> unknown, not /1 s
+    for age in (None, 1.0, 299.0):
+        r = E.request_rate([E.PodCount("a", 18086.0, age)])
+        assert r.per_hour is None and r.source == "unknown", age
+        assert r.arithmetic.startswith("rate unknown until the next observation")
+    assert E.request_rate([]).source == "unknown"
+    # a previous observation that is not usable (no elapsed time) is as none
+    assert E.request_rate([E.PodCount("a", 5.0, None)], {"a": 1.0}, 0.0).source == "unknown"
+
+
+def test_an_unknown_rate_keeps_the_verdict_but_derives_nothing_per_hour() -> None:
+    unknown = E.RateEstimate(None, "unknown", "rate unknown until the next observation: 2 of 2 pod(s) with ...")
+    adv = E.advise_endpoint(traffic([(2500, 18086)], reuse_ratio=0.9, rate=unknown, hourly_price_usd=2.0))
+    assert adv.verdict == "pays_off" and adv.rate_source == "unknown"  # lengths and the curve only
+    assert adv.requests_per_hour is None and adv.saved_s_per_hour is None and adv.working_set_bytes is None
+    assert adv.value_usd_per_hour is None
+    assert "rate unknown until the next observation" in adv.arithmetic[0]
+    assert any(line.startswith("working set unknown") for line in adv.arithmetic)
+    # the cluster: no worker recommendation from it, and the arithmetic says why
+    cl = E.advise_cluster("c", [adv], capacity_bytes=100 * E.GIB, workers=1)
+    assert cl.recommendation == "unknown" and cl.add_workers == 0
+    assert any("request rate unknown" in line for line in cl.arithmetic)
+    # a known endpoint already over the threshold still asks for workers: a lower bound, said so
+    known = E.advise_endpoint(traffic([(2500, 100)], reuse_ratio=0.0, window_s=3600), retention_h=720)
+    both = E.advise_cluster("c", [adv, known], capacity_bytes=100 * E.GIB, workers=1)
+    assert both.recommendation == "add_workers" and any(a.endswith("at least") for a in both.arithmetic)
+
+
+def test_a_known_rate_drives_the_per_hour_figures() -> None:
+    rate = E.RateEstimate(3600.0, "delta", "rate 3600.0/h: 1 pod(s) by counter increase over 60 s")
+    adv = E.advise_endpoint(traffic([(2500, 18086)], reuse_ratio=0.5, rate=rate), retention_h=1)
+    assert adv.rate_source == "delta" and adv.requests_per_hour == 3600.0
+    assert adv.working_set_bytes == pytest.approx(3600 * 2500 * 0.5 * 1 * E.DEFAULT_BYTES_PER_TOKEN, rel=1e-6)
+    # the pure model given a window reads it as counts over their window (pod_age)
+    assert E.advise_endpoint(traffic([(2500, 30)])).rate_source == "pod_age"

@@ -119,6 +119,76 @@ def bytes_per_token_from_stored(size_gib: float, tokens: int) -> float:
     return size_gib * GIB / tokens
 
 
+MIN_POD_AGE_S = 300.0  # no previous observation: count / pod age only for pods started at least this long ago
+RATE_SOURCES = ("delta", "pod_age", "unknown")
+
+
+@dataclass(frozen=True)
+class PodCount:
+    """One pod's request counter (vLLM's ``vllm:request_prompt_tokens_count``) at an observation."""
+
+    uid: str
+    requests: float
+    age_s: float | None  # wall seconds since the pod's startTime; None when unknown or not in the past
+
+
+@dataclass(frozen=True)
+class RateEstimate:
+    per_hour: float | None  # None: unknown (no per-hour figure may be derived from it)
+    source: str  # delta | pod_age | unknown
+    arithmetic: str
+
+
+def request_rate(pods: Sequence[PodCount], previous: Mapping[str, float] | None = None,
+                 elapsed_s: float | None = None, *, min_age_s: float = MIN_POD_AGE_S) -> RateEstimate:
+    """An endpoint's request rate, the way Prometheus' ``rate()`` reads counters: the increase of each pod's
+    counter since the ``previous`` observation (counters by pod uid) over the wall seconds between the two.
+
+    A counter lower than before was reset (the container restarted): the new value accumulated since the reset,
+    inside the interval, so it counts over the interval (``rate()``'s rule), or over the pod's age if shorter. A pod
+    absent from the previous observation that started since then counts over its age. Without a previous
+    observation, a pod's counter counts over its age only when its start time is at least ``min_age_s`` in the
+    past; otherwise the rate is unknown until the next observation. The endpoint's source is its weakest pod's:
+    unknown, then pod_age, then delta."""
+    if not pods:
+        return RateEstimate(None, "unknown", "rate unknown: no Ready pod was read")
+    usable = previous is not None and elapsed_s is not None and elapsed_s > 0
+    delta = by_age = 0.0
+    n_delta = n_age = resets = 0
+    unknown: list[str] = []
+    for p in pods:
+        age = p.age_s if p.age_s is not None and p.age_s > 0 else None
+        if usable and previous is not None and elapsed_s is not None and p.uid in previous:
+            before = float(previous[p.uid])
+            if p.requests >= before:
+                delta += (p.requests - before) / elapsed_s
+            else:  # a reset: the counter started again from zero within the interval
+                resets += 1
+                delta += p.requests / min(elapsed_s, age or elapsed_s)
+            n_delta += 1
+        elif usable and elapsed_s is not None and age is not None and age <= elapsed_s:
+            delta += p.requests / age  # started since the previous observation: its whole counter is new
+            n_delta += 1
+        elif age is not None and age >= min_age_s:
+            by_age += p.requests / age
+            n_age += 1
+        else:
+            unknown.append(p.uid)
+    if unknown:
+        why = ("no previous observation" if not usable else "absent from the previous observation") + (
+            f" and no start time at least {min_age_s:.0f} s in the past")
+        return RateEstimate(None, "unknown", f"rate unknown until the next observation: {len(unknown)} of "
+                                             f"{len(pods)} pod(s) with {why}")
+    per_hour = (delta + by_age) * 3600
+    parts = []
+    if n_delta:
+        parts.append(f"{n_delta} pod(s) by counter increase over {elapsed_s:.0f} s between observations "
+                     f"= {delta * 3600:.1f}/h" + (f" ({resets} counter reset(s))" if resets else ""))
+    if n_age:
+        parts.append(f"{n_age} pod(s) by counter over pod age (>= {min_age_s:.0f} s) = {by_age * 3600:.1f}/h")
+    return RateEstimate(per_hour, "pod_age" if n_age else "delta", f"rate {per_hour:.1f}/h: " + "; ".join(parts))
+
+
 @dataclass(frozen=True)
 class LengthBucket:
     tokens: float  # the bucket's representative prompt length
@@ -170,6 +240,9 @@ class EndpointTraffic:
     hourly_price_usd: float | None = None  # the instance's hourly price, from the inventory (never fetched)
     bytes_per_token_source: str | None = None  # where bytes_per_token comes from (bytes_per_token_for)
     replicas: int = 0  # the endpoint's replicas (one GPU node share each): the GPU cost side when priced
+    # the request rate, when estimated from observations (request_rate); None: requests over window_s
+    rate: RateEstimate | None = None
+    observation: dict[str, Any] | None = None  # {"at": ISO wall time, "pods": {uid: requests}}: the next delta's base
 
 
 @dataclass(frozen=True)
@@ -177,13 +250,13 @@ class EndpointAdvice:
     endpoint: str
     verdict: str  # pays_off | marginal | does_not_pay_off | insufficient_data
     requests: float
-    requests_per_hour: float
+    requests_per_hour: float | None
     mean_prompt_tokens: float
     share_below_payoff: float
     saved_ms_per_request: float
-    saved_s_per_hour: float
+    saved_s_per_hour: float | None
     saved_fraction: float
-    working_set_bytes: float
+    working_set_bytes: float | None
     curve: str
     arithmetic: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
@@ -197,6 +270,9 @@ class EndpointAdvice:
     gpu_cost_usd_per_hour: float | None = None
     # the observed prompt-length distribution the verdict integrates (what the kvfleet page plots)
     lengths: list[dict[str, float]] = field(default_factory=list)
+    rate_source: str = "pod_age"  # delta | pod_age | unknown (requests_per_hour, saved_s_per_hour and
+    # working_set_bytes are None when unknown)
+    observation: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -229,7 +305,11 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
     is ``cold(n) x (1 - 1/speedup(n)) x reuse``; the verdict compares the saved share of the endpoint's TTFT
     with ``PAYS_OFF_SAVED_FRACTION`` and ``MARGINAL_SAVED_FRACTION``."""
     requests = sum(b.requests for b in t.lengths)
-    per_hour = requests * 3600 / t.window_s if t.window_s > 0 else 0.0
+    if t.rate is not None:
+        per_hour, rate_source, rate_line = t.rate.per_hour, t.rate.source, t.rate.arithmetic
+    else:  # the counters over the time they accumulated in (the window given)
+        per_hour = requests * 3600 / t.window_s if t.window_s > 0 else 0.0
+        rate_source, rate_line = "pod_age", f"{requests:.0f} requests in {t.window_s:.0f} s = {per_hour:.1f}/h"
     curve, curve_name, assumptions = _curve_of(t, profiles)
     reuse = t.reuse_ratio
     if reuse is None:
@@ -248,13 +328,17 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
         "instance_type": t.instance_type, "replicas": t.replicas, "bytes_per_token": round(bpt, 1),
         "bytes_per_token_source": bpt_source, "hourly_price_usd": t.hourly_price_usd,
         "gpu_cost_usd_per_hour": gpu_cost,
-        "lengths": [{"tokens": round(b.tokens, 1), "requests": round(b.requests, 3)} for b in t.lengths]}
+        "lengths": [{"tokens": round(b.tokens, 1), "requests": round(b.requests, 3)} for b in t.lengths],
+        "rate_source": rate_source, "observation": t.observation}
+    hourly = round(per_hour, 1) if per_hour is not None else None
     if requests < min_requests:
         return EndpointAdvice(
-            endpoint=t.endpoint, verdict="insufficient_data", requests=requests, requests_per_hour=round(per_hour, 1),
+            endpoint=t.endpoint, verdict="insufficient_data", requests=requests, requests_per_hour=hourly,
+            # so few requests in all hold a negligible working set, whatever their rate
             mean_prompt_tokens=0.0, share_below_payoff=0.0, saved_ms_per_request=0.0, saved_s_per_hour=0.0,
             saved_fraction=0.0, working_set_bytes=0.0, curve=curve_name, assumptions=assumptions,
-            arithmetic=[f"{requests:.0f} request(s) observed < {min_requests} needed for a verdict"], **common)
+            arithmetic=[f"{requests:.0f} request(s) observed < {min_requests} needed for a verdict", rate_line],
+            **common)
     mean_tokens = sum(b.tokens * b.requests for b in t.lengths) / requests
     below = sum(b.requests for b in t.lengths if b.tokens < payoff_tokens) / requests
     cold_total = saved_total = 0.0
@@ -267,30 +351,40 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
     fraction = saved_total / cold_total if cold_total else 0.0
     verdict = ("pays_off" if fraction >= PAYS_OFF_SAVED_FRACTION else
                "marginal" if fraction >= MARGINAL_SAVED_FRACTION else "does_not_pay_off")
-    unique_tokens_per_h = per_hour * mean_tokens * (1 - min(reuse, 1.0) if t.reuse_ratio is not None else 1.0)
-    working_set = unique_tokens_per_h * retention_h * bpt
-    saved_s_h = saved_ms * per_hour / 1000
-    value = round(saved_s_h / 3600 * t.hourly_price_usd, 4) if t.hourly_price_usd is not None else None
+    new_share = 1 - min(reuse, 1.0) if t.reuse_ratio is not None else 1.0
+    head = (rate_line if t.rate is None else f"{requests:.0f} requests observed; {rate_line}") + (
+        f"; mean prompt {mean_tokens:.0f} tokens; {below:.0%} below the {payoff_tokens}-token payoff threshold")
+    if per_hour is None:  # the verdict stands on the lengths and the curve; nothing per hour is derived
+        unique_tokens_per_h = working_set = saved_s_h = None
+        value = None
+        ws_line = ("working set unknown: the request rate is unknown until the next observation (no per-hour "
+                   "total, working set or worker recommendation from it)")
+    else:
+        unique_tokens_per_h = per_hour * mean_tokens * new_share
+        working_set = unique_tokens_per_h * retention_h * bpt
+        saved_s_h = saved_ms * per_hour / 1000
+        value = round(saved_s_h / 3600 * t.hourly_price_usd, 4) if t.hourly_price_usd is not None else None
+        ws_line = (f"working set = {unique_tokens_per_h:.0f} new prefix tokens/h x {retention_h:g} h x {bpt:.0f} "
+                   f"B/token = {working_set / GIB:.2f} GiB")
     arithmetic = [
-        f"{requests:.0f} requests in {t.window_s:.0f} s = {per_hour:.1f}/h; mean prompt {mean_tokens:.0f} tokens; "
-        f"{below:.0%} below the {payoff_tokens}-token payoff threshold",
+        head,
         f"saving per request = sum over lengths of cold(n) x (1 - 1/speedup(n)) x reuse {reuse:.2f} "
         f"= {saved_ms:.1f} ms of a mean cold TTFT {cold_total / requests:.1f} ms ({fraction:.1%} saved, "
         f"{curve_name})",
         f"verdict {verdict}: pays_off at >= {PAYS_OFF_SAVED_FRACTION:.0%} saved, marginal at >= "
         f"{MARGINAL_SAVED_FRACTION:.0%}",
-        f"working set = {unique_tokens_per_h:.0f} new prefix tokens/h x {retention_h:g} h x {bpt:.0f} B/token "
-        f"= {working_set / GIB:.2f} GiB",
+        ws_line,
     ]
-    if value is not None:
+    if value is not None and saved_s_h is not None:
         arithmetic.append(f"value = {saved_s_h:.1f} s of TTFT saved/h x ${t.hourly_price_usd}/h / 3600 = ${value}/h")
     if gpu_cost is not None:
         arithmetic.append(f"GPU cost = {t.replicas} replica(s) x ${t.hourly_price_usd}/h = ${gpu_cost}/h")
     return EndpointAdvice(
-        endpoint=t.endpoint, verdict=verdict, requests=requests, requests_per_hour=round(per_hour, 1),
+        endpoint=t.endpoint, verdict=verdict, requests=requests, requests_per_hour=hourly,
         mean_prompt_tokens=round(mean_tokens, 1), share_below_payoff=round(below, 3),
-        saved_ms_per_request=round(saved_ms, 1), saved_s_per_hour=round(saved_s_h, 2),
-        saved_fraction=round(fraction, 3), working_set_bytes=round(working_set), curve=curve_name,
+        saved_ms_per_request=round(saved_ms, 1),
+        saved_s_per_hour=round(saved_s_h, 2) if saved_s_h is not None else None, saved_fraction=round(fraction, 3),
+        working_set_bytes=round(working_set) if working_set is not None else None, curve=curve_name,
         arithmetic=arithmetic, assumptions=assumptions, prefer_prefix_routing=below >= 0.5,
         value_usd_per_hour=value, **common)
 
@@ -298,7 +392,7 @@ def advise_endpoint(t: EndpointTraffic, *, retention_h: float = 24.0, payoff_tok
 @dataclass(frozen=True)
 class ClusterAdvice:
     cluster: str
-    recommendation: str  # add_workers | fine | over_provisioned
+    recommendation: str  # add_workers | fine | over_provisioned | unknown (an endpoint's rate is unknown)
     add_workers: int
     working_set_bytes: float
     capacity_bytes: float
@@ -321,19 +415,26 @@ def advise_cluster(cluster: str, endpoints: Sequence[EndpointAdvice], *, capacit
     ``node_price_usd``: the hourly price of the cluster's GPU node type, when the inventory prices it."""
     if not 0 < threshold <= 1:
         raise ValueError(f"capacity threshold {threshold} is outside (0, 1]")
-    total = sum(e.working_set_bytes for e in endpoints)
+    unknown = [e.endpoint for e in endpoints if e.working_set_bytes is None]
+    total = sum(e.working_set_bytes or 0.0 for e in endpoints)
     per_worker = capacity_bytes / workers if workers > 0 else CURVINE_WORKER_BYTES
     needed = workers_needed(total, per_worker, threshold)
     usage = total / capacity_bytes if capacity_bytes > 0 else math.inf
-    arithmetic = [f"working set {total / GIB:.2f} GiB over {len(endpoints)} endpoint(s); capacity "
+    arithmetic = [f"working set {total / GIB:.2f} GiB over {len(endpoints) - len(unknown)} endpoint(s); capacity "
                   f"{capacity_bytes / GIB:.1f} GiB on {workers} worker(s) ({per_worker / GIB:.1f} GiB each); "
                   f"usage {usage:.1%} (threshold {threshold:.0%})"]
+    if unknown:
+        arithmetic.append(f"working set unknown for {len(unknown)} endpoint(s) (request rate unknown until the next "
+                          f"observation): {', '.join(unknown)[:200]}; the figures above are a lower bound")
     add = 0
     if usage > threshold:
         add = max(1, needed - workers)
         recommendation = "add_workers"
         arithmetic.append(f"ceil({total / GIB:.2f} GiB / ({threshold:.0%} x {per_worker / GIB:.1f} GiB)) = {needed} "
-                          f"worker(s) needed -> add {add}")
+                          f"worker(s) needed -> add {add}" + (" at least" if unknown else ""))
+    elif unknown:
+        recommendation = "unknown"
+        arithmetic.append("no worker recommendation until every endpoint's request rate is known")
     elif usage < OVERPROVISIONED_BELOW and workers > min_workers:
         recommendation = "over_provisioned"
         arithmetic.append(f"usage below {OVERPROVISIONED_BELOW:.0%}; the pool could shrink, but workers also keep "

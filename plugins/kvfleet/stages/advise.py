@@ -8,8 +8,14 @@ detection reads the capacity recommendation. Read-only: it changes nothing.
 Metric names (vLLM ``vllm/v1/metrics/loggers.py``, 0.11.x): the histogram ``vllm:request_prompt_tokens``
 ("Number of prefill tokens processed.", buckets 1-2-5 up to max_model_len) gives the prompt-length distribution
 and its ``_count`` the requests; LMCache's ``lmcache:num_hit_tokens`` / ``lmcache:num_requested_tokens``
-(``lmcache/observability.py``) give the prefix reuse. Counters run from the pod's start, so the window is each
-pod's age (``status.startTime``), combined into one effective window across the endpoint's pods.
+(``lmcache/observability.py``) give the prefix reuse. The request rate is read the way Prometheus' ``rate()``
+reads a counter: each pod's ``_count`` increase since the previous observation of the same pod (by uid), over the
+wall seconds between the two observations (``economics.request_rate``: counter resets, new pods). The previous
+observation is the one the hourly ``advise:<cluster>`` step recorded (``previous_observations``, named query
+``advise_previous``). Without one, a pod's counter counts over its age only when its ``status.startTime`` is at
+least ``economics.MIN_POD_AGE_S`` in the past; otherwise the rate is unknown until the next observation, and no
+per-hour total, working set or worker recommendation is derived (the verdict, from the lengths and the curve,
+stands). kvfleet measures on the wall clock.
 
 Bytes per token come from the LMCache ``Stored`` lines of the last ``STORED_LOG_WINDOW`` of one Ready pod's log
 (``fleet.lmcache_log``; LMCache prints GiB as "gb", ``v1/cache_engine.py`` divides by ``1024**3``), else from
@@ -77,12 +83,44 @@ def stored_sizes(ctx: StageContext, ep: Endpoint, pods: list[Any]) -> list[tuple
     return []
 
 
-def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.EndpointTraffic:
+PREVIOUS_WITHIN = timedelta(days=1)  # an older observation is not a base for the rate (the pod age is, then)
+
+
+def previous_observations(history: Any, cluster: str, now: datetime | None = None,
+                          within: timedelta = PREVIOUS_WITHIN) -> dict[str, dict[str, Any]]:
+    """Each endpoint's newest recorded observation (``{"at", "pods": {uid: requests}}``) from the cluster's
+    ``advise:<cluster>`` steps since ``within`` ago; empty without a history store."""
+    if history is None:
+        return {}
+    cutoff = (now or datetime.now(UTC)) - within
+    return {r["endpoint"]: r["observation"] for r in history.query("advise_previous", cluster=cluster, cutoff=cutoff)
+            if isinstance(r.get("observation"), Mapping)}
+
+
+def _previous_counts(previous: Mapping[str, Any] | None, now: datetime) -> tuple[dict[str, float] | None, float | None]:
+    """The previous observation's counters by pod uid and the wall seconds since it; ``(None, None)`` when there
+    is none or it is unreadable (then the rate falls back to the pods' age)."""
+    if not previous:
+        return None, None
+    try:
+        at = datetime.fromisoformat(str(previous["at"]))
+        pods = {str(uid): float(n) for uid, n in dict(previous.get("pods") or {}).items()}
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return pods, (now - at).total_seconds()
+
+
+def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime,
+                     previous: Mapping[str, Any] | None = None) -> E.EndpointTraffic:
+    """One endpoint's traffic at ``now`` (wall time). ``previous``: its last recorded observation (``{"at",
+    "pods"}``), the base of the request rate."""
     pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
                 what=f"pods of {ep.key}").items
     cumulative: dict[float, float] = {}
     sums = 0.0
-    rate_per_s = 0.0
+    counts: list[E.PodCount] = []
     hits = requested = 0.0
     ready = [p for p in pods if _ready(p)]
     stored = stored_sizes(ctx, ep, ready) if ep.l2 else []
@@ -93,31 +131,39 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime) -> E.Endpoi
             cumulative[le] = cumulative.get(le, 0.0) + n
         sums += hsum or 0.0
         started = pod.status.start_time
-        age = max(1.0, (now - started).total_seconds()) if started else None
-        if count and age:
-            rate_per_s += count / age
+        age = (now - started).total_seconds() if started else None
+        counts.append(E.PodCount(uid=str(pod.metadata.uid or pod.metadata.name), requests=float(count or 0.0),
+                                 age_s=age if age is not None and age > 0 else None))
         hits += prom.total(samples, "lmcache:num_hit_tokens") or 0.0
         requested += prom.total(samples, "lmcache:num_requested_tokens") or 0.0
     lengths = E.histogram_buckets(sorted(cumulative.items()), sums or None)
     n = sum(b.requests for b in lengths)
-    window = n / rate_per_s if rate_per_s > 0 else 3600.0
+    before, elapsed = _previous_counts(previous, now)
+    rate = E.request_rate(counts, before, elapsed)
+    window = n * 3600 / rate.per_hour if rate.per_hour else 3600.0
     bpt, bpt_source = E.bytes_per_token_for(stored, ep.model_id)
     return E.EndpointTraffic(endpoint=ep.key, instance_type=ep.instance_type, lengths=lengths, window_s=window,
                              reuse_ratio=(hits / requested) if requested > 0 else None, bytes_per_token=bpt,
                              bytes_per_token_source=bpt_source, replicas=ep.replicas,
-                             hourly_price_usd=prices_of(ctx).get(ep.instance_type))
+                             hourly_price_usd=prices_of(ctx).get(ep.instance_type), rate=rate,
+                             observation={"at": now.isoformat(), "pods": {c.uid: c.requests for c in counts}})
 
 
 def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD, retention_h: float = 24.0,
                    now: datetime | None = None,
-                   sweeps: Mapping[str, Sequence[tuple[int, float]]] | None = None) -> ClusterReport:
+                   sweeps: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+                   previous: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterReport:
     """``sweeps``: measured (tokens, speedup) curves by endpoint key (the hourly DAG passes each endpoint's
-    recorded sweep); an endpoint without one is judged on the published curve."""
-    now = now or datetime.now(UTC)
+    recorded sweep); an endpoint without one is judged on the published curve. ``previous``: each endpoint's
+    last observation (a report's ``observation``), by endpoint key; by default the ones the context's history
+    recorded (none without a history store). ``now``: the observation time (wall clock); by default each
+    endpoint's own, taken as it is read."""
     report = ClusterReport(ctx.cluster.name)
+    if previous is None:
+        previous = previous_observations(ctx.history, ctx.cluster.name, now)
     for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
         try:
-            traffic = observe_endpoint(ctx, ep, now)
+            traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key))
             measured = (sweeps or {}).get(ep.key)
             if measured:
                 traffic = replace(traffic, sweep=tuple((int(n), float(x)) for n, x in measured))
@@ -145,11 +191,17 @@ def with_advised_workers(ctx: StageContext, decision: Mapping[str, Any], *, repl
     report = advise_cluster(ctx, threshold=threshold, now=now)
     l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
     judged = [a for a in report.endpoints if a.endpoint in l2_keys and a.verdict != "insufficient_data"]
-    if not judged:
-        return {**decision, "advisor": "no L2 endpoint with enough observed traffic: capacity not advised",
-                "advisor_errors": report.errors}
-    working_set = sum(a.working_set_bytes for a in judged)
+    # an endpoint whose request rate is unknown has no working set yet: the others' sum is a lower bound, which
+    # can only raise the target (never lowers it)
+    unknown = [a.endpoint for a in judged if a.working_set_bytes is None]
+    known = [a for a in judged if a.working_set_bytes is not None]
+    if not known:
+        why = ("request rate unknown until the next observation" if unknown
+               else "no L2 endpoint with enough observed traffic")
+        return {**decision, "advisor": f"{why}: capacity not advised", "advisor_errors": report.errors,
+                "advisor_rate_unknown": unknown}
+    working_set = sum(a.working_set_bytes or 0.0 for a in known)
     out = E.scale_decision_with_working_set(decision, replicas=replicas, eligible=eligible,
                                             working_set_bytes=working_set, worker_bytes=worker_bytes,
                                             threshold=threshold)
-    return {**out, "advisor_errors": report.errors}
+    return {**out, "advisor_errors": report.errors, "advisor_rate_unknown": unknown}

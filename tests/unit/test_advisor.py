@@ -85,6 +85,7 @@ def test_cluster_recommends_workers_above_the_threshold() -> None:
     cap = 2 * 100 * E.GIB
     adv = E.advise_cluster("c", [big], capacity_bytes=cap, workers=2, threshold=0.8)
     assert adv.recommendation == "add_workers"
+    assert big.working_set_bytes is not None
     need = math.ceil(big.working_set_bytes / (0.8 * 100 * E.GIB))
     assert adv.add_workers == need - 2
     assert E.advise_cluster("c", [], capacity_bytes=cap, workers=2).recommendation == "over_provisioned"
@@ -95,6 +96,7 @@ def test_cluster_recommends_workers_above_the_threshold() -> None:
 def test_value_is_priced_only_when_a_price_is_given() -> None:
     assert E.advise_endpoint(traffic([(2500, 30)])).value_usd_per_hour is None
     priced = E.advise_endpoint(traffic([(2500, 36)], hourly_price_usd=3.6, reuse_ratio=1.0))
+    assert priced.saved_s_per_hour is not None
     assert priced.value_usd_per_hour == pytest.approx(priced.saved_s_per_hour / 3600 * 3.6, abs=1e-4)
 
 

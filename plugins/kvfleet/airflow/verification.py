@@ -113,7 +113,9 @@ def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 
     ctx = stage_context(cluster, params)
     try:
-        # each endpoint's recorded sweep (its baseline) is its measured curve; the others use the published one
+        # each endpoint's recorded sweep (its baseline) is its measured curve; the others use the published one.
+        # advise_cluster reads each endpoint's previous observation from ctx.history (the last advise:<cluster>
+        # step's detail.endpoints[].observation): the request rate is the counters' increase since then
         baselines = {ep.key: endpoint_baseline(ctx.history, cluster, ep.key)
                      for ep in ctx.inventory.endpoints_of(cluster)}
         report = advise.advise_cluster(ctx, sweeps={k: b["points"] for k, b in baselines.items() if b})

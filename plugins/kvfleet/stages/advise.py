@@ -184,11 +184,13 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
 
 def with_advised_workers(ctx: StageContext, decision: Mapping[str, Any], *, replicas: int, eligible: int,
                          worker_bytes: float, threshold: float = E.CAPACITY_THRESHOLD,
-                         now: datetime | None = None) -> dict[str, Any]:
+                         now: datetime | None = None,
+                         previous: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The scale-out DAG's scheduled detection with the advisor's capacity recommendation: observe the cluster's
     L2 endpoints, then ``economics.scale_decision_with_working_set``. When the advisor cannot observe (no
-    endpoint readable), the decision is returned unchanged with the reason recorded."""
-    report = advise_cluster(ctx, threshold=threshold, now=now)
+    endpoint readable, or no rate known yet), the decision is returned unchanged with the reason recorded.
+    ``previous``: as for ``advise_cluster`` (by default the observations the context's history recorded)."""
+    report = advise_cluster(ctx, threshold=threshold, now=now, previous=previous)
     l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
     judged = [a for a in report.endpoints if a.endpoint in l2_keys and a.verdict != "insufficient_data"]
     # an endpoint whose request rate is unknown has no working set yet: the others' sum is a lower bound, which

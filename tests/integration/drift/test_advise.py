@@ -12,6 +12,8 @@ import math
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 
 import pytest
 from driftkit import ROOT, STAGE
@@ -20,33 +22,55 @@ from kvfleet.stages import addons, advise, curvine, endpoints, tiered_storage
 
 pytestmark = pytest.mark.integration
 
-LONG = [(2400, 4000, 0.9), (3000, 2000, 0.9)]  # a RAG endpoint: long retrieved context, reused; per hour
+LONG = [(2400, 40_000, 0.9), (3000, 20_000, 0.9)]  # a busy RAG endpoint: long retrieved context, reused; per wall hour
+# The twin's mixes are per wall-clock hour (facts/vllm_traffic_mix.yaml): the default RAG and chat mixes, twenty
+# times busier, so the pods rolled out seconds ago have enough requests for a verdict (which depends on the lengths
+# and the reuse only, not on the rate).
+FAST = 20
 
 
-def _twin_now(sandbox):  # type: ignore[no-untyped-def]
-    """The twin's model time: its pods' startTime is stamped on that clock, as a real API server stamps its own."""
-    from datetime import UTC, datetime
+def _wall_now():  # type: ignore[no-untyped-def]
+    """kvfleet measures on the wall clock (the twin's pods carry model-time start stamps, ahead of it)."""
+    return datetime.now(UTC)
 
-    return datetime.fromtimestamp(sandbox.twin(STAGE).clock.now(), UTC)
+
+def _observed_twice(ctx, **kw):  # type: ignore[no-untyped-def]
+    """Two advisor reports in a row, the second with the first's observations as its base (what the hourly task
+    reads back from the history): its request rate is the counters' increase in between."""
+    first = advise.advise_cluster(ctx, previous={}, **kw)
+    previous = {a.endpoint: a.observation for a in first.endpoints if a.observation}
+    time.sleep(0.5)  # an interval well above the scrapes' own spread
+    return first, advise.advise_cluster(ctx, previous=previous, **kw)
 
 
 @pytest.fixture(scope="module")
 def rolled_out(drift_sandbox, drift_ctx):  # type: ignore[no-untyped-def]
+    from kvfleet_sandbox.controllers.vllm.engine import DEFAULT_TRAFFIC
+
     ctx = drift_ctx(STAGE)
     inv = drift_sandbox.inventory
     for stage in (tiered_storage, addons, curvine):
         stage.reconcile(ctx)
     endpoints.reconcile_wave(ctx, list(inv.endpoints_of(STAGE)), holder="t/rollout")
-    drift_sandbox.twin(STAGE).services["vllm"].set_traffic_mix("retail-assistant", LONG)
+    vllm = drift_sandbox.twin(STAGE).services["vllm"]
+    vllm.set_traffic_mix("retail-assistant", LONG)
+    for app, word in (("retail-search-rag", "rag"), ("support-chat", "chat")):
+        vllm.set_traffic_mix(app, [(t, n * FAST, h) for t, n, h in DEFAULT_TRAFFIC[word]])
     return drift_sandbox
 
 
 def test_long_prompts_pay_off_short_turns_do_not_and_the_arithmetic_is_shown(rolled_out, drift_ctx) -> None:  # type: ignore[no-untyped-def]
-    report = advise.advise_cluster(drift_ctx(STAGE), now=_twin_now(rolled_out))
+    report = advise.advise_cluster(drift_ctx(STAGE), previous={})
     by = {a.endpoint: a for a in report.endpoints}
     assert report.errors == []
     # the twin's default mixes on ml.g5.4xlarge (the blog's curve): a RAG endpoint with long retrieved context,
-    # a chat endpoint with short turns; and a mix set per endpoint through the simulation
+    # a chat endpoint with short turns; and a mix set per endpoint through the simulation. A first observation of
+    # pods whose start stamps are ahead of the wall clock: the rate is unknown, the verdicts stand
+    assert {a.rate_source for a in report.endpoints} == {"unknown"}
+    assert all(a.requests_per_hour is None for a in report.endpoints)
+    assert all(a.working_set_bytes is None for a in report.endpoints if a.verdict != "insufficient_data")
+    assert any("rate unknown until the next observation" in line for line in by["retail/retail-search-rag"].arithmetic)
+    assert report.capacity is not None and report.capacity.recommendation == "unknown"
     rag, chat, custom = by["retail/retail-search-rag"], by["support/support-chat"], by["retail/retail-assistant"]
     assert rag.verdict == "pays_off" and chat.verdict == "does_not_pay_off", (rag.arithmetic[1], chat.verdict)
     assert custom.verdict == "pays_off", custom.arithmetic
@@ -55,15 +79,40 @@ def test_long_prompts_pay_off_short_turns_do_not_and_the_arithmetic_is_shown(rol
     assert custom.saved_fraction == pytest.approx(0.9 * (1 - 1 / 2.7), abs=0.03)
     assert any("cold(n) x (1 - 1/speedup(n))" in line for line in rag.arithmetic)
     assert "ml.g5.4xlarge" in rag.curve
-    assert report.capacity is not None and report.capacity.workers >= 1
+    assert report.capacity.workers >= 1
+
+
+def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rolled_out, drift_ctx,
+                                                                             drift_history) -> None:  # type: ignore[no-untyped-def]
+    """The hourly advise step records each endpoint's observation; the next reads it back (named query
+    advise_previous) and divides the counters' increase by the wall seconds in between: the twin's mix, per wall
+    hour, comes back as the endpoint's requests per hour."""
+    from kvfleet.history.repo import StepKey
+
+    run = "t/advise-rate"
+    drift_history.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    ctx = drift_ctx(STAGE, history=drift_history, step_key=StepKey(run, "advise", 0))
+    first = advise.advise_cluster(ctx)
+    ctx.record(f"advise:{STAGE}", "advise", "reported", verdicts={e.endpoint: e.verdict for e in first.endpoints},
+               endpoints=first.as_dict()["endpoints"], capacity=first.as_dict()["capacity"], errors=first.errors)
+    assert set(advise.previous_observations(drift_history, STAGE)) == {e.endpoint for e in first.endpoints}
+    time.sleep(3.0)  # wall seconds between the two observations (the rate's interval; nothing timed is asserted)
+    second = advise.advise_cluster(drift_ctx(STAGE, history=drift_history))
+    custom = next(a for a in second.endpoints if a.endpoint == "retail/retail-assistant")
+    assert custom.rate_source == "delta", custom.arithmetic
+    configured = sum(n for _, n, _ in LONG)  # 60,000 requests per hour
+    assert custom.requests_per_hour == pytest.approx(configured, rel=0.15), custom.arithmetic
+    assert "between observations" in custom.arithmetic[0]
+    assert custom.working_set_bytes is not None and custom.working_set_bytes > 0
+    assert second.capacity is not None and second.capacity.recommendation != "unknown"
 
 
 def test_a_tight_threshold_recommends_more_workers(rolled_out, drift_ctx) -> None:  # type: ignore[no-untyped-def]
     ctx = drift_ctx(STAGE)
-    loose = advise.advise_cluster(ctx, threshold=1.0, retention_h=0.01, now=_twin_now(rolled_out))
-    assert loose.capacity is not None and loose.capacity.recommendation != "add_workers"
+    _, loose = _observed_twice(ctx, threshold=1.0, retention_h=0.01)
+    assert loose.capacity is not None and loose.capacity.recommendation not in ("add_workers", "unknown")
     # a week of retention and a 5 % threshold: the working set outgrows what the workers hold
-    tight = advise.advise_cluster(ctx, threshold=0.05, retention_h=720, now=_twin_now(rolled_out))
+    _, tight = _observed_twice(ctx, threshold=0.05, retention_h=720)
     assert tight.capacity is not None
     per_worker = tight.capacity.capacity_bytes / tight.capacity.workers
     need = math.ceil(tight.capacity.working_set_bytes / (0.05 * per_worker))
@@ -86,15 +135,16 @@ def test_the_cli_prints_json_alone(rolled_out, tmp_path) -> None:  # type: ignor
     assert out.returncode == 0, out.stderr
     out_doc = json.loads(out.stdout)
     verdicts = {e["endpoint"]: e["verdict"] for c in out_doc["clusters"] for e in c["endpoints"]}
-    # the CLI judges at the wall clock, while the twin's pods carry model-time start stamps: the request *rate*
-    # differs from the test above, but the verdicts depend on the lengths and the reuse only (issue 20's
-    # acceptance: the long-prompt endpoint pays off, the short-prompt one does not, with the arithmetic shown)
+    # the CLI judges at the wall clock, while the twin's pods carry model-time start stamps (ahead of it) and the
+    # CLI has no previous observation: the rate is unknown, but the verdicts depend on the lengths and the reuse
+    # only (issue 20's acceptance: the long-prompt endpoint pays off, the short-prompt one does not)
     assert verdicts["retail/retail-search-rag"] == "pays_off", verdicts
     assert verdicts["support/support-chat"] == "does_not_pay_off", verdicts
     assert set(verdicts.values()) <= {"pays_off", "marginal", "does_not_pay_off", "insufficient_data"}
     rag = next(e for c in out_doc["clusters"] for e in c["endpoints"] if e["endpoint"] == "retail/retail-search-rag")
     assert any("cold(n) x (1 - 1/speedup(n))" in line for line in rag["arithmetic"])
     assert any(line.startswith("verdict pays_off") for line in rag["arithmetic"]) and rag["lengths"]
+    assert rag["rate_source"] == "unknown" and rag["working_set_bytes"] is None and rag["observation"]["pods"]
     # the cost side, from the inventory's prices (never fetched): each priced endpoint's replicas x its price
     stage = next(c for c in out_doc["clusters"] if c["cluster"] == STAGE)
     g5 = [e for e in stage["endpoints"] if e["instance_type"] == "ml.g5.4xlarge"]
@@ -115,9 +165,9 @@ def test_bytes_per_token_come_from_the_measured_stored_lines(rolled_out, drift_c
 
     ctx = drift_ctx(STAGE)
     ep = _ep(rolled_out.inventory, "retail-assistant")
-    before = advise.observe_endpoint(ctx, ep, _twin_now(rolled_out))
+    before = advise.observe_endpoint(ctx, ep, _wall_now())
     assert verify.verify_endpoint(ctx, ep, 2000).verdict == "pass"  # writes a Stored line on pod A
-    after = advise.observe_endpoint(ctx, ep, _twin_now(rolled_out))
+    after = advise.observe_endpoint(ctx, ep, _wall_now())
     assert after.bytes_per_token_source is not None and after.bytes_per_token_source.startswith("measured")
     # LMCache prints GiB ("gb", /1024**3): the twin's 0.1028 for 1,925 tokens is Qwen2-7B's 57,344 B a token
     assert after.bytes_per_token == pytest.approx(57_344, rel=0.002)
@@ -180,12 +230,18 @@ def test_the_scale_out_detection_can_take_the_advisor_s_recommendation(rolled_ou
     retention is far beyond 2 x 100 GiB at 5 %, so the target grows to one worker per eligible node."""
     ctx = drift_ctx(STAGE)
     quiet = {"due": False, "reasons": [], "target": 2}
+    # no rate known yet (first observation): the detection's own decision stands, with the reason
+    unknown = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=100 * 2**30,
+                                          threshold=0.05, previous={})
+    assert unknown["target"] == 2 and "request rate unknown" in unknown["advisor"], unknown
+    first, _ = _observed_twice(ctx)
+    previous = {a.endpoint: a.observation for a in first.endpoints if a.observation}
     tight = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=100 * 2**30,
-                                        threshold=0.05, now=_twin_now(rolled_out))
+                                        threshold=0.05, previous=previous)
     assert tight["due"] and tight["target"] > 2 and tight["advised_workers"] > 2, tight
     assert any(r.startswith("advisor: working set") for r in tight["reasons"])
     roomy = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=10**15,
-                                        threshold=1.0, now=_twin_now(rolled_out))
+                                        threshold=1.0, previous=previous)
     assert not roomy["due"] and roomy["target"] == 2 and roomy["advised_workers"] <= 2
 
 
@@ -193,7 +249,7 @@ def test_a_recorded_sweep_replaces_the_published_curve(rolled_out, drift_ctx) ->
     """The hourly task passes each endpoint's recorded sweep: judged on it, the same traffic no longer pays off
     when the measured speedup is flat; the endpoints without one stay on the published curve."""
     flat = {"retail/retail-assistant": [(512, 1.0), (3000, 1.02)]}
-    report = advise.advise_cluster(drift_ctx(STAGE), sweeps=flat, now=_twin_now(rolled_out))
+    report = advise.advise_cluster(drift_ctx(STAGE), sweeps=flat, previous={})
     by = {a.endpoint: a for a in report.endpoints}
     assert by["retail/retail-assistant"].curve == "measured sweep"
     assert by["retail/retail-assistant"].verdict == "does_not_pay_off", by["retail/retail-assistant"].arithmetic

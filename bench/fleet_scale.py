@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -108,6 +109,9 @@ class TiStateLog:
 
         t = self.table
         with self.engine.connect() as conn:
+            # dag.test() leaves its session idle in a transaction that read task_instance: it would block the DROP.
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                              "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
             conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
             conn.execute(text(f"DROP FUNCTION IF EXISTS {t}_fn()"))
             conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
@@ -304,8 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print("fleet_scale.py: " + "; ".join(bad), file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="kvfleet-fleet-scale-") as tmp:
-        summary = run(Path(tmp), args)
+    # Airflow's task logs go to stdout: while the runs last, file descriptor 1 is stderr, so --json stays JSON.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvfleet-fleet-scale-") as tmp:
+            summary = run(Path(tmp), args)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
     ok = all(s["state"] == "success" and s["slot_seconds_held_while_waiting"] == 0 for s in summary["rollouts"])
     summary["acceptance"] = {"zero_slot_seconds_while_waiting": ok}
     if args.json:
@@ -349,8 +362,9 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         from kvfleet.history.db import dispose_engines
 
         dispose_engines()
-        if "airflow.settings" in sys.modules:
-            sys.modules["airflow.settings"].dispose_orm(do_log=False)
+        if "airflow.settings" in sys.modules:  # its session's connection may be gone (TiStateLog.__exit__)
+            with contextlib.suppress(Exception):
+                sys.modules["airflow.settings"].dispose_orm(do_log=False)
         pg.stop()
 
 

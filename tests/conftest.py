@@ -97,7 +97,8 @@ def history(fresh_db_url: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore
 
 @pytest.fixture
 def example_fleet() -> Path:
-    return ROOT / "fleet.example.yaml"
+    """The suite's fleet: fleet.example.yaml's shape with production on patch and 2 workers pinned (its header)."""
+    return ROOT / "tests" / "fleets" / "twin.yaml"
 
 
 DAGS = ROOT / "dags"

@@ -53,7 +53,7 @@ def bare_twin(tmp_path: Path):  # type: ignore[no-untyped-def]
     from kvfleet_sandbox.runtime import eks_token, start_sandbox
     from kvfleet_sandbox.twin import SandboxSettings
 
-    sandbox = start_sandbox(Path(__file__).resolve().parents[2] / "fleet.example.yaml", tmp_path / "sb",
+    sandbox = start_sandbox(Path(__file__).resolve().parents[2] / "tests" / "fleets" / "twin.yaml", tmp_path / "sb",
                             SandboxSettings(), controllers=())
     try:
         twin = sandbox.twin(next(iter(sandbox.twins)))

@@ -20,7 +20,7 @@ from kvfleet_sandbox.runtime import port_refuses
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-FLEET = ROOT / "fleet.example.yaml"
+FLEET = ROOT / "tests" / "fleets" / "twin.yaml"
 
 
 def kvfleet(*args: str) -> subprocess.CompletedProcess[str]:

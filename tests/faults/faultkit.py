@@ -116,7 +116,7 @@ class FaultEnv:
 
     @staticmethod
     def inventory_for_matrix() -> Inventory:
-        inv = load_inventory(ROOT / "fleet.example.yaml")
+        inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
         eps = tuple(e for e in inv.endpoints if e.cluster == PROD and e.name in ROLLED)
         return dataclasses.replace(inv, endpoints=eps)
 

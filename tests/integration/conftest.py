@@ -18,7 +18,7 @@ from kvfleet_sandbox.runtime import Sandbox, eks_token, start_sandbox
 from kvfleet_sandbox.twin import SandboxSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE_FLEET = ROOT / "fleet.example.yaml"
+EXAMPLE_FLEET = ROOT / "tests" / "fleets" / "twin.yaml"
 
 SandboxFactory = Callable[..., Sandbox]
 
@@ -27,7 +27,7 @@ SandboxFactory = Callable[..., Sandbox]
 def sandbox_factory(tmp_path: Path) -> Iterator[SandboxFactory]:
     """``make(fleet_text_or_path=None, *, controllers=None, **settings_overrides) -> Sandbox``.
 
-    ``fleet_text_or_path``: None (the repo's fleet.example.yaml), a path, YAML text (anything with a newline) or
+    ``fleet_text_or_path``: None (the suite's fleet, tests/fleets/twin.yaml), a path, YAML text (anything with a newline) or
     an :class:`Inventory`. ``controllers``: a tuple of controller module names (default all of
     ``CONTROLLER_MODULES``; ``()`` for bare emulators). Other keywords override :class:`SandboxSettings` fields.
     """

@@ -268,7 +268,7 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
 
     pg.ensure_database("rbac_replay")
     history = History(get_engine(pg.url("rbac_replay")))
-    inv = load_inventory(ROOT / "fleet.example.yaml")
+    inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     # The patch cluster is replayed with the scale-to-zero strategy: `auto` rolls 2-replica endpoints (no scale
     # subresource), and the scale grant must still be proven used, since scale-to-zero needs it.
     inv = dataclasses.replace(inv, clusters=tuple(

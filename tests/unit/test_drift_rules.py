@@ -21,7 +21,7 @@ PROD, STAGE = "ml-prod-use1", "ml-stage-usw2"
 
 @pytest.fixture(scope="module")
 def inv() -> Any:
-    return load_inventory(ROOT / "fleet.example.yaml")
+    return load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
 
 
 def _vllm(ep: Any, settings: Any, *, url: str | None = C.L2_URL, seed: str | None = C.PYTHONHASHSEED,

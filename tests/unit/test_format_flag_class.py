@@ -14,6 +14,7 @@ from kvfleet.clients import helm as helm_client
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.stages import curvine_upgrade as up
+from kvfleet.stages import executor
 
 # ---- override keys and values ----------------------------------------------------------------------------------
 
@@ -113,7 +114,9 @@ def test_the_upgrade_command_ends_with_the_flags_false_file() -> None:
     spec = SimpleNamespace(chart="curvine", namespace="curvine", repo_url="http://r")
     ctx = SimpleNamespace(helm=h, cluster=SimpleNamespace(curvine=spec))
     try:
-        args = up.upgrade_args(ctx, "0.3.3-alpha", {"config.log.level": "DEBUG"})  # type: ignore[arg-type]
+        action = up.upgrade_action(ctx, "0.3.3-alpha", {"config.log.level": "DEBUG"}, 1,  # type: ignore[arg-type]
+                                   "curvine-0.3.2-alpha")
+        args = executor.helm_args(ctx, action)  # type: ignore[arg-type]
         files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
         assert len(files) == 2 and "--reset-then-reuse-values" in args and "--set" not in args
         last = yaml.safe_load(Path(files[-1]).read_text())

@@ -331,17 +331,18 @@ def test_a_production_cluster_plans_kyverno_with_the_reason() -> None:
     assert "L2 capacity 100Gi × 2 = 200Gi" in text
 
 
-def test_the_example_fleet_follows_the_sources_where_the_demo_allows(example_fleet) -> None:  # type: ignore[no-untyped-def]
-    """fleet.example.yaml (also the demo's fleet) routes by workload as the sources advise; its two departures
-    (patch on production, 2 workers) are the ones `kvfleet validate` warns about."""
+def test_the_example_fleet_follows_the_sources() -> None:
+    """fleet.example.yaml (the demo's fleet) follows the sources: it routes by workload as they advise, its production
+    cluster plans kyverno (auto) and Curvine runs one worker per GPU node; validate has nothing to warn about."""
     from kvfleet.fleet.inventory import load_inventory
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        inv = load_inventory(example_fleet)
+        inv = load_inventory(Path(__file__).resolve().parents[2] / "fleet.example.yaml")
     said = [str(w.message) for w in caught]
-    assert all(e.workload for e in inv.endpoints) and not [m for m in said if ".routing" in m]
-    assert any("ml-prod-use1.l2_injection: patch on a production cluster" in m for m in said)
+    assert all(e.workload for e in inv.endpoints) and said == []
+    assert inv.cluster("ml-prod-use1").l2_injection == "kyverno"
+    assert [(c.name, c.curvine.worker_replicas) for c in inv.clusters] == [("ml-prod-use1", 16), ("ml-stage-usw2", 12)]
     assert [e.catalogue_model for e in inv.endpoints] == ["qwen2-7b-instruct"] * 12
     assert inv.lob("support").notify_sns_topic_arn and inv.prices
 

@@ -63,7 +63,7 @@ def test_undeclared_value_is_never_judged() -> None:
 
 
 def test_classify_reports_node_recovery_mismatch_for_a_declared_cluster() -> None:
-    inv = load_inventory(ROOT / "fleet.example.yaml")
+    inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     name = inv.clusters[0].name
     cl = inv.cluster(name)
     declared = rules.declared_node_recovery(cl)
@@ -78,10 +78,10 @@ def test_classify_reports_node_recovery_mismatch_for_a_declared_cluster() -> Non
 
 
 def test_the_loaded_inventory_says_which_cluster_declares_node_recovery() -> None:
-    """fleet.example.yaml writes node_recovery for some clusters only: those are reconciled and judged."""
+    """The suite's fleet (fleet.example.yaml's shape) writes node_recovery for some clusters only: those are reconciled and judged."""
     import yaml
 
-    raw = yaml.safe_load((ROOT / "fleet.example.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "tests" / "fleets" / "twin.yaml").read_text())
     written = {c["name"]: c.get("node_recovery") for c in raw["clusters"]}
-    inv = load_inventory(ROOT / "fleet.example.yaml")
+    inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     assert {cl.name: rules.declared_node_recovery(cl) for cl in inv.clusters} == written

@@ -16,6 +16,6 @@ ROLLED = ("retail-assistant", "payments-disputes", "support-chat")
 
 
 def small_inventory() -> Inventory:
-    inv = load_inventory(ROOT / "fleet.example.yaml")
+    inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     eps = tuple(e for e in inv.endpoints if e.cluster != PROD or e.name in ROLLED)
     return dataclasses.replace(inv, endpoints=eps)

@@ -26,7 +26,7 @@ LOBS = ("retail", "payments", "support")
 
 
 def fleet_of(n: int) -> Inventory:
-    inv = load_inventory(ROOT / "fleet.example.yaml")
+    inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     eps = tuple(Endpoint(name=f"ep-{i:03d}", namespace=f"team-{i % 5}", lob=LOBS[i % 3], cluster=PROD,
                          model="qwen2-7b-instruct", instance_type="ml.g6e.4xlarge", replicas=1 if i < 10 else 0)
                 for i in range(n))

@@ -26,7 +26,7 @@ from kvfleet_sandbox.twin import gpus_per_instance
 
 ROOT = Path(__file__).resolve().parents[3]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
-INVENTORY = load_inventory(ROOT / "fleet.example.yaml")
+INVENTORY = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
 
 
 def admin(sandbox: Sandbox, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -355,7 +355,7 @@ def test_a_failing_controller_stops_everything_started(sandbox_factory, monkeypa
 
 def test_a_fleet_given_as_text(sandbox_factory, kube_api) -> None:
     # 3 nodes of 4 GPUs hold the stage cluster's 5 endpoints x 2 replicas; its endpoints move to the same type
-    text = (ROOT / "fleet.example.yaml").read_text().replace("count: 12, instance_type: ml.g5.4xlarge",
+    text = (ROOT / "tests" / "fleets" / "twin.yaml").read_text().replace("count: 12, instance_type: ml.g5.4xlarge",
                                                              "count: 3, instance_type: ml.g5.12xlarge")
     text = text.replace("instance_type: ml.g5.4xlarge,", "instance_type: ml.g5.12xlarge,")
     sandbox = sandbox_factory(text, controllers=())

@@ -511,7 +511,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         _print_table([{"endpoint": e.endpoint, "verdict": e.verdict, "req_per_h": e.requests_per_hour,
                        "mean_tokens": e.mean_prompt_tokens, "below_payoff": e.share_below_payoff,
                        "saved_ms": e.saved_ms_per_request, "saved_share": e.saved_fraction,
-                       "working_set_gib": round(e.working_set_bytes / 2**30, 2)} for e in r.endpoints],
+                       "working_set_gib": (round(e.working_set_bytes / 2**30, 2) if e.working_set_bytes is not None
+                                           else "unknown")} for e in r.endpoints],
                      ["endpoint", "verdict", "req_per_h", "mean_tokens", "below_payoff", "saved_ms", "saved_share",
                       "working_set_gib"])
         for e in r.endpoints:

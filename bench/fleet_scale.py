@@ -8,7 +8,7 @@ Part 1 — a gated, baked rollout with contended leases, at N twin clusters (``-
    preflight checks (the twin seeds the execution role and the TLS bucket);
 2. before the run, another run (``kvfleet_curvine_upgrade/bench-contender``) holds every cluster's lease;
 3. ``kvfleet_rollout`` runs through ``dag.test()`` with ``gate=verify`` and a bake (``--bake-s``) after every wave;
-   a watcher frees a cluster's lease once that cluster's ``cluster.stages`` has started waiting;
+   a watcher frees a cluster's lease ``--hold-s`` after that cluster's ``cluster.stages`` started waiting;
 4. every state a task instance takes is logged by a PostgreSQL trigger on Airflow's ``task_instance`` table
    (database clock), and from it:
    - ``running_s``: task-instance seconds in ``running`` (a worker slot in use);
@@ -25,7 +25,7 @@ Part 2 — the triggerer's cost per waiting cluster: K ``LeaseFreeTrigger``s (le
 ``DateTimeTrigger``s run together on one asyncio loop, as the triggerer runs them, for ``--trigger-seconds``;
 reported: CPU seconds per trigger-hour and history-database polls per second.
 
-    python bench/fleet_scale.py [--json] [--sizes 1 2 4] [--bake-s 2] [--triggers 10 100 1000]
+    python bench/fleet_scale.py [--json] [--sizes 1 2 4] [--bake-s 2] [--hold-s 5] [--triggers 10 100 1000]
 
 ``--json`` prints only the JSON summary on stdout (logs on stderr). Exit 0 when every size held 0 slot-seconds
 while waiting, 1 otherwise, 2 on bad arguments. What is extrapolated from these figures is in bench/README.md.
@@ -185,7 +185,8 @@ def sandbox(fleet: Path, state: Path) -> tuple[dict[str, str], Any]:
     return env, down
 
 
-def rollout_at(n: int, work: Path, dagbag: Any, states: TiStateLog, bake_s: float) -> dict[str, Any]:
+def rollout_at(n: int, work: Path, dagbag: Any, states: TiStateLog, bake_s: float,
+               hold_s: float) -> dict[str, Any]:
     from kvfleet.fleet.inventory import load_inventory
     from kvfleet.fleet.plan import make_plan
     from kvfleet.history.db import get_engine
@@ -205,12 +206,15 @@ def rollout_at(n: int, work: Path, dagbag: Any, states: TiStateLog, bake_s: floa
         stop = threading.Event()
         run_ids: list[str] = []
 
+        waiting_since: dict[str, float] = {}
+
         def free_each_lease_once_its_cluster_waits() -> None:
             while not stop.wait(0.1):
                 for r in states.rows():
                     if r["task_id"] == "cluster.stages" and r["state"] == "deferred":
                         c = clusters[r["map_index"]]
-                        if c not in released:
+                        waiting_since.setdefault(c, time.time())
+                        if c not in released and time.time() - waiting_since[c] >= hold_s:
                             leases.release(c, CONTENDER)
                             released[c] = time.time()
                 if len(released) == len(clusters):
@@ -297,12 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON summary on stdout")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2], help="twin clusters per rollout (1-8)")
     parser.add_argument("--bake-s", type=float, default=2.0, help="bake after each wave, seconds (0.5-600)")
+    parser.add_argument("--hold-s", type=float, default=5.0,
+                        help="the other run keeps a cluster's lease this long after the rollout starts waiting (0-600)")
     parser.add_argument("--triggers", type=int, nargs="+", default=[10, 100, 1000],
                         help="concurrent triggers for the triggerer's cost (1-5000)")
     parser.add_argument("--trigger-seconds", type=float, default=10.0, help="how long they run (1-300)")
     args = parser.parse_args(argv)
     bad = [f"--sizes: {n} is not within 1-8" for n in args.sizes if not 1 <= n <= 8]
     bad += [] if 0.5 <= args.bake_s <= 600 else [f"--bake-s: {args.bake_s} is not within 0.5-600"]
+    bad += [] if 0 <= args.hold_s <= 600 else [f"--hold-s: {args.hold_s} is not within 0-600"]
     bad += [f"--triggers: {k} is not within 1-5000" for k in args.triggers if not 1 <= k <= 5000]
     bad += [] if 1 <= args.trigger_seconds <= 300 else [f"--trigger-seconds: {args.trigger_seconds} not within 1-300"]
     if bad:
@@ -350,14 +357,14 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         with TiStateLog(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]) as states:
             for n in args.sizes:
                 log(f"=== a gated rollout, bake {args.bake_s:g}s, leases contended, on {n} twin cluster(s)")
-                rollouts.append(rollout_at(n, work, dagbag, states, args.bake_s))
+                rollouts.append(rollout_at(n, work, dagbag, states, args.bake_s, args.hold_s))
                 log(json.dumps({k: v for k, v in rollouts[-1].items() if k != "waits"}))
         trig = []
         for k in args.triggers:
             log(f"=== {k} lease triggers and {k} bake triggers on one loop for {args.trigger_seconds:g}s")
             trig.append(triggerer_cost(k, args.trigger_seconds, poll_s=10.0))
             log(json.dumps(trig[-1]))
-        return {"rollouts": rollouts, "triggerer": trig, "bake_s": args.bake_s}
+        return {"rollouts": rollouts, "triggerer": trig, "bake_s": args.bake_s, "hold_s": args.hold_s}
     finally:
         from kvfleet.history.db import dispose_engines
 

@@ -138,3 +138,15 @@ def test_without_the_deferral_s_kwargs_the_state_comes_from_the_task_s_xcom() ->
     getattr(op, RESUME_METHOD)({"ti": ti, "params": {}}, event={"status": "success"})
     assert pulled == [("body", RESUME_KEY, 3)]
     assert seen == [{"wave_index": 1, "baked": {}, "event": {"status": "success"}}]
+
+
+def test_the_lease_trigger_fires_a_recheck_for_the_task_to_ask_airflow_whether_the_holder_lives(
+        fresh_db_url: str) -> None:
+    from kvfleet.history.db import get_engine
+    from kvfleet.history.leases import Leases
+
+    Leases(get_engine(fresh_db_url)).try_take("c1", "kvfleet_rollout/finished-run", "rollout", 600)
+    event = _first(LeaseFreeTrigger("c1", "kvfleet_rollout/r2", history_url=fresh_db_url, poll_s=0.05,
+                                    recheck_s=0.1))
+    assert event["status"] == "success" and event["reason"] == "recheck", event
+    assert "kvfleet_rollout/finished-run" in event["message"]

@@ -143,12 +143,16 @@ def _waited(resume: dict[str, Any], wait: str) -> float:
     return float(resume["since"]) if resume.get("wait") == wait and resume.get("since") else time.time()
 
 
+LEASE_RECHECK_S = 300.0  # a deferred lease wait resumes this often to ask Airflow whether the holder's run lives
+
+
 def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: float, *,
                    names: list[str] | None = None) -> Any:
     from kvfleet.airflow.triggers import LeaseFreeTrigger
 
     return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(poll_seconds() * 5, 10), timeout_s=req.lock_wait_s,
-                            started_at=since, names=names, exact_holder=names is not None)
+                            started_at=since, names=names, exact_holder=names is not None,
+                            recheck_s=LEASE_RECHECK_S)
 
 
 def _take_slot_or_defer(ctx: StageContext, req: RolloutRequest, history: History, resume: dict[str, Any],

@@ -72,7 +72,8 @@ class LeaseFreeTrigger(BaseTrigger):
 
     def __init__(self, cluster: str, holder: str, *, history_url: str | None = None, poll_s: float = 5.0,
                  timeout_s: float | None = None, started_at: float | None = None,
-                 names: list[str] | None = None, exact_holder: bool = False) -> None:
+                 names: list[str] | None = None, exact_holder: bool = False,
+                 recheck_s: float | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.cluster, self.holder, self.history_url = cluster, holder, history_url
         self.poll_s, self.timeout_s = float(poll_s), timeout_s
@@ -82,12 +83,16 @@ class LeaseFreeTrigger(BaseTrigger):
         # slots of one run are held by its other clusters, so "ours" then means this exact holder.
         self.names = [str(n) for n in names] if names else None
         self.exact_holder = bool(exact_holder)
+        # The triggerer cannot ask Airflow whether the holder's run still runs (a finished run's lease is free at
+        # once, ``kvfleet.history.leases``): after ``recheck_s`` the trigger fires ``recheck`` and the task, which
+        # can ask, tries again (and defers again while the holder lives).
+        self.recheck_s = float(recheck_s) if recheck_s is not None else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return _classpath(self), {"cluster": self.cluster, "holder": self.holder, "history_url": self.history_url,
                                   "poll_s": self.poll_s, "timeout_s": self.timeout_s,
                                   "started_at": self.started_at, "names": self.names,
-                                  "exact_holder": self.exact_holder}
+                                  "exact_holder": self.exact_holder, "recheck_s": self.recheck_s}
 
     def _check(self) -> tuple[str | None, str]:
         """(status or None: keep waiting, message). Runs in a thread."""
@@ -122,10 +127,15 @@ class LeaseFreeTrigger(BaseTrigger):
         return None, (f"{name} is locked by {row['holder']} ({row.get('purpose')}), {verdict.reason}")
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        began = time.monotonic()
         while True:
             status, message = await asyncio.to_thread(self._check)
             if status is not None:
                 yield _event({"status": status, "cluster": self.cluster, "message": message})
+                return
+            if self.recheck_s is not None and time.monotonic() - began >= self.recheck_s:
+                yield _event({"status": SUCCESS, "cluster": self.cluster, "reason": "recheck",
+                              "message": f"{message}; is its run still running? the task checks"})
                 return
             waited = time.time() - self.started_at
             if self.timeout_s is not None and waited >= self.timeout_s:

@@ -3,7 +3,7 @@
 1. start the embedded PostgreSQL (kvfleet history + Airflow metadata) and the sandbox fleet;
 2. run `airflow dags test kvfleet_rollout` against the example inventory, exactly as a platform team would
    trigger it, with connections pointing at the sandbox;
-3. print the per-LOB summary and `kvfleet audit runs`;
+3. print the per-LOB summary, each cluster's Curvine workers and capacity, and `kvfleet audit runs`;
 4. stop everything it started.
 """
 
@@ -135,6 +135,14 @@ def run(args: argparse.Namespace) -> int:
 
         _step("cross-pod L2 verification per endpoint (kvfleet audit verifications --since 1h)")
         _run([sys.executable, "-m", "kvfleet.cli", "audit", "verifications", "--since", "1h"], env)
+
+        from kvfleet.fleet.inventory import load_inventory
+
+        for cluster in load_inventory(fleet).clusters:  # one worker per GPU node: live workers and capacity 100Gi x N
+            spec = cluster.curvine
+            _step(f"Curvine on {cluster.name}: {spec.worker_replicas} workers, {spec.capacity_text} "
+                  f"(kvfleet audit curvine --cluster {cluster.name})")
+            _run([sys.executable, "-m", "kvfleet.cli", "audit", "curvine", "--cluster", cluster.name], env)
 
         _step("kvfleet audit runs")
         _run([sys.executable, "-m", "kvfleet.cli", "audit", "runs"], env)

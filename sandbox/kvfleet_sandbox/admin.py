@@ -94,6 +94,7 @@ FAULT_FIELDS: dict[str, dict[str, str]] = {
 }
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_TRAFFIC_ROWS = 64
 MAX_JSON_DEPTH = 32
 READ_TIMEOUT_S = 5.0
 
@@ -198,6 +199,37 @@ class AdminServer:
         if kind in API_FAULTS:
             return self._api_fault(kind, cluster, body)
         return self._service_fault(kind, cluster, body)
+
+    def traffic_mix(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Set an endpoint's synthetic traffic (the L2 advisor's input): ``{"cluster", "endpoint" (its app label),
+        "rows": [[prompt tokens, requests per hour, hit share], ...]}``, shown in every pod's metrics of that
+        endpoint (``VllmSimulation.set_traffic_mix``). A modelling input, not an upstream behaviour."""
+        unknown = sorted(str(k) for k in body if k not in ("cluster", "endpoint", "rows"))
+        if unknown:
+            raise AdminError(400, f"traffic-mix has no field {', '.join(_show(k) for k in unknown[:5])}; its fields: "
+                                  "cluster, endpoint, rows")
+        cluster, endpoint, rows = body.get("cluster"), body.get("endpoint"), body.get("rows")
+        if not isinstance(cluster, str):
+            raise AdminError(400, f"\"cluster\" must be a cluster name (a string) or \"*\", not {_show(cluster)}")
+        if not (isinstance(endpoint, str) and 0 < len(endpoint) <= 253):
+            raise AdminError(400, f"\"endpoint\" must be the endpoint's name (1–253 characters), not {_show(endpoint)}")
+        if not (isinstance(rows, list) and 0 < len(rows) <= MAX_TRAFFIC_ROWS):
+            raise AdminError(400, f"\"rows\" must be a list of 1–{MAX_TRAFFIC_ROWS} [tokens, requests per hour, hit "
+                                  f"share] rows, not {_show(rows)}")
+        parsed = []
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 3):
+                raise AdminError(400, f"rows[{i}] must be [tokens, requests per hour, hit share], not {_show(row)}")
+            fields = dict(zip(("tokens", "per_hour", "hit"), row, strict=True))
+            try:
+                parsed.append((_integer(fields, "tokens", 1, 1_000_000), _integer(fields, "per_hour", 0, 10_000_000),
+                               _number(fields, "hit", 0.0, 1.0)))
+            except AdminError as exc:
+                raise AdminError(400, f"rows[{i}]: {exc}") from None
+        twins = self._twins(cluster)
+        for twin in twins:
+            twin.services["vllm"].set_traffic_mix(endpoint, parsed)
+        return {"clusters": [t.name for t in twins], "endpoint": endpoint, "rows": len(parsed)}
 
     def _service_fault(self, kind: str, cluster: str | None, body: dict[str, Any]) -> dict[str, Any]:
         """A fault that calls a controller's hook (``SERVICE_FAULTS``) on one cluster."""
@@ -313,6 +345,10 @@ class AdminServer:
             if not isinstance(body, dict):
                 raise AdminError(400, "POST /fault needs a JSON object body")
             return self.fault(body)
+        if method == "POST" and path == "/traffic-mix":
+            if not isinstance(body, dict):
+                raise AdminError(400, "POST /traffic-mix needs a JSON object body")
+            return self.traffic_mix(body)
         raise AdminError(404, f"no admin route {method} {path}")
 
 

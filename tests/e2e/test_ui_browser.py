@@ -310,6 +310,11 @@ def twin_history(tmp_path_factory: pytest.TempPathFactory, dagbag: Any, history_
         # the endpoint's speedup at several prompt lengths, one hourly-check run per length (sweep=True would
         # do it in one run, but its first length, 500 tokens, is refused by the 512-token minimum); each run also
         # records the L2 advisor's report of the cluster (advise:<cluster>)
+        # A chat endpoint's traffic as the advisor meets it in production: thousands of short turns an hour, beside
+        # which the check runs' few long probes are noise (the twin's default mix is per wall hour, and this test
+        # lasts minutes: at its 1 request a second the probes would dominate the histogram).
+        sandbox.admin("/traffic-mix", {"cluster": SWEPT[0], "endpoint": "retail-chat",
+                                       "rows": [[180, 20000, 0.6], [420, 14000, 0.6], [700, 2000, 0.6]]})
         for tokens in SWEEP_TOKENS:
             # the first run checks every endpoint of the cluster (and so the advisor reports them all); the others
             # only the swept endpoint (the advisor's newest report then covers it alone)

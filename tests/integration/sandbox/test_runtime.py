@@ -362,3 +362,22 @@ def test_a_fleet_given_as_text(sandbox_factory, kube_api) -> None:
     nodes = client.CoreV1Api(kube_api(sandbox, "ml-stage-usw2")).list_node().items
     assert len(nodes) == 3
     assert {n.status.capacity["nvidia.com/gpu"] for n in nodes} == {"4"}
+
+
+def test_admin_traffic_mix_sets_an_endpoints_traffic_and_refuses_bad_rows(sandbox: Sandbox) -> None:
+    name = INVENTORY.clusters[0].name
+    vllm = sandbox.twins[name].services["vllm"]
+    for body, field in (({"cluster": name, "endpoint": "ep", "rows": []}, '"rows"'),
+                        ({"cluster": name, "endpoint": "ep", "rows": [[0, 10, 0.5]]}, "rows[0]: 'tokens'"),
+                        ({"cluster": name, "endpoint": "ep", "rows": [[100, 10, 1.5]]}, "rows[0]: 'hit'"),
+                        ({"cluster": name, "endpoint": "ep", "rows": [[100, 10]]}, "rows[0] must be"),
+                        ({"cluster": name, "endpoint": "", "rows": [[100, 10, 0.5]]}, '"endpoint"'),
+                        ({"cluster": name, "endpoint": "ep", "rows": [[100, 10, 0.5]], "x": 1}, "no field 'x'")):
+        status, answer = admin(sandbox, "/traffic-mix", body)
+        assert status == 400 and field in answer["error"], (body, answer)
+        assert vllm.traffic_mix("ep") == ()  # a refused body changes nothing
+    status, answer = admin(sandbox, "/traffic-mix", {"cluster": name, "endpoint": "ep", "rows": [[180, 20000, 0.6]]})
+    assert status == 200 and answer == {"clusters": [name], "endpoint": "ep", "rows": 1}
+    assert vllm.traffic_mix("ep") == ((180, 20000, 0.6),)
+    other = sandbox.twins[INVENTORY.clusters[1].name].services["vllm"]
+    assert other.traffic_mix("ep") == ()  # only the named cluster

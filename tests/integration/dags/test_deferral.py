@@ -80,9 +80,21 @@ class TiStateLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        from airflow import settings
+        from sqlalchemy.exc import OperationalError
+
         t = self.table
+        # dag.test() leaves this process's Airflow session in a transaction that read task_instance, which would
+        # block the DROP TRIGGER for ever: end it first (and, should another session still hold it, end that one).
+        settings.Session.remove()
         with self.engine.connect() as conn:
-            conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
+            conn.execute(text("SET lock_timeout = '20s'"))
+            try:
+                conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
+            except OperationalError:
+                conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                                  "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
+                conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
             conn.execute(text(f"DROP FUNCTION IF EXISTS {t}_fn()"))
             conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
         self.engine.dispose()

@@ -40,7 +40,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients.kube import get_or_none
-from kvfleet.errors import KvfleetError, PermanentError
+from kvfleet.errors import KvfleetError, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 from kvfleet.stages.base import StageContext
 
@@ -108,13 +108,21 @@ class _Checker:
         self.problems.append(Problem(self.cl.name, check, what, fix, severity))
 
     def guarded(self, check: str, what: str, permission: str, fn: Callable[[], None]) -> None:
-        """Run one check; an error that stops it becomes a problem (never a pass, never a traceback)."""
+        """Run one check; an error that stops it becomes a problem (never a pass, never a traceback). A transient
+        failure (5xx, 429, 409, a timeout) is raised as ``TemporaryError`` instead: the task is retried, and the
+        cluster is not refused for a prerequisite that may well be there."""
         try:
             fn()
-        except (KvfleetError, ApiException, OSError) as exc:
-            detail = getattr(exc, "reason", None) if isinstance(exc, ApiException) else None
-            text = f"{exc.status} {detail}" if isinstance(exc, ApiException) else str(exc)
-            self.add(check, f"could not check {what}: {text[:300]}",
+        except TemporaryError:
+            raise
+        except ApiException as exc:
+            if exc.status in (409, 429) or (exc.status or 0) >= 500:
+                raise TemporaryError(f"could not check {what} on {self.cl.name}: {exc.status} {exc.reason}") from exc
+            self.add(check, f"could not check {what}: {exc.status} {exc.reason}"[:330],
+                     f"grant kvfleet's identity {permission} and run `kvfleet preflight --cluster {self.cl.name}` "
+                     "again")
+        except (KvfleetError, OSError) as exc:
+            self.add(check, f"could not check {what}: {str(exc)[:300]}",
                      f"grant kvfleet's identity {permission} and run `kvfleet preflight --cluster {self.cl.name}` "
                      "again")
 
@@ -321,6 +329,8 @@ def check(ctx: StageContext) -> list[Problem]:
     c = _Checker(ctx)
     try:
         c.cluster()
+    except TemporaryError:
+        raise  # retried: a transient failure is not a missing prerequisite
     except KvfleetError as exc:
         c.add("cluster", f"could not describe HyperPod cluster {ctx.cluster.name}: {str(exc)[:300]}",
               "check the inventory's cluster name and region and grant sagemaker:DescribeCluster and "

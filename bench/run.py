@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 BENCHES = ("ttft_table.py", "drift_check.py", "rollout_availability.py", "parse_time.py", "audit_scale.py",
-           "drift_latency.py", "probe_footprint.py")
+           "drift_latency.py", "probe_footprint.py", "fleet_scale.py")
 
 
 def main() -> int:

@@ -16,43 +16,15 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 from test_rollout_sandbox import conf
 
-from conftest import SMALL_FLEET
-
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 OTHER = "kvfleet_curvine_upgrade/other-run"
-# The operator add-on's configuration that preflight checks (the twin seeds the role and the bucket it names).
-ADDON_CONFIG = """    addons:
-      amazon-sagemaker-hyperpod-inference:
-        configuration:
-          executionRoleArn: arn:aws:iam::123456789012:role/hyperpod-inference-exec
-          tlsCertificateS3Bucket: hyperpod-tls-{name}
-"""
-
-
-def with_operator_config(fleet: str) -> str:
-    """SMALL_FLEET with each cluster's operator configuration (preflight refuses a cluster without it)."""
-    out: list[str] = []
-    for line in fleet.splitlines(keepends=True):
-        out.append(line)
-        if line.startswith("    curvine:"):
-            name = next(x for x in reversed(out) if x.startswith("  - name: ")).split(": ", 1)[1].strip()
-            out.append(ADDON_CONFIG.format(name=name))
-    return "".join(out)
-
-
-@pytest.fixture
-def small_fleet(tmp_path: Path) -> Path:
-    path = tmp_path / "fleet.yaml"
-    path.write_text(with_operator_config(SMALL_FLEET))
-    return path
 
 
 class TiStateLog:

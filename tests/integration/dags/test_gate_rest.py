@@ -39,6 +39,11 @@ clusters:
     region: us-west-2
     gpu_nodes: {count: 6, instance_type: ml.g5.4xlarge}
     l2_injection: kyverno
+    addons:  # the operator's role and TLS bucket, which the rollout's preflight checks (the twin creates both)
+      amazon-sagemaker-hyperpod-inference:
+        configuration:
+          executionRoleArn: arn:aws:iam::123456789012:role/hyperpod-inference-exec
+          tlsCertificateS3Bucket: hyperpod-tls-c-kyverno
     curvine: {worker: {replicas: 2, size: 100Gi}}
 endpoints:
   - {name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-kyverno, model: qwen2-7b, instance_type: ml.g5.4xlarge}

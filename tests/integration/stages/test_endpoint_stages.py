@@ -196,6 +196,5 @@ def test_kyverno_mode_injection_survives_a_forced_rerender(fleet_env, make_ctx, 
         time.sleep(0.05)
     assert _url_entries(twin, ep) == [C.L2_URL]
     assert [v for v in endpoints.endpoint_violations(ctx, ep) if v.startswith("deployment")] == []
-    # The sandbox runs in this test's interpreter, so TTFT carries GIL contention: judge on the hits here.
-    result: Any = verify.verify_endpoint(ctx, ep, 2000, tolerance=0.6)
+    result: Any = verify.verify_endpoint(ctx, ep, 2000)  # the default tolerance: the twin's TTFT is deterministic
     assert result.hit_ratio == 1.0 and result.verdict == "pass", result

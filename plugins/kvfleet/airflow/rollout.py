@@ -241,7 +241,6 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
     from airflow.sdk.exceptions import TaskDeferred
 
     resume = dict(kvfleet_resume or {})
-    _check_event(resume)
     req = RolloutRequest.from_params(params)
     ctx = rollout_context(cluster, req)
     info = run_info()
@@ -249,6 +248,7 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
     history = ctx.history or History()
     done: list[dict[str, Any]] = list(resume.get("done") or [])
     try:
+        _check_event(resume)  # a trigger's error (terminal state, timeout) frees the slot and lease like any failure
         if not ctx.dry_run:
             _take_slot_or_defer(ctx, req, history, resume, {"done": done})
             lease = _take_lease_or_defer(ctx, req, resume, {"done": done})

@@ -177,8 +177,13 @@ def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, 
     decision = gates.scale_out_due(replicas=state.replicas, eligible=len(state.eligible),
                                    nodes_without_worker=state.nodes_without_worker, usage=state.usage,
                                    previous_usage=_previous_usage(ctx), threshold=req.threshold)
-    return advise.with_advised_workers(ctx, decision, replicas=state.replicas, eligible=len(state.eligible),
-                                       worker_bytes=state.worker_bytes, threshold=req.threshold)
+    try:
+        return advise.with_advised_workers(ctx, decision, replicas=state.replicas, eligible=len(state.eligible),
+                                           worker_bytes=state.worker_bytes, threshold=req.threshold)
+    except Exception as exc:  # the advisor only raises the target: its failure never blocks what the judge found
+        ctx.say(f"L2 advisor unavailable for the scale-out detection ({type(exc).__name__}: {str(exc)[:200]}); "
+                "deciding on GPU nodes and usage alone")
+        return {**decision, "advisor": f"advisor failed: {type(exc).__name__}: {str(exc)[:200]}"}
 
 
 def _previous_usage(ctx: StageContext) -> float | None:

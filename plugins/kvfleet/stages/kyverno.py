@@ -77,7 +77,7 @@ def install_allowed(ctx: StageContext) -> bool:
 
 def install_command(values_file: str = "kyverno-values.yaml") -> str:
     """The exact command a platform team runs (the values in the file are :data:`VALUES`)."""
-    words = ["helm", "install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION,
+    words = ["helm", "upgrade", "--install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION,
              "-n", NAMESPACE, "--create-namespace", "-f", values_file]
     return " ".join(shlex.quote(w) for w in words)
 
@@ -176,12 +176,14 @@ def reconcile(ctx: StageContext) -> Outcome:
 
 
 def _install(ctx: StageContext, state: dict[str, Any]) -> None:
-    args = ["install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION, "-n", NAMESPACE,
+    # upgrade --install: a release an earlier try left failed (no admission Deployment) is upgraded, not refused
+    # with "cannot re-use a name"
+    args = ["upgrade", "--install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION, "-n", NAMESPACE,
             "--create-namespace", "-f", ctx.helm.values_file(VALUES, "kyverno")]
     ctx.say(f"kyverno: {render(['helm', *args])}   # Kyverno missing: {describe(state)}")
     with ctx.write_ahead("helm_install", f"release {NAMESPACE}/{RELEASE} {CHART_VERSION} (Kyverno)") as wa:
         try:
-            ctx.helm.run(*args, what=f"helm install {RELEASE} (Kyverno)")
+            ctx.helm.run(*args, what=f"helm upgrade --install {RELEASE} (Kyverno)")
         except KvfleetError as exc:  # a 403 is no transient failure: refuse with the command, do not retry
             if "forbidden" in str(exc).lower():
                 why = f"kvfleet's identity may not install it (helm: {str(exc)[:300]})"

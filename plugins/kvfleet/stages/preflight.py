@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import HTTPClientError
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients.kube import get_or_none
@@ -109,12 +111,15 @@ class _Checker:
 
     def guarded(self, check: str, what: str, permission: str, fn: Callable[[], None]) -> None:
         """Run one check; an error that stops it becomes a problem (never a pass, never a traceback). A transient
-        failure (5xx, 429, 409, a timeout) is raised as ``TemporaryError`` instead: the task is retried, and the
-        cluster is not refused for a prerequisite that may well be there."""
+        failure (5xx, 429, 409, a timeout or a dropped connection) is raised as ``TemporaryError`` instead: the
+        task is retried, and the cluster is not refused for a prerequisite that may well be there."""
         try:
             fn()
         except TemporaryError:
             raise
+        except (TimeoutError, ConnectionError, BotoConnectionError, HTTPClientError) as exc:  # before OSError
+            raise TemporaryError(f"could not check {what} on {self.cl.name}: {type(exc).__name__}: "
+                                 f"{str(exc)[:200]}") from exc
         except ApiException as exc:
             if exc.status in (409, 429) or (exc.status or 0) >= 500:
                 raise TemporaryError(f"could not check {what} on {self.cl.name}: {exc.status} {exc.reason}") from exc

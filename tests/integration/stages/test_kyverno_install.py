@@ -128,7 +128,7 @@ def test_not_allowed_to_install_refuses_with_the_exact_command(chart_env, make_c
         kyverno.reconcile(make_ctx())
     text = str(refused.value)
     repo = chart_env.exports()["KVFLEET_HELM_REPO_KYVERNO"]
-    assert (f"helm install kyverno kyverno --repo {repo} --version {kyverno.CHART_VERSION} -n kyverno "
+    assert (f"helm upgrade --install kyverno kyverno --repo {repo} --version {kyverno.CHART_VERSION} -n kyverno "
             "--create-namespace -f kyverno-values.yaml") in text
     assert "admissionController:\n  replicas: 3\ncrds:\n  install: true\n" in text
     assert CLUSTER in text and "l2_injection: kyverno" in text

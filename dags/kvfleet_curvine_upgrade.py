@@ -3,19 +3,27 @@ format flag back — gates before any change, snapshots before and after, post-c
 only to the newest revision whose stored values have every format flag false. Production clusters wait for a
 human approval unless the `approval` Param says otherwise.
 
-Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the
-callbacks) and does no I/O; each task imports its body (kvfleet.airflow.curvine) when it runs. Runbook:
-docs/runbook.md.
+Thin by design: at parse time it imports only airflow.sdk, the standard provider's operators (which the DAG
+processor pre-imports once, see below) and kvfleet's light modules (the Params, the callbacks and the gate's
+notifier, which imports kvfleet.airflow.notify only when it fires) and does no I/O; each task imports its body
+(kvfleet.airflow.curvine) when it runs. Runbook: docs/runbook.md.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+# The approval gate is a HITL operator (kvfleet.airflow.operators subclasses the standard provider's). The module
+# is named here because this file uses it: Airflow's DAG processor imports the `airflow.*` modules a DAG file
+# names in its manager process before forking the child that parses the file ([dag_processor]
+# parsing_pre_import_modules, default True: airflow/dag_processing/processor.py `_pre_import_airflow_modules`,
+# called from `DagFileProcessorProcess.start`; airflow/utils/file.py `iter_airflow_imports`, Airflow 3.3.2), so the
+# forked child inherits it instead of importing it on every parse.
+import airflow.providers.standard.operators.hitl  # noqa: F401
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import dag, task
 
-from kvfleet.airflow import callbacks, notify
+from kvfleet.airflow import callbacks
 from kvfleet.airflow.operators import CurvineApprovalOperator
 from kvfleet.airflow.params import CURVINE_APPROVE_TASK, CURVINE_NO_APPROVAL_TASK, curvine_upgrade_params
 
@@ -57,7 +65,7 @@ def kvfleet_curvine_upgrade() -> None:
         task_id=CURVINE_APPROVE_TASK,
         subject="Curvine upgrade to {{ params.version }} on {{ params.clusters or 'every cluster' }}",
         response_timeout=timedelta(hours=24),
-        notifiers=[notify.gate_waiting_notifier()],
+        notifiers=[callbacks.gate_waiting_notifier()],
     )
     straight_on = EmptyOperator(task_id=CURVINE_NO_APPROVAL_TASK)
 

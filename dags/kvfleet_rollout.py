@@ -9,11 +9,15 @@ verification is inconclusive or when ``approval`` asks for it. ``dry_run`` print
 
 Waits do not hold a worker slot: the lease wait, a cluster or add-on still converging and the bake defer to the
 triggerer (``deferrable_task``); the mutating tasks run in the pools ``kvfleet_cluster_changes`` and
-``kvfleet_endpoint_waves`` (docs/run-for-real.md).
+``kvfleet_endpoint_waves`` (docs/run-for-real.md). The teardown (``cluster.release``) runs in no kvfleet pool
+(Airflow's ``default_pool``) and with a higher priority weight, so that it never queues behind other runs'
+stages: it is what frees the cluster's lease and restores its operator.
 
-Thin by design: at parse time it imports only airflow.sdk and kvfleet's light modules (the Params, the gate
-operator, the callbacks) and does no I/O; each task imports its body (kvfleet.airflow.rollout: the stages, the
-Kubernetes and AWS clients, the history) when it runs. Runbook: docs/runbook.md.
+Thin by design: at parse time it imports only airflow.sdk, the standard provider's HITL operators (which the
+DAG processor pre-imports once, see below) and kvfleet's light modules (the Params, the gate operator, the
+callbacks and the gate's notifier, which imports kvfleet.airflow.notify only when it fires) and does no I/O;
+each task imports its body (kvfleet.airflow.rollout: the stages, the Kubernetes and AWS clients, the history)
+when it runs. Runbook: docs/runbook.md.
 """
 
 from __future__ import annotations
@@ -21,11 +25,20 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+# The wave gates are HITL operators (kvfleet.airflow.operators subclasses the standard provider's). The module is
+# named here because this file uses it: Airflow's DAG processor imports the `airflow.*` modules a DAG file names
+# in its manager process before forking the child that parses the file ([dag_processor]
+# parsing_pre_import_modules, default True: airflow/dag_processing/processor.py `_pre_import_airflow_modules`,
+# called from `DagFileProcessorProcess.start`; airflow/utils/file.py `iter_airflow_imports`, Airflow 3.3.2), so the
+# forked child inherits it instead of importing it on every parse.
+import airflow.providers.standard.operators.hitl  # noqa: F401
 from airflow.sdk import dag, task, task_group
 
-from kvfleet.airflow import callbacks, notify
+from kvfleet.airflow import callbacks
 from kvfleet.airflow.operators import CLUSTER_POOL, ENDPOINT_POOL, WaveGateOperator, deferrable_task
 from kvfleet.airflow.params import WAVE_SLOTS, rollout_params
+
+TEARDOWN_PRIORITY_WEIGHT = 10
 
 
 def wave_slot(slot: int):  # type: ignore[no-untyped-def]
@@ -81,7 +94,11 @@ def kvfleet_rollout() -> None:
 
             return rollout.run_cluster_stages(cluster, params, kvfleet_resume)
 
-        @task(retries=3, pool=CLUSTER_POOL)
+        # No kvfleet pool: the teardown frees the lease and restores the operator, so it must not queue behind
+        # other runs' `stages` in kvfleet_cluster_changes; it runs in Airflow's default_pool. Its weight puts it
+        # ahead of the other kvfleet DAGs' tasks there (with Airflow's default "downstream" weight rule, the
+        # tasks upstream of it add this weight to theirs).
+        @task(retries=3, priority_weight=TEARDOWN_PRIORITY_WEIGHT)
         def release(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 
@@ -97,7 +114,7 @@ def kvfleet_rollout() -> None:
             upstream = wave
             if slot < WAVE_SLOTS - 1:
                 gate = WaveGateOperator(task_id=f"gate_{slot}", wave_task_id=f"cluster.wave_{slot}", slot=slot,
-                                        notifiers=[notify.gate_waiting_notifier()])
+                                        notifiers=[callbacks.gate_waiting_notifier()])
                 wave >> gate
                 previous, upstream = gate.output, gate
         # A teardown WITHOUT a setup: it runs once everything upstream is done, whatever their states, so a

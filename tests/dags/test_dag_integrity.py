@@ -81,10 +81,61 @@ def test_parsing_a_dag_file_imports_no_heavy_module(path: Path) -> None:
     assert absent == [], f"{path.name}: loaded while parsing: {absent[:20]}"
     assert {m for m in new if m.startswith("kvfleet.")} <= {
         "kvfleet.airflow", "kvfleet.airflow.params", "kvfleet.airflow.callbacks", "kvfleet.airflow.operators",
-        # the gate text and the notifiers (standard library and airflow.sdk only), the drift watch's triggers
-        # (their Kubernetes/AWS/history imports happen in run(), in the triggerer)
-        "kvfleet.airflow.gates", "kvfleet.airflow.notify", "kvfleet.airflow.triggers",
+        # the drift watch's triggers (their Kubernetes/AWS/history imports happen in run(), in the triggerer)
+        "kvfleet.airflow.triggers",
         "kvfleet.fleet", "kvfleet.fleet.gates"}, sorted(m for m in new if m.startswith("kvfleet."))
+    # The gates' notifier (callbacks.GateWaitingNotifier) imports kvfleet.airflow.notify (and the gate texts,
+    # kvfleet.airflow.gates) when a gate starts waiting, never at parse time.
+    lazy = sorted(m for m in after if _under(m, ("kvfleet.airflow.notify", "kvfleet.airflow.gates")))
+    assert lazy == [], f"{path.name}: loaded while parsing: {lazy}"
+
+
+def test_the_hitl_dag_files_name_the_hitl_module_for_the_dag_processor_to_pre_import() -> None:
+    """The DAG processor's manager imports the ``airflow.*`` modules a DAG file names before forking the child that
+    parses it (airflow/dag_processing/processor.py ``_pre_import_airflow_modules``, Airflow 3.3.2). The files with
+    HITL gates name the HITL operator module, so the child inherits it instead of importing it on every parse."""
+    from airflow.providers.standard.operators.hitl import HITLOperator
+    from airflow.utils.file import iter_airflow_imports
+
+    from kvfleet.airflow.operators import CurvineApprovalOperator, WaveGateOperator
+
+    assert issubclass(WaveGateOperator, HITLOperator) and issubclass(CurvineApprovalOperator, HITLOperator)
+    for name in ("kvfleet_rollout.py", "kvfleet_curvine_upgrade.py"):
+        path = next(p for p in DAGS if p.name == name)
+        assert "airflow.providers.standard.operators.hitl" in set(iter_airflow_imports(str(path))), name
+
+
+def test_the_gates_notify_through_the_lazy_notifier(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.providers.standard.operators.hitl import HITLOperator
+
+    from kvfleet.airflow.callbacks import GateWaitingNotifier
+
+    gates = [(dag_id, t) for dag_id in ("kvfleet_rollout", "kvfleet_curvine_upgrade")
+             for t in dagbag.get_dag(dag_id).tasks if isinstance(t, HITLOperator)]
+    assert {d for d, _ in gates} == {"kvfleet_rollout", "kvfleet_curvine_upgrade"}
+    for dag_id, gate in gates:
+        assert [type(n) for n in gate.notifiers] == [GateWaitingNotifier], (dag_id, gate.task_id)
+
+
+def test_the_rollout_teardown_runs_outside_the_cluster_pool_and_ahead_of_other_dags(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """``cluster.release`` frees the lease and restores the operator: it must not queue behind other runs'
+    ``cluster.stages`` in kvfleet_cluster_changes. It runs in Airflow's default pool, and its weight (Airflow's
+    default "downstream" rule: its own plus its downstream tasks') is above every task of the other kvfleet DAGs."""
+    from kvfleet.airflow.operators import CLUSTER_POOL, ENDPOINT_POOL
+
+    def weight(dag, task) -> int:  # type: ignore[no-untyped-def]
+        return int(task.priority_weight + sum(dag.task_dict[t].priority_weight
+                                              for t in task.get_flat_relative_ids(upstream=False)))
+
+    rollout = dagbag.get_dag("kvfleet_rollout")
+    release, stages = rollout.task_dict["cluster.release"], rollout.task_dict["cluster.stages"]
+    assert release.pool == "default_pool" and release.is_teardown
+    assert stages.pool == CLUSTER_POOL
+    assert {rollout.task_dict[t].pool for t in rollout.task_dict if t.startswith("cluster.wave_")} == {ENDPOINT_POOL}
+    assert release.priority_weight > 1
+    others = max(weight(d, t) for dag_id in dagbag.dag_ids if dag_id != "kvfleet_rollout"
+                 for d in [dagbag.get_dag(dag_id)] for t in d.tasks)
+    assert weight(rollout, release) > others
 
 
 def test_parse_time_constants_match_the_task_bodies() -> None:

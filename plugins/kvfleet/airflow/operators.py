@@ -39,8 +39,8 @@ RESUME_KEY = "kvfleet_resume"
 CLUSTER_POOL = "kvfleet_cluster_changes"
 ENDPOINT_POOL = "kvfleet_endpoint_waves"
 POOLS: dict[str, tuple[int, str]] = {
-    CLUSTER_POOL: (8, "kvfleet: clusters changed at once across runs (UpdateCluster, EKS add-ons, Curvine helm, "
-                      "the rollout teardown)"),
+    CLUSTER_POOL: (8, "kvfleet: clusters changed at once across runs (UpdateCluster, EKS add-ons, Curvine helm; "
+                      "the rollout teardown runs outside it, in default_pool)"),
     ENDPOINT_POOL: (16, "kvfleet: endpoint waves rolled and verified at once across runs and clusters"),
 }
 

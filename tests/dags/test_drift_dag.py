@@ -20,8 +20,8 @@ def test_schedule_and_params(dagbag) -> None:  # type: ignore[no-untyped-def]
     assert dag.get_task("summary").trigger_rule == "none_failed"
 
 
-def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(dagbag, history, example_fleet, tmp_path,
-                                                                   monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(  # type: ignore[no-untyped-def]
+        dagbag, history, example_fleet, tmp_path, monkeypatch) -> None:
     from kvfleet_sandbox.runtime import start_sandbox
     from kvfleet_sandbox.twin import SandboxSettings
 

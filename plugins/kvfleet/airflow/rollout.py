@@ -31,9 +31,12 @@ Waits give their worker slot back (issue 19): a task that must wait **defers** (
   timeout is ``ConvergenceTimeout``, temporary, as ``wait_cluster``/``wait_addon`` do);
 - the bake between a wave and its verification: the standard provider's ``DateTimeTrigger``; the lease is parked
   for the bake (its ttl stretched to cover it) and taken again, re-entrantly, on resume.
-What a task had done before it deferred travels in the deferral's kwargs (``kvfleet_resume``), so a resumed task
-does not redo or re-record it. Still inside the worker (they need a stage split, ``kvfleet.stages`` is not this
-layer's): the wait for ``UpdateCluster``/an add-on change *kvfleet itself just made*, and pods becoming Ready.
+- the wait for a change *kvfleet itself just made* (``UpdateCluster`` to ``InService``, an add-on create or
+  update to ``ACTIVE``): stages 1 and 2 are split into ``act``/``finish`` (``stages.base.Pending``), and the
+  wait between them is the same ``ClusterReadyTrigger``.
+What a task had done before it deferred travels in the deferral's kwargs (``kvfleet_resume``: the stages done,
+the current stage's ``progress``), so a resumed task does not redo or re-record it. Still inside the worker:
+pods becoming Ready (the ai-toolkit daemon, the operator's controller, Curvine's pods and PVCs, endpoint waves).
 
 Each task parses the run's Params once into a frozen ``RolloutRequest`` (``kvfleet.airflow.request``: defaults
 from ``kvfleet.airflow.params``) and reads only that; each task body sits behind the task boundary
@@ -60,7 +63,7 @@ from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
-from kvfleet.stages.base import StageContext, poll_seconds
+from kvfleet.stages.base import Pending, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
@@ -278,11 +281,34 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
 
 
 def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[str, Any]]) -> None:
-    """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``)."""
+    """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``). Stages 1 and
+    2 are split (``stages.base.Pending``): each wait their own change needs (UpdateCluster to InService, an
+    add-on to ACTIVE) defers, with the stage's ``progress`` in the deferral's state, and the resumed task calls
+    the stage's ``act`` again with it."""
+    progress: dict[str, Any] = dict(resume.get("progress") or {})
     for stage in (tiered_storage, addons, curvine)[len(done):]:
-        if not ctx.dry_run:
+        if not ctx.dry_run and not progress:
             _defer_until_ready(ctx, stage, resume, {"done": done})
-        done.append(stage.reconcile(ctx).as_dict())
+        if stage is curvine:
+            done.append(stage.reconcile(ctx).as_dict())
+            continue
+        while (pending := stage.act(ctx, progress)) is not None:
+            _defer_for(ctx, pending, resume, {"done": done, "progress": progress})
+        done.append(stage.finish(ctx, progress).as_dict())
+        progress = {}
+
+
+def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], state: dict[str, Any]) -> NoReturn:
+    """Defer on ``ClusterReadyTrigger`` for a wait a stage handed back (``stages.base.Pending``)."""
+    from kvfleet.airflow.triggers import ClusterReadyTrigger
+
+    cl = ctx.cluster
+    wait = f"stage:{pending.wait}"
+    since = _waited(resume, wait)
+    ctx.say(f"{pending.what}: waiting for {'ACTIVE' if pending.addon else 'InService'} in the triggerer")
+    _defer(ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=pending.addon,
+                               poll_s=poll_seconds(), timeout_s=pending.timeout_s, started_at=since),
+           {**state, "wait": wait, "since": since})
 
 
 ADDON_MOVING = frozenset({"CREATING", "UPDATING"})

@@ -157,11 +157,12 @@ def _leases(engine: Any) -> Any:
 # ---- cluster readiness ----------------------------------------------------------------------------------------
 class ClusterReadyTrigger(BaseTrigger):
     """Waits until the HyperPod cluster is ``InService`` (SageMaker DescribeCluster) or, with ``addon``, until
-    that EKS add-on of the cluster's EKS cluster is ``ACTIVE``. The states are the frozensets of
-    ``kvfleet.clients.hyperpod`` (``CLUSTER_OK``/``CLUSTER_FAILED``, ``ADDON_OK``/``ADDON_FAILED``): a failed
+    that EKS add-on of the cluster's EKS cluster is ``ACTIVE``: a failed
     state, or a cluster or add-on that does not exist, is an ``error`` event at once with the service's
-    FailureMessage or health issues. SageMaker has no cluster waiter in botocore, so this polls as the amazon
-    provider's ``AwsBaseWaiterTrigger`` does (sleep between attempts, one event)."""
+    FailureMessage or health issues. The states are judged by kvfleet's botocore waiter models
+    (``kvfleet.clients.waiters``: SageMaker has no cluster waiter in botocore, and EKS's ``AddonActive`` lacks two
+    failure states), and the trigger polls as the amazon provider's ``AwsBaseWaiterTrigger`` does (sleep between
+    attempts, one event)."""
 
     def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
                  addon: str | None = None, poll_s: float = 10.0, timeout_s: float | None = None,
@@ -185,28 +186,27 @@ class ClusterReadyTrigger(BaseTrigger):
         return self._client
 
     def _check(self) -> tuple[str | None, str]:
-        """(status or None: keep waiting, message). Runs in a thread."""
-        from kvfleet.clients.hyperpod import ADDON_FAILED, ADDON_OK, CLUSTER_FAILED, CLUSTER_OK
+        """(status or None: keep waiting, message). Runs in a thread. The verdicts are the waiter models'
+        (``kvfleet.clients.waiters``), the same the in-worker waits use."""
+        from kvfleet.clients.hyperpod import health_issues
 
-        cluster = self._hyperpod().describe_cluster(self.cluster)
+        hp = self._hyperpod()
+        verdict, cluster = hp.cluster_wait_state(self.cluster)
         if cluster is None:
             return ERROR, f"HyperPod cluster {self.cluster!r} not found in {self.region}"
-        if cluster.status in CLUSTER_FAILED:
+        if verdict == "failure":
             return ERROR, (f"HyperPod cluster {self.cluster} is {cluster.status}: "
                            f"{cluster.failure_message or 'no FailureMessage'}")
-        if self.addon is None or cluster.status not in CLUSTER_OK:
-            ok = cluster.status in CLUSTER_OK
-            return (SUCCESS if ok else None), f"HyperPod cluster {self.cluster} is {cluster.status}"
-        state = self._hyperpod().describe_addon(cluster.eks_cluster_name, self.addon)
+        if self.addon is None or verdict != "success":
+            return (SUCCESS if verdict == "success" else None), f"HyperPod cluster {self.cluster} is {cluster.status}"
+        verdict, state = hp.addon_wait_state(cluster.eks_cluster_name, self.addon)
         status = (state or {}).get("status", "MISSING")
-        if status in ADDON_OK:
-            return SUCCESS, f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is ACTIVE"
-        if state is None or status in ADDON_FAILED:
-            issues = "; ".join(f"{i.get('code')}: {i.get('message')}"
-                               for i in ((state or {}).get("health") or {}).get("issues", []))
-            return ERROR, (f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is {status}: "
-                           f"{issues or 'no health issues'}")
-        return None, f"EKS add-on {self.addon} on {cluster.eks_cluster_name} is {status}"
+        where = f"EKS add-on {self.addon} on {cluster.eks_cluster_name}"
+        if verdict == "success":
+            return SUCCESS, f"{where} is {status}"
+        if verdict == "failure":
+            return ERROR, f"{where} is {status}: {health_issues(state)}"
+        return None, f"{where} is {status}"
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:

@@ -20,15 +20,17 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from kvfleet.clients import waiters
 from kvfleet.errors import ConvergenceTimeout, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 
 log = logging.getLogger(__name__)
 
-CLUSTER_OK = frozenset({"InService"})
-CLUSTER_FAILED = frozenset({"Failed", "RollingBack", "Deleting"})
-ADDON_OK = frozenset({"ACTIVE"})
-ADDON_FAILED = frozenset({"CREATE_FAILED", "DEGRADED", "UPDATE_FAILED", "DELETE_FAILED"})
+# The terminal and target states, from the waiter models (``clients.waiters``: the acceptors are the source).
+CLUSTER_OK = waiters.expected(waiters.CLUSTER_IN_SERVICE, "success")
+CLUSTER_FAILED = waiters.expected(waiters.CLUSTER_IN_SERVICE, "failure")
+ADDON_OK = waiters.expected(waiters.ADDON_ACTIVE, "success")
+ADDON_FAILED = waiters.expected(waiters.ADDON_ACTIVE, "failure")
 # Retrying helps: throttling, conflicts with an update in flight, 5xx.
 _RETRYABLE = frozenset({"ThrottlingException", "Throttling", "TooManyRequestsException", "ConflictException",
                         "ServiceUnavailable", "InternalFailure", "ServerException", "ResourceInUse",
@@ -103,24 +105,25 @@ class HyperPodClient:
         self.sts = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="sts", region_name=region).conn
 
     # ---- HyperPod -----------------------------------------------------------------------------------------
-    def describe_cluster(self, name: str) -> HyperPodCluster | None:
+    def _describe_cluster_raw(self, name: str) -> dict[str, Any]:
+        """The DescribeCluster response, or the error response when the cluster does not exist (other errors are
+        raised, classified)."""
         try:
-            raw = self.sagemaker.describe_cluster(ClusterName=name)
+            return dict(self.sagemaker.describe_cluster(ClusterName=name))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                return None
+                return dict(exc.response)
             raise classify(exc, f"DescribeCluster {name}") from exc
-        groups = raw.get("InstanceGroups") or []
-        return HyperPodCluster(
-            name=raw.get("ClusterName", name),
-            arn=raw["ClusterArn"],
-            status=raw["ClusterStatus"],
-            failure_message=raw.get("FailureMessage") or None,
-            node_recovery=raw.get("NodeRecovery"),
-            tiered_storage=TieredStorage.from_api(raw.get("TieredStorageConfig")),
-            eks_cluster_arn=(raw.get("Orchestrator") or {}).get("Eks", {}).get("ClusterArn"),
-            instance_count=sum(int(g.get("CurrentCount") or 0) for g in groups),
-        )
+
+    def describe_cluster(self, name: str) -> HyperPodCluster | None:
+        raw = self._describe_cluster_raw(name)
+        return None if "Error" in raw else _cluster_of(raw, name)
+
+    def cluster_wait_state(self, name: str) -> tuple[waiters.State, HyperPodCluster | None]:
+        """One look at the cluster, judged by the ``ClusterInService`` waiter model: (verdict, the cluster or
+        None when it does not exist)."""
+        raw = self._describe_cluster_raw(name)
+        return waiters.state_of(waiters.CLUSTER_IN_SERVICE, raw), None if "Error" in raw else _cluster_of(raw, name)
 
     def require_cluster(self, name: str) -> HyperPodCluster:
         cluster = self.describe_cluster(name)
@@ -158,16 +161,19 @@ class HyperPodClient:
 
     def wait_cluster(self, name: str, *, timeout_s: float, poll_s: float = 5.0,
                      progress: Callable[[str], None] = log.info) -> HyperPodCluster:
-        """Poll ClusterStatus (SageMaker has no cluster waiter) until InService; fail at once on a terminal
-        failure with the cluster's FailureMessage."""
+        """Until the ``ClusterInService`` waiter model says success (``clients.waiters``; SageMaker has no
+        cluster waiter of its own); fail at once on its failure states with the cluster's FailureMessage."""
         started = time.monotonic()
         while True:
-            cluster = self.require_cluster(name)
+            state, cluster = self.cluster_wait_state(name)
             elapsed = time.monotonic() - started
-            if cluster.status in CLUSTER_OK:
+            if cluster is None:
+                raise PermanentError(f"HyperPod cluster {name!r} not found in {self.region}; check the inventory's "
+                                     "cluster name and region")
+            if state == "success":
                 progress(f"HyperPod {name}: {cluster.status} after {elapsed:.0f}s")
                 return cluster
-            if cluster.status in CLUSTER_FAILED:
+            if state == "failure":
                 raise PermanentError(f"HyperPod cluster {name} is {cluster.status}: "
                                      f"{cluster.failure_message or 'no FailureMessage'}")
             if elapsed > timeout_s:
@@ -182,13 +188,22 @@ class HyperPodClient:
         except ClientError as exc:
             raise classify(exc, f"EKS DescribeCluster {name}") from exc
 
-    def describe_addon(self, cluster: str, addon: str) -> dict[str, Any] | None:
+    def _describe_addon_raw(self, cluster: str, addon: str) -> dict[str, Any]:
         try:
-            return dict(self.eks.describe_addon(clusterName=cluster, addonName=addon)["addon"])
+            return dict(self.eks.describe_addon(clusterName=cluster, addonName=addon))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("ResourceNotFoundException", "ResourceNotFound"):
-                return None
+                return dict(exc.response)
             raise classify(exc, f"DescribeAddon {addon}") from exc
+
+    def describe_addon(self, cluster: str, addon: str) -> dict[str, Any] | None:
+        raw = self._describe_addon_raw(cluster, addon)
+        return None if "Error" in raw else dict(raw["addon"])
+
+    def addon_wait_state(self, cluster: str, addon: str) -> tuple[waiters.State, dict[str, Any] | None]:
+        """One look at the add-on, judged by the ``AddonActive`` waiter model: (verdict, the add-on or None)."""
+        raw = self._describe_addon_raw(cluster, addon)
+        return waiters.state_of(waiters.ADDON_ACTIVE, raw), None if "Error" in raw else dict(raw["addon"])
 
     def list_addons(self, cluster: str) -> list[str]:
         try:
@@ -222,19 +237,18 @@ class HyperPodClient:
 
     def wait_addon(self, cluster: str, addon: str, *, timeout_s: float, poll_s: float = 5.0,
                    progress: Callable[[str], None] = log.info) -> dict[str, Any]:
-        """Like the provider's AddonActive waiter, but failing at once with the add-on's health issues."""
+        """Until the ``AddonActive`` waiter model says success (``clients.waiters``: botocore's, plus the failure
+        states it lacks), failing at once with the add-on's health issues."""
         started = time.monotonic()
         while True:
-            state = self.describe_addon(cluster, addon)
+            verdict, state = self.addon_wait_state(cluster, addon)
             elapsed = time.monotonic() - started
             status = (state or {}).get("status", "MISSING")
-            if status in ADDON_OK:
-                progress(f"add-on {addon}: ACTIVE after {elapsed:.0f}s")
+            if verdict == "success":
+                progress(f"add-on {addon}: {status} after {elapsed:.0f}s")
                 return state or {}
-            if status in ADDON_FAILED or state is None:
-                issues = "; ".join(f"{i.get('code')}: {i.get('message')}"
-                                   for i in ((state or {}).get("health") or {}).get("issues", []))
-                raise PermanentError(f"EKS add-on {addon} on {cluster} is {status}: {issues or 'no health issues'}")
+            if verdict == "failure":
+                raise PermanentError(f"EKS add-on {addon} on {cluster} is {status}: {health_issues(state)}")
             if elapsed > timeout_s:
                 raise ConvergenceTimeout(f"EKS add-on {addon} on {cluster} still {status} after {timeout_s:.0f}s")
             progress(f"add-on {addon}: {status}, waiting for ACTIVE ({elapsed:.0f}s)")
@@ -245,3 +259,24 @@ class HyperPodClient:
             return dict(self.sts.get_caller_identity())
         except ClientError as exc:
             raise classify(exc, "GetCallerIdentity") from exc
+
+
+def _cluster_of(raw: Mapping[str, Any], name: str) -> HyperPodCluster:
+    groups = raw.get("InstanceGroups") or []
+    return HyperPodCluster(
+        name=raw.get("ClusterName", name),
+        arn=raw["ClusterArn"],
+        status=raw["ClusterStatus"],
+        failure_message=raw.get("FailureMessage") or None,
+        node_recovery=raw.get("NodeRecovery"),
+        tiered_storage=TieredStorage.from_api(raw.get("TieredStorageConfig")),
+        eks_cluster_arn=(raw.get("Orchestrator") or {}).get("Eks", {}).get("ClusterArn"),
+        instance_count=sum(int(g.get("CurrentCount") or 0) for g in groups),
+    )
+
+
+def health_issues(addon: Mapping[str, Any] | None) -> str:
+    """An add-on's health issues, one line (``code: message; ...``)."""
+    issues = "; ".join(f"{i.get('code')}: {i.get('message')}"
+                       for i in ((addon or {}).get("health") or {}).get("issues", []))
+    return issues or "no health issues"

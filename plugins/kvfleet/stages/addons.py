@@ -17,7 +17,10 @@ pinned chart version when missing (or refused with the exact command), and its a
 before stage 4 applies the ClusterPolicy.
 
 Each create or update is a typed action (``fleet.actions.CreateAddon``/``UpdateAddon``) that ``stages.executor``
-applies with its write-ahead record, or renders in a dry run.
+applies with its write-ahead record, or renders in a dry run. The stage is split (``base.Pending``): ``act`` makes
+the next add-on's change and hands the wait for ACTIVE to its caller (the rollout defers it to Airflow's
+triggerer, issue 19); ``finish`` verifies the operator and Kyverno and records. ``reconcile`` runs both, waiting
+in the worker.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
 from kvfleet.stages import executor, kyverno, operator_pause
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
 
 STAGE = "operator_addons"
 RESOLVE_ON_CREATE = "OVERWRITE"
@@ -60,23 +63,24 @@ def addon_diff(live: dict[str, Any] | None, version: str | None, config: dict[st
     return diffs
 
 
-def _ensure_one(ctx: StageContext, eks: str, name: str) -> str:
+def _ensure_one(ctx: StageContext, eks: str, name: str) -> tuple[str, Pending | None]:
+    """One add-on: (its result, the wait it needs). Unchanged but not ACTIVE (a change in flight) waits too."""
     spec = ctx.cluster.addon(name)
     config = dict(spec.configuration) if spec.configuration is not None else None
     live = ctx.hyperpod.describe_addon(eks, name)
     diffs = addon_diff(live, spec.version, config)
     if not diffs:
-        if live and live.get("status") != "ACTIVE":
-            ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
-        return "unchanged"
+        if live and live.get("status") != "ACTIVE" and not ctx.dry_run:
+            return "unchanged", Pending(f"before:{name}", f"EKS add-on {name} on {eks} is {live.get('status')}",
+                                        ctx.timeouts.addon_s, addon=name, eks=eks)
+        return "unchanged", None
     action = addon_action(eks, name, live, spec.version, config, "; ".join(diffs))
     if not ctx.dry_run:
         ctx.say(f"stage 2: {action.equivalent()} ({'; '.join(diffs)})")
     executor.run(ctx, STAGE, [action])
     if ctx.dry_run:
-        return "planned"
-    ctx.hyperpod.wait_addon(eks, name, timeout_s=ctx.timeouts.addon_s, poll_s=poll_seconds(), progress=ctx.say)
-    return "changed"
+        return "planned", None
+    return "changed", Pending(f"after:{name}", f"{action.equivalent()}", ctx.timeouts.addon_s, addon=name, eks=eks)
 
 
 def addon_action(eks: str, name: str, live: dict[str, Any] | None, version: str | None,
@@ -108,8 +112,30 @@ def verify_operator(ctx: StageContext) -> str:
 
 
 def reconcile(ctx: StageContext) -> Outcome:
-    eks = ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name
-    results = {name: _ensure_one(ctx, eks, name) for name in C.ADDON_ORDER}
+    """Stage 2 to its end in this process (``act``, waiting in the worker, ``finish``)."""
+    return converge(ctx, act, finish)
+
+
+def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """The next add-on, in order, that needs a change (made here) or a wait: returns that wait
+    (``base.Pending``); the caller waits for ACTIVE, in the worker or deferred, then calls ``act`` again, which
+    goes on with the next add-on (``progress["results"]`` keeps each one's result). None: all five are done."""
+    eks = progress.get("eks") or ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name
+    progress["eks"] = eks
+    results: dict[str, str] = progress.setdefault("results", {})
+    for name in C.ADDON_ORDER:
+        if name in results:
+            continue
+        result, pending = _ensure_one(ctx, eks, name)
+        results[name] = result
+        if pending is not None:
+            return pending
+    return None
+
+
+def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
+    """Every add-on done: verify the operator, then Kyverno on a kyverno-mode cluster, and record."""
+    results: dict[str, str] = dict(progress["results"])
     changed = [n for n, r in results.items() if r == "changed"]
     planned = [n for n, r in results.items() if r == "planned"]
     if ctx.dry_run:

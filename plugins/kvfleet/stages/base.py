@@ -99,6 +99,51 @@ class Outcome:
         return {"stage": self.stage, "cluster": self.cluster, "endpoint": self.endpoint,
                 "outcome": self.outcome.value, "detail": dict(self.detail)}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Outcome:
+        """The inverse of ``as_dict`` (an outcome kept across a deferral)."""
+        return cls(d["stage"], d["cluster"], Status(d["outcome"]), dict(d.get("detail") or {}), d.get("endpoint"))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A wait a stage leaves to its caller, after a change it just made or before one it must make: the HyperPod
+    cluster back to ``InService`` (``addon`` None) or an EKS add-on ``ACTIVE``.
+
+    Stages 1 and 2 are split into ``act(ctx, progress) -> Pending | None`` and ``finish(ctx, progress) ->
+    Outcome``: ``act`` makes the next change and returns what must be waited for; the caller waits — in the
+    worker (``converge``: the CLI, the drift remediation, the tests) or in Airflow's triggerer
+    (``kvfleet.airflow.rollout``, issue 19: the worker slot is given back) — and calls ``act`` again with the same
+    ``progress`` (a JSON-able dict the stage keeps its decisions in, so it travels in a deferral's kwargs) until
+    it returns None; then ``finish`` verifies and records. ``wait`` names the wait (a deferral's patience counts
+    from the first try of the same wait); a terminal state ends it at once (PermanentError, the service's
+    message) and running out of ``timeout_s`` is ConvergenceTimeout, wherever it waits."""
+
+    wait: str
+    what: str
+    timeout_s: float
+    addon: str | None = None
+    eks: str | None = None
+
+
+def settle(ctx: StageContext, pending: Pending) -> None:
+    """Wait for ``pending`` in this process (``HyperPodClient.wait_cluster``/``wait_addon``)."""
+    if pending.addon is None:
+        ctx.hyperpod.wait_cluster(ctx.cluster.name, timeout_s=pending.timeout_s, poll_s=poll_seconds(),
+                                  progress=ctx.say)
+    else:
+        ctx.hyperpod.wait_addon(pending.eks or ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name,
+                                pending.addon, timeout_s=pending.timeout_s, poll_s=poll_seconds(), progress=ctx.say)
+
+
+def converge(ctx: StageContext, act: Callable[[StageContext, dict[str, Any]], Pending | None],
+             finish: Callable[[StageContext, dict[str, Any]], Outcome]) -> Outcome:
+    """A split stage run to its end in this process: act, wait in the worker, act again, ..., finish."""
+    progress: dict[str, Any] = {}
+    while (pending := act(ctx, progress)) is not None:
+        settle(ctx, pending)
+    return finish(ctx, progress)
+
 
 @dataclass
 class StageContext:

@@ -15,21 +15,23 @@ NodeRecovery (issue 22 §3):
   and judges nothing when it is not declared.
 
 The change is one typed action (``fleet.actions.UpdateCluster``) that ``stages.executor`` applies, or renders in a
-dry run; waiting for InService and the daemon check stay here.
+dry run. The stage is split in two (``base.Pending``): ``act`` observes and makes the change, and hands the wait
+for InService to its caller (the rollout defers it to Airflow's triggerer, issue 19); ``finish`` checks what the
+service applied, verifies the daemon and records. ``reconcile`` runs both, waiting in the worker.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvfleet.clients.hyperpod import TieredStorage, validate_tiered_storage
+from kvfleet.clients.hyperpod import CLUSTER_OK, TieredStorage, validate_tiered_storage
 from kvfleet.clients.kube import get_or_none, wait_for
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
 from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import executor
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
 
 STAGE = "tiered_storage"
 
@@ -72,6 +74,16 @@ def node_recovery_target(ctx: StageContext, live: str | None) -> tuple[str, str]
 
 
 def reconcile(ctx: StageContext) -> Outcome:
+    """Stage 1 to its end in this process (``act``, waiting in the worker, ``finish``)."""
+    return converge(ctx, act, finish)
+
+
+def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """Observe, decide and make the one change (``UpdateCluster``), or record that none is needed (or, in a dry
+    run, the change it would make). Returns the wait the change needs (``base.Pending``): the caller waits for
+    InService, in the worker or deferred, then calls ``act`` again (None: go on to ``finish``)."""
+    if "done" in progress or "decision" in progress:
+        return None
     cl = ctx.cluster
     mode, percent = cl.tiered_storage_mode, cl.memory_percent
     validate_tiered_storage(mode, percent)  # before any call: botocore checks neither range nor enum
@@ -84,8 +96,9 @@ def reconcile(ctx: StageContext) -> Outcome:
     if tiered_ok and recovery_ok:
         ctx.say(f"stage 1: tiered storage already {desired}, NodeRecovery {node_recovery} ({source}); "
                 "nothing to do")
-        return ctx.record("tiered_storage", STAGE, "unchanged", mode=mode, memory_percent=percent,
-                          node_recovery=node_recovery, node_recovery_source=source)
+        progress["done"] = ctx.record("tiered_storage", STAGE, "unchanged", mode=mode, memory_percent=percent,
+                                      node_recovery=node_recovery, node_recovery_source=source).as_dict()
+        return None
     before = f"Mode={live.mode},InstanceMemoryAllocationPercentage={live.memory_percent}"
     diff = [] if tiered_ok else [f"- TieredStorageConfig {before}", f"+ TieredStorageConfig {desired}"]
     if not recovery_ok:
@@ -94,24 +107,39 @@ def reconcile(ctx: StageContext) -> Outcome:
                            diff="\n".join(diff))
     if ctx.dry_run:
         executor.run(ctx, STAGE, [action])
-        return ctx.record("tiered_storage", STAGE, "planned", action=action.equivalent(), before=before,
-                          node_recovery_before=hp.node_recovery, node_recovery=node_recovery,
-                          node_recovery_source=source)
-    if hp.status != "InService":
-        hp = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
-                                       progress=ctx.say)
+        progress["done"] = ctx.record("tiered_storage", STAGE, "planned", action=action.equivalent(),
+                                      before=before, node_recovery_before=hp.node_recovery,
+                                      node_recovery=node_recovery, node_recovery_source=source).as_dict()
+        return None
+    if hp.status not in CLUSTER_OK:  # a change in flight (an earlier try's, or by hand): wait, then observe again
+        return Pending("before:cluster", f"HyperPod cluster {cl.name} is {hp.status}", ctx.timeouts.cluster_update_s)
     ctx.say(f"stage 1: {action.equivalent()}")
     executor.run(ctx, STAGE, [action])
+    progress["decision"] = {"mode": mode, "desired": desired, "before": before, "tiered_ok": tiered_ok,
+                            "recovery_ok": recovery_ok, "node_recovery": node_recovery, "source": source,
+                            "node_recovery_before": hp.node_recovery}
+    return Pending("after:cluster", f"UpdateCluster {cl.name}", ctx.timeouts.cluster_update_s)
+
+
+def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
+    """After the change (and the wait for InService): check what the service applied, verify the ai-toolkit
+    daemon, and record; or the outcome ``act`` already recorded."""
+    if "done" in progress:
+        return Outcome.from_dict(progress["done"])
+    cl, d = ctx.cluster, progress["decision"]
+    node_recovery = d["node_recovery"]
+    # InService already when the caller waited: one DescribeCluster (and a wait if an update is still seen).
     after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                       progress=ctx.say)
     if after.node_recovery is not None and after.node_recovery != node_recovery:
         raise PermanentError(f"HyperPod cluster {cl.name}: NodeRecovery is {after.node_recovery} after "
                              f"UpdateCluster asked for {node_recovery}")
-    detail: dict[str, Any] = {"node_recovery": node_recovery, "node_recovery_source": source}
-    if not recovery_ok:
-        detail["node_recovery_before"] = hp.node_recovery
-    if tiered_ok:
-        return ctx.record("tiered_storage", STAGE, "changed", before=desired, after=desired, **detail)
+    detail: dict[str, Any] = {"node_recovery": node_recovery, "node_recovery_source": d["source"]}
+    if not d["recovery_ok"]:
+        detail["node_recovery_before"] = d["node_recovery_before"]
+    if d["tiered_ok"]:
+        return ctx.record("tiered_storage", STAGE, "changed", before=d["desired"], after=d["desired"], **detail)
     nodes = len(ctx.hyperpod.list_cluster_nodes(cl.name))
-    state = _verify_daemonset(ctx, mode, nodes)
-    return ctx.record("tiered_storage", STAGE, "changed", before=before, after=desired, verified=state, **detail)
+    state = _verify_daemonset(ctx, d["mode"], nodes)
+    return ctx.record("tiered_storage", STAGE, "changed", before=d["before"], after=d["desired"], verified=state,
+                      **detail)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from kvfleet import cli
 from kvfleet.history import migrate
 from kvfleet.history.db import OWNER_ROLE, WRITER_ROLE
-from kvfleet.history.repo import History, StepKey, decode_cursor, encode_cursor
+from kvfleet.history.repo import History, StepEvent, StepKey, decode_cursor, encode_cursor
 
 pytestmark = pytest.mark.integration
 NOW = datetime.now(UTC)
@@ -322,3 +324,225 @@ def test_drift_recurrence_counts_one_event_per_object_and_check(history: History
     rows = history.query("drift_recurrence", cutoff=NOW - timedelta(days=1), kind=kind)
     assert [(r["cluster"], r["occurrences"]) for r in rows] == [("c1", 3), ("c2", 1)]
     assert _same(rows, _rows(history.engine, FULL_RECURRENCE, cutoff=NOW - timedelta(days=1), kind=kind))
+
+
+# ---- each endpoint's latest state (revision 0009) -----------------------------------------------------------
+
+UI_FLEET_BEFORE_0009 = (Path(__file__).with_name("ui_fleet_before_0009.sql")).read_text()
+FLEET_FILTERS = ({"cluster": None, "lob": None}, {"cluster": "c1", "lob": None}, {"cluster": None, "lob": "rag"},
+                 {"cluster": "c2", "lob": "chat"}, {"cluster": None, "lob": "nope"})
+
+
+def _fleet_same_as_before(history: History) -> list[dict[str, Any]]:
+    """ui_fleet (read from endpoint_state) returns what it returned before revision 0009, under every filter."""
+    for binds in FLEET_FILTERS:
+        new = history.query("ui_fleet", **binds)
+        old = _rows(history.engine, UI_FLEET_BEFORE_0009, **binds)
+        assert _same(new, old), (binds, new, old)
+    return history.query("ui_fleet", cluster=None, lob=None)
+
+
+def _step(history: History, run: str, n: int, step: str, stage: str, outcome: str, cluster: str | None,
+          endpoint: str | None, lob: str | None = None) -> None:
+    history.record_step(StepKey(run, "cluster.wave_1", n), StepEvent(step=step, stage=stage, outcome=outcome,
+                                                                     cluster=cluster, endpoint=endpoint, lob=lob))
+
+
+def _verify(history: History, run: str, n: int, cluster: str, endpoint: str, lob: str | None, verdict: str,
+            speedup: float | None) -> None:
+    history.record_verification(StepKey(run, "verify_cluster", n), f"verify:{endpoint}:{n}", {
+        "cluster": cluster, "endpoint": endpoint, "lob": lob, "instance_type": "ml.g5.4xlarge",
+        "prompt_tokens": 2000, "hit_ratio": 1.0 if verdict == "pass" else 0.4, "speedup": speedup,
+        "expected_speedup": 2.4, "verdict": verdict, "diagnosis": None if verdict == "pass" else "l2 read slow"})
+
+
+def _seed_fleet(history: History) -> None:
+    """A small history with every case ui_fleet tells apart, written as the stages write it."""
+    for run, dag in (("kvfleet_rollout/r1", "kvfleet_rollout"), ("kvfleet_rollout/r2", "kvfleet_rollout"),
+                     ("kvfleet_hit_verification/v1", "kvfleet_hit_verification"),
+                     ("kvfleet_drift_check/d1", "kvfleet_drift_check")):
+        history.start_run(run, dag_id=dag, run_id=run.split("/")[1], trigger="schedule", triggered_by=None,
+                          params={})
+    n = iter(range(1000))
+    for c in ("c1", "c2"):
+        for i, lob in enumerate(("rag", "chat", "rag", None)):
+            ep = f"ns/e{i}"
+            _step(history, "kvfleet_rollout/r1", next(n), f"endpoint:{ep}", "endpoint", "changed", c, ep, lob)
+            _verify(history, "kvfleet_hit_verification/v1", next(n), c, ep, lob, "pass", 2.5)
+    # newer endpoint steps: failed, refused, a plan (ignored), skipped (not applied), unchanged
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/e0", "endpoint", "failed", "c1", "ns/e0", "rag")
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/e1", "endpoint", "planned", "c1", "ns/e1", "chat")
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/e2", "endpoint", "skipped_by_gate", "c1", "ns/e2", "rag")
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/e1", "endpoint", "refused", "c2", "ns/e1", "chat")
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/e2", "endpoint", "unchanged", "c2", "ns/e2", "rag")
+    # changes of other stages (the newest change), and steps that are neither (ignored)
+    _step(history, "kvfleet_drift_check/d1", next(n), "drift:ns/e3", "drift", "changed", "c1", "ns/e3")
+    _step(history, "kvfleet_hit_verification/v1", next(n), "verify:ns/e0", "verify", "passed", "c1", "ns/e0")
+    _step(history, "kvfleet_hit_verification/v1", next(n), "verify:ns/e1", "verify", "failed", "c2", "ns/e1")
+    # an endpoint with a change only (not listed), one with a verification only, one with open drift only
+    _step(history, "kvfleet_drift_check/d1", next(n), "drift:ns/x", "drift", "changed", "c1", "ns/x")
+    _verify(history, "kvfleet_hit_verification/v1", next(n), "c3", "ns/only-verified", "ads", "fail", None)
+    _verify(history, "kvfleet_hit_verification/v1", next(n), "c1", "ns/e1", "chat", "degraded", 1.2)
+    # endpoint steps without a cluster or an endpoint (listed as unknown, nothing joined)
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/nocluster", "endpoint", "changed", None, "ns/nc")
+    _step(history, "kvfleet_rollout/r2", next(n), "endpoint:nothing", "endpoint", "changed", "c2", None)
+    history.sync_findings("c1", [_finding("f1", "stale_pods") | {"endpoint": "ns/e2"},
+                                 _finding("f2", "pvc_unbound") | {"endpoint": "ns/e2", "lob": None},
+                                 _finding("f3", "operator_paused") | {"endpoint": None, "lob": None},
+                                 _finding("f4", "stale_pods") | {"endpoint": "ns/drift-only", "lob": "search"}],
+                          "kvfleet_drift_check/d1")
+    history.sync_findings("c2", [_finding("g1", "cr_mismatch") | {"endpoint": "ns/e0", "lob": "chat"}],
+                          "kvfleet_drift_check/d1")
+    with history.engine.begin() as conn:  # two changes of one endpoint at the same time: the id breaks the tie
+        conn.execute(text("UPDATE step_events SET at = now() + interval '1 minute' "
+                          "WHERE cluster = 'c2' AND endpoint = 'ns/e1' AND outcome IN ('refused', 'failed')"))
+
+
+def test_ui_fleet_from_endpoint_state_equals_the_query_it_replaces(history: History) -> None:
+    _seed_fleet(history)
+    rows = {(r["cluster"], r["endpoint"]): r for r in _fleet_same_as_before(history)}
+    assert rows[("c1", "ns/e0")]["l2_state"] == "failed" and rows[("c1", "ns/e1")]["l2_state"] == "applied"
+    assert rows[("c1", "ns/e2")]["l2_state"] == "drifted" and rows[("c1", "ns/e2")]["open_drift"] == 2
+    assert rows[("c1", "ns/e2")]["drift_kinds"] == "pvc_unbound, stale_pods"
+    assert rows[("c1", "ns/e1")]["last_verdict"] == "degraded"
+    assert rows[("c1", "ns/e3")]["last_change_stage"] == "drift"
+    assert rows[("c3", "ns/only-verified")]["l2_state"] == "unknown"
+    assert rows[("c1", "ns/drift-only")]["lob"] == "search"
+    assert (None, "ns/nc") in rows and ("c2", None) in rows and ("c1", "ns/x") not in rows
+    engine = history.engine
+    # an owner's corrections and deletions are followed too
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE step_events SET outcome = 'changed' WHERE cluster = 'c1' AND outcome = 'failed'"))
+        conn.execute(text("UPDATE step_events SET endpoint = 'ns/e9' WHERE cluster = 'c2' AND step = 'endpoint:ns/e2'"))
+        conn.execute(text("DELETE FROM hit_verifications WHERE cluster = 'c1' AND verdict = 'degraded'"))
+        conn.execute(text("UPDATE hit_verifications SET verdict = 'fail', lob = 'ads' WHERE cluster = 'c2' "
+                          "AND endpoint = 'ns/e3'"))
+        conn.execute(text("UPDATE drift_findings SET kind = 'hash_seed_missing' WHERE fingerprint = 'f1'"))
+        conn.execute(text("UPDATE drift_findings SET lob = 'ads', first_seen = now() - interval '3 days' "
+                          "WHERE fingerprint = 'g1'"))
+        conn.execute(text("DELETE FROM drift_findings WHERE fingerprint = 'f4'"))
+    _fleet_same_as_before(history)
+    with engine.begin() as conn:  # a whole run deleted (its steps and verifications cascade)
+        conn.execute(text("DELETE FROM runs WHERE run_key = 'kvfleet_rollout/r2'"))
+    rows = {(r["cluster"], r["endpoint"]): r for r in _fleet_same_as_before(history)}
+    assert rows[("c1", "ns/e0")]["endpoint_outcome"] == "changed"
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM runs"))
+        conn.execute(text("DELETE FROM drift_findings"))  # not tied to a run
+    assert _fleet_same_as_before(history) == []
+    assert _rows(engine, "SELECT * FROM endpoint_state") == []  # nothing left behind
+
+
+def test_a_new_verification_step_and_finding_update_the_fleet_view(history: History) -> None:
+    _seed_fleet(history)
+
+    def row(cluster: str, endpoint: str) -> dict[str, Any]:
+        return next(r for r in history.query("ui_fleet", cluster=cluster, lob=None) if r["endpoint"] == endpoint)
+
+    assert row("c2", "ns/e3")["last_verdict"] == "pass"
+    _verify(history, "kvfleet_hit_verification/v1", 900, "c2", "ns/e3", None, "fail", 0.9)
+    assert (row("c2", "ns/e3")["last_verdict"], row("c2", "ns/e3")["speedup"]) == ("fail", 0.9)
+    _step(history, "kvfleet_rollout/r1", 901, "endpoint:ns/e3@2", "endpoint", "refused", "c2", "ns/e3", "ads")
+    assert (row("c2", "ns/e3")["l2_state"], row("c2", "ns/e3")["lob"]) == ("failed", "ads")
+    assert row("c2", "ns/e3")["last_change_outcome"] == "refused"
+    _step(history, "kvfleet_drift_check/d1", 902, "drift:ns/e3@3", "drift", "unchanged", "c2", "ns/e3")
+    assert row("c2", "ns/e3")["last_change_outcome"] == "refused"  # an unchanged check is not a change
+    history.sync_findings("c2", [_finding("h1", "stale_pods") | {"endpoint": "ns/e3"}], "kvfleet_drift_check/d1")
+    assert (row("c2", "ns/e3")["l2_state"], row("c2", "ns/e3")["open_drift"]) == ("drifted", 1)
+    history.sync_findings("c2", [], "kvfleet_drift_check/d1")  # every finding of c2 gone: resolved
+    assert (row("c2", "ns/e3")["l2_state"], row("c2", "ns/e3")["open_drift"]) == ("failed", 0)
+    _verify(history, "kvfleet_hit_verification/v1", 903, "c9", "ns/new", "rag", "pass", 2.6)
+    assert row("c9", "ns/new")["l2_state"] == "unknown"
+    _fleet_same_as_before(history)
+
+
+def test_revision_0009_fills_the_summary_from_recorded_rows(fresh_db_url: str) -> None:
+    engine = create_engine(fresh_db_url)
+    migrate.upgrade(engine, "0008_query_rollups")
+    history = History(engine)
+    _seed_fleet(history)
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == "0009_endpoint_state"
+    assert len(_fleet_same_as_before(history)) == 12  # 2 × 4 seeded, 1 verified, 1 drifted, 2 keyless
+    migrate.downgrade(engine, "0008_query_rollups")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT to_regclass('endpoint_state')")).scalar_one() is None
+        assert conn.execute(text("SELECT count(*) FROM pg_trigger WHERE tgname LIKE '%endpoint_state%'")
+                            ).scalar_one() == 0
+    engine.dispose()
+
+
+def test_two_writers_of_one_endpoint_leave_its_newest_verification(history: History) -> None:
+    """A recount locks the endpoint's row before reading: a writer whose row went in first but whose trigger runs
+    while another writer of the endpoint is uncommitted waits for it and then reads its row (a recount that read
+    first and upserted after would put the older verification back: this test fails without the lock step)."""
+    history.start_run("kvfleet_hit_verification/v1", dag_id="kvfleet_hit_verification", run_id="v1",
+                      trigger="schedule", triggered_by=None, params={})
+    engine = history.engine
+    _verify(history, "kvfleet_hit_verification/v1", 0, "c1", "ns/k", None, "pass", 2.5)  # the row exists already
+    insert = ("INSERT INTO hit_verifications (run_key, task_id, map_index, step, cluster, endpoint, verdict) "
+              "SELECT 'kvfleet_hit_verification/v1', 'v', -1, s, 'c1', e, 'pass' FROM (VALUES (1, 'a', 'ns/k'), "
+              "(2, 'b', 'ns/other')) v(n, s, e) WHERE v.n = 1 OR length(CAST(pg_advisory_xact_lock(4242) AS text)) = 0")
+    gate = engine.connect()
+    gate.execute(text("BEGIN"))
+    gate.execute(text("SELECT pg_advisory_xact_lock(4242)"))  # holds writer A after its first row
+    a = engine.connect()
+    a_pid = a.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    a.commit()
+
+    def writer_a() -> None:
+        with a.begin():
+            a.execute(text(insert))
+
+    def wait_for(what: str) -> None:
+        for _ in range(600):
+            with engine.connect() as conn:
+                event = conn.execute(text("SELECT wait_event FROM pg_stat_activity WHERE pid = :p"),
+                                     {"p": a_pid}).scalar_one_or_none()
+            if event == what:
+                return
+            threading.Event().wait(0.05)
+        raise AssertionError(f"writer A never waited on {what}")
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    wait_for("advisory")  # A's row for ns/k is in (lower id); A has not reached its trigger
+    b = engine.connect()
+    b.execute(text("BEGIN"))
+    b.execute(text("INSERT INTO hit_verifications (run_key, task_id, map_index, step, cluster, endpoint, verdict) "
+                   "VALUES ('kvfleet_hit_verification/v1', 'v', -1, 'c', 'c1', 'ns/k', 'fail')"))  # B's trigger ran
+    gate.rollback()  # A goes on: its trigger now waits for B's lock on ns/k
+    wait_for("transactionid")
+    b.commit()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    newest = _rows(engine, "SELECT id, verdict FROM hit_verifications WHERE endpoint = 'ns/k' ORDER BY id DESC")[0]
+    assert newest["verdict"] == "fail"
+    (state,) = _rows(engine, "SELECT v_id, v_verdict FROM endpoint_state WHERE endpoint = 'ns/k'")
+    assert (state["v_id"], state["v_verdict"]) == (newest["id"], "fail")
+    _fleet_same_as_before(history)
+    for conn in (gate, a, b):
+        conn.close()
+
+
+@pytest.mark.parametrize("statement", [
+    "DELETE FROM endpoint_state",
+    "TRUNCATE endpoint_state",
+    "UPDATE endpoint_state SET open_drift = 0",
+    "INSERT INTO endpoint_state (cluster, endpoint) VALUES ('c1', 'ns/forged')",
+    "SELECT kvfleet_endpoint_state_refresh(ARRAY['c1'], ARRAY['ns/a'])",
+    "ALTER TABLE step_events DISABLE TRIGGER step_events_endpoint_state_ins",
+    "DROP TRIGGER hit_verifications_endpoint_state_ins ON hit_verifications",
+])
+def test_the_writer_reads_the_endpoint_state_and_cannot_write_it(two_roles: tuple[str, str], statement: str) -> None:
+    _, writer_url = two_roles
+    history = History(create_engine(writer_url))
+    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+                      triggered_by="alice", params={})
+    _step(history, "kvfleet_rollout/r1", 0, "endpoint:ns/a", "endpoint", "changed", "c1", "ns/a", "rag")
+    history.sync_findings("c1", [_finding("a0") | {"endpoint": "ns/a"}], "kvfleet_rollout/r1")
+    with pytest.raises(DBAPIError, match="permission denied|must be owner"), history.engine.begin() as conn:
+        conn.execute(text(statement))
+    (row,) = history.query("ui_fleet", cluster=None, lob=None)  # the writer's rows filled the owner's summary
+    assert (row["endpoint"], row["l2_state"], row["open_drift"]) == ("ns/a", "drifted", 1)
+    history.engine.dispose()

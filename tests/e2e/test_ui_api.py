@@ -302,6 +302,29 @@ def test_sql_files_bind_only_named_parameters() -> None:
     assert catalog.Filters.from_query({"since": "12h"}).cutoff(EPOCH) == EPOCH - timedelta(hours=12)
 
 
+def test_the_drift_view_pages_its_findings(client: Any, seeded: dict[str, Any], alice: dict[str, str],
+                                          history: Any) -> None:
+    """The drift view lists one page of findings (limit) with its per-cluster counts over all of them; the page's
+    next link, followed, gives the rest; a cursor that is not one is a 400 naming after."""
+    import re
+    from html import unescape
+
+    every = history.query("drift_since", cutoff=EPOCH)
+    first = client.get("/kvfleet/api/drift", params={"since": "3650d", "limit": "1"}, headers=alice).json()
+    assert len(first["findings"]) == 1 and first["next"]
+    assert sum(c["seen"] for c in first["per_cluster"].values()) == len(every) == 2
+    html = client.get("/kvfleet/drift", params={"since": "3650d", "limit": "1"}, headers=alice).text
+    (href,) = set(re.findall(r'<a class="next" rel="next" href="([^"]+)"', html))
+    second = client.get(unescape(href).replace("/kvfleet/drift", "/kvfleet/api/drift"), headers=alice).json()
+    assert second["next"] is None and len(second["findings"]) == 1
+    assert sorted(r["object_ref"] for r in first["findings"] + second["findings"]) == sorted(
+        r["object_ref"] for r in every)
+    page2 = client.get(unescape(href), headers=alice).text
+    assert second["findings"][0]["kind"] in page2.split('id="drift-findings"')[1] and 'class="first"' in page2
+    bad = client.get("/kvfleet/api/drift", params={"after": "nope"}, headers=alice)
+    assert bad.status_code == 400 and "after: 'nope' is not a cursor of the drift list" in bad.text
+
+
 def test_red_rows_link_to_the_runbook_which_the_page_serves(client: Any, seeded: dict[str, Any],
                                                             alice: dict[str, str]) -> None:
     import re

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from kvfleet import cli
+from kvfleet.airflow.ui import pages
+from kvfleet.airflow.ui.catalog import Filters, QueryError
+from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.history import migrate
 from kvfleet.history.db import OWNER_ROLE, WRITER_ROLE
 from kvfleet.history.repo import History, StepEvent, StepKey, decode_cursor, encode_cursor
@@ -118,7 +123,9 @@ def _finding(fp: str, kind: str = "stale_pods") -> dict[str, Any]:
             "endpoint": f"ns/{fp}", "lob": "rag"}
 
 
-def test_drift_summary_equals_the_counts_over_every_finding(history: History) -> None:
+def _seed_drift(history: History) -> None:
+    """Findings on two clusters, remediated, refused, failed, resolved, spread over days, and in the UTC day of a
+    cutoff on both sides of it."""
     engine = history.engine
     history.start_run("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
                       triggered_by=None, params={})
@@ -138,13 +145,72 @@ def test_drift_summary_equals_the_counts_over_every_finding(history: History) ->
                      {"t": NOW - timedelta(days=4, hours=5) + timedelta(seconds=1)})
         conn.execute(text("UPDATE drift_findings SET last_seen = :t WHERE id = 3"),
                      {"t": NOW - timedelta(days=4, hours=5) - timedelta(seconds=1)})
-    for cutoff in (NOW - timedelta(days=30), NOW - timedelta(days=4, hours=5), NOW - timedelta(hours=1),
-                   NOW - timedelta(days=3650)):
+
+
+DRIFT_CUTOFFS = (NOW - timedelta(days=30), NOW - timedelta(days=4, hours=5), NOW - timedelta(hours=1),
+                 NOW - timedelta(days=3650))
+
+
+def test_drift_summary_equals_the_counts_over_every_finding(history: History) -> None:
+    _seed_drift(history)
+    for cutoff in DRIFT_CUTOFFS:
         summary = {r.pop("cluster"): r for r in history.query("drift_summary", cutoff=cutoff, cluster=None)}
         assert summary == _per_cluster(history.query("drift_since", cutoff=cutoff))
         only = history.query("drift_summary", cutoff=cutoff, cluster="c2")
         assert [r["cluster"] for r in only] == (["c2"] if "c2" in summary else [])
     assert history.query("drift_summary", cutoff=NOW - timedelta(days=3650), cluster=None)[0]["remediated"] == 1
+
+
+def _since(cutoff: datetime) -> str:
+    """A page's ``since`` (whole seconds) that reaches back to ``cutoff`` or a little before it."""
+    return f"{math.ceil((datetime.now(UTC) - cutoff).total_seconds() / 60) + 1}m"
+
+
+@pytest.mark.parametrize("cluster", [None, "c1", "c2", "nope"])
+def test_the_drift_view_counts_as_before_and_its_pages_are_every_finding(history: History,
+                                                                         cluster: str | None) -> None:
+    """The kvfleet page's drift view reads drift_summary and pages drift_page: its counts are those it computed
+    from every finding (drift_since) before, and its pages, followed by their cursors, are every finding."""
+    _seed_drift(history)
+    for cutoff in DRIFT_CUTOFFS:
+        since = _since(cutoff)
+        every = [r for r in history.query("drift_since", cutoff=Filters(since=since).cutoff())
+                 if cluster is None or r["cluster"] == cluster]
+        got: list[dict[str, Any]] = []
+        after = None
+        for _ in range(20):
+            data = pages.drift_data(history, Filters(since=since, limit=2,
+                                                     text={"cluster": cluster, "after": after}))
+            assert data["per_cluster"] == _per_cluster(every)
+            assert len(data["findings"]) <= 2
+            got += data["findings"]
+            after = data["next"]
+            if after is None:
+                break
+        assert [(r["first_seen"], r["object_ref"], r["cluster"]) for r in got] == sorted(
+            ((r["first_seen"], r["object_ref"], r["cluster"]) for r in every), key=lambda t: t[0], reverse=True)
+        assert len({r["id"] for r in got}) == len(every)
+    with pytest.raises(QueryError, match="after: 'not a cursor!' is not a cursor of the drift list") as bad:
+        pages.drift_data(history, Filters(text={"after": "not a cursor!"}))
+    assert bad.value.status == 400
+    other = encode_cursor("verifications_page", [NOW, 1])
+    with pytest.raises(QueryError, match="is not a cursor of the drift list"):
+        pages.drift_data(history, Filters(text={"after": other}))
+
+
+def test_the_drift_view_links_its_next_page(history: History) -> None:
+    _seed_drift(history)
+    f = Filters(since="3650d", limit=2)
+    data = pages.drift_data(history, f)
+    html = pages.render_drift(data, f, LobColours([]), "/kvfleet", {"clusters": ["c1", "c2"]})
+    (href,) = set(re.findall(r'<a class="next" rel="next" href="([^"]+)"', html))
+    assert unescape(href) == f"/kvfleet/drift?since=3650d&limit=2&after={data['next']}"
+    assert 'class="first"' not in html and 'id="drift-paging-end"' in html
+    assert len(re.findall(r"<tr>", html.split('id="drift-findings"')[1])) == 1 + 2  # the head and 2 rows
+    last = pages.drift_data(history, Filters(since="3650d", limit=500))
+    html = pages.render_drift(last, Filters(since="3650d", limit=500), LobColours([]), "/kvfleet", {"clusters": []})
+    assert 'rel="next"' not in html and 'id="drift-paging-end"' not in html
+    assert f'data-shown="{len(last["findings"])}" data-total="{len(last["findings"])}"' in html
 
 
 def test_open_intents_are_kept_at_write_time(history: History) -> None:

@@ -29,7 +29,7 @@ BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
 DEFAULT_SINCE = "30d"
 MAX_LIMIT = 5000
 DEFAULT_LIMIT = 500
-TEXT_PARAMS = ("cluster", "lob", "endpoint", "run_key", "dag_id", "kind", "status")
+TEXT_PARAMS = ("cluster", "lob", "endpoint", "run_key", "dag_id", "kind", "status", "after")  # after: a page cursor
 
 
 class QueryError(ValueError):

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from kvfleet.airflow import gates as gate_text
 from kvfleet.airflow.ui import catalog, runbook
-from kvfleet.airflow.ui.catalog import Filters
+from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import (
     PUBLISHED_COLOUR,
     Axis,
@@ -29,6 +29,7 @@ from kvfleet.airflow.ui.svg import (
     xy_chart,
 )
 from kvfleet.fleet import economics
+from kvfleet.history.repo import decode_cursor
 
 VIEWS = ("fleet", "trends", "advisor", "drift", "curvine", "gates", "runs")
 TITLES = {"fleet": "Fleet", "trends": "Verification trends", "advisor": "L2 advisor", "drift": "Drift timeline",
@@ -37,6 +38,7 @@ GATE_DECISIONS_QUERY = "gate_decisions"  # a named query another change may add;
 GATE_DAGS = ("kvfleet_rollout", "kvfleet_curvine_upgrade")  # the DAGs with human gates
 RED_RUN_STATUSES = frozenset({"failed", "completed_with_failures", "aborted", "refused"})
 RED_SEVERITIES = frozenset({"critical", "high"})
+DRIFT_PAGE = "drift_page"  # the drift view's list: keyset-paged, newest first_seen first
 PENDING_WINDOW = "3d"  # how far back a pending gate's run is looked up (a gate times out after 2 h to 24 h)
 PUBLISHED_SOURCES = {
     "ml.g5.4xlarge": "ml.g5.4xlarge TTFT curve (Qwen2-7B): 0.99× at 500, 1.7× at 1,000, 2.7× at 2,500 tokens",
@@ -106,22 +108,27 @@ def trends_data(history: Any, f: Filters) -> dict[str, Any]:
             "published": published_curve(itype)}
 
 
+DRIFT_COUNTS = ("seen", "open", "resolved", "remediated", "remediation_refused", "remediation_failed")
+
+
 def drift_data(history: Any, f: Filters) -> dict[str, Any]:
-    rows = catalog.run(history, "drift_since", f)
-    if f.get("cluster"):
-        rows = [r for r in rows if r["cluster"] == f.get("cluster")]
-    per_cluster: dict[str, dict[str, int]] = {}
-    for r in rows:
-        c = per_cluster.setdefault(r["cluster"], {"seen": 0, "open": 0, "resolved": 0, "remediated": 0,
-                                                  "remediation_refused": 0, "remediation_failed": 0})
-        c["seen"] += 1
-        c["resolved" if r["resolved_at"] is not None else "open"] += 1
-        outcome = (r.get("remediation") or {}).get("outcome")
-        if outcome == "changed":
-            c["remediated"] += 1
-        elif outcome in ("refused", "failed"):
-            c[f"remediation_{outcome}"] += 1
-    return {"since": f.since, "findings": rows, "per_cluster": per_cluster}
+    """The drift view: per cluster, the findings seen since the cutoff counted (``drift_summary``, kept at write
+    time), and one page of the findings themselves, newest first (``drift_page``, keyset-paged as ``kvfleet audit
+    drift`` pages): at most ``limit`` rows after the cursor ``after``, and the ``next`` cursor (None on the last
+    page)."""
+    after = f.get("after")
+    if after:
+        try:
+            decode_cursor(DRIFT_PAGE, after)
+        except ValueError:
+            raise QueryError(f"after: {after[:80]!r} is not a cursor of the drift list; follow the page's 'next' "
+                             "link, or leave after empty for the first page") from None
+    cutoff = f.cutoff()
+    per_cluster = {r["cluster"]: {k: int(r[k]) for k in DRIFT_COUNTS}
+                   for r in catalog.run(history, "drift_summary", f, cutoff=cutoff)}
+    rows, next_cursor = history.page(DRIFT_PAGE, limit=f.limit, after=after, cutoff=cutoff, cluster=f.get("cluster"))
+    return {"since": f.since, "per_cluster": per_cluster, "findings": rows, "limit": f.limit, "after": after,
+            "next": next_cursor}
 
 
 def curvine_data(history: Any, f: Filters) -> dict[str, Any]:
@@ -480,13 +487,29 @@ def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: 
     return "".join(out)
 
 
+def _drift_nav(data: dict[str, Any], f: Filters, base: str, nav_id: str) -> str:
+    """Where this page of findings sits, and links to the first and the next page (a GET link each, no JS)."""
+    total = sum(c["seen"] for c in data["per_cluster"].values())
+    keep = {"cluster": f.get("cluster"), "since": f.since,
+            "limit": None if data["limit"] == catalog.DEFAULT_LIMIT else data["limit"]}
+    links = []
+    if data["after"]:
+        links.append(f'<a class="first" href="{escape(_href(base, "drift", **keep))}">first page</a>')
+    if data["next"]:
+        href = _href(base, "drift", **keep, after=data["next"])
+        links.append(f'<a class="next" rel="next" href="{escape(href)}">next {data["limit"]:,} →</a>')
+    where = "a later page" if data["after"] else "the first page"
+    return (f'<p class="summary" id="{nav_id}" data-shown="{len(data["findings"])}" data-total="{total}">'
+            f'{len(data["findings"]):,} of the {total:,} findings seen in the last {escape(f.since)}, newest first '
+            f'({where}, up to {data["limit"]:,} per page){" · " if links else ""}{" · ".join(links)}</p>')
+
+
 def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
     form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("since", "since", None)], f)
     rows = data["findings"]
     per = [{"cluster": c, **v} for c, v in sorted(data["per_cluster"].items())]
     out = [form, "<h2>Findings per cluster</h2>",
-           table(per, ["cluster", "seen", "open", "resolved", "remediated", "remediation_refused",
-                       "remediation_failed"], table_id="drift-per-cluster")]
+           table(per, ["cluster", *DRIFT_COUNTS], table_id="drift-per-cluster")]
     bars = []
     for r in sorted(rows, key=lambda r: (r["cluster"], _ts(r["first_seen"]) or 0.0)):
         start = _ts(r["first_seen"])
@@ -499,18 +522,22 @@ def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: st
                         hatched=outcome in ("refused", "failed"),
                         extra={"kind": r["kind"], "cluster": r["cluster"], "remediation": outcome or ""}))
     if bars:
-        out.append(timeline(bars, title=f"Drift findings opened and resolved (last {f.since})",
+        shown = "" if not data["after"] and not data["next"] else f"; the {len(rows):,} findings of this page"
+        out.append(timeline(bars, title=f"Drift findings opened and resolved (last {f.since}{shown})",
                             now=datetime.now(UTC).timestamp(), chart_id="plot-drift"))
     for r in rows:
         rem = r.get("remediation") or {}
         r["remediation_outcome"] = rem.get("outcome")
         r["remediation_action"] = rem.get("action")
         r["runbook"] = f"what to do: {r['kind']}" if red_finding(r) else None
-    out.append("<h2>Every finding</h2>")
+    out.append("<h2>Findings</h2>")
+    out.append(_drift_nav(data, f, base, "drift-paging"))
     out.append(table(rows, ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual",
                             "first_seen", "resolved_at", "remediation_action", "remediation_outcome", "runbook"],
                      table_id="drift-findings", colours=colours,
                      links={"runbook": lambda r: runbook.href(base, runbook.DRIFT_TOPIC)}))
+    if data["next"]:
+        out.append(_drift_nav(data, f, base, "drift-paging-end"))
     return "".join(out)
 
 

@@ -14,7 +14,9 @@ and row_hash exactly as a product insert does, so the chain stays valid; ``Histo
 Each named query then runs ``--repeat`` times through ``History.query``, or ``History.page`` for a keyset-paged
 listing (SQLAlchemy and psycopg2, rows as dicts: what the CLI and the page pay), with the parameters the CLI
 (``--since 7d``; pages of 100 for verifications and drift, ``--limit 50`` elsewhere) and the page (``since 30d``,
-``limit 500``) use; p50 and p95 are printed with the rows returned. A paged case times the first page, or the page
+``limit 500``) use; p50 and p95 are printed with the rows returned. A case named ``a+b`` times the named queries a
+view runs one after the other: the page's drift view is ``drift_summary`` (the per-cluster counts) and the first
+``drift_page`` of 500 rows (its rows are the sum). A paged case times the first page, or the page
 after row 5,000 (its cursor found once, untimed). ``audit_chain`` (the full chain export that ``audit verify``
 walks) is a scan of the whole log by design: it is timed apart, as verify. The summaries of migration 0008 are
 filled by their triggers during the COPY, as a product insert fills them.
@@ -295,7 +297,8 @@ def cases(now: datetime, sample: dict[str, Any]) -> list[Case]:
         ("page / gates: open drift", "open_drift", {}, None),
         ("audit drift (7d, page 1)", "drift_page", {"cutoff": d7, "cluster": None}, first),
         ("audit drift (7d, page 51)", "drift_page", {"cutoff": d7, "cluster": None}, deep),
-        ("page drift today (30d, every row)", "drift_since", {"cutoff": d30}, None),
+        ("page drift view (30d: counts + page 1)", "drift_summary+drift_page", {"cutoff": d30, "cluster": None},
+         {"limit": 500, "skip": 0}),
         ("page drift counts (30d)", "drift_summary", {"cutoff": d30, "cluster": None}, None),
         ("page drift list (30d, page of 500)", "drift_page", {"cutoff": d30, "cluster": None},
          {"limit": 500, "skip": 0}),
@@ -338,12 +341,18 @@ def sample_keys(engine: Any) -> dict[str, Any]:
 
 
 def _runner(history: Any, name: str, binds: dict[str, Any],
-            paging: dict[str, int] | None) -> tuple[Any, dict[str, Any]]:
-    """The call a case times, and the binds its SQL runs with (for EXPLAIN)."""
+            paging: dict[str, int] | None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The call a case times (it returns the rows), and each named query it runs with the binds its SQL runs with
+    (for EXPLAIN). ``a+b`` runs the named queries one after the other, as a view that reads both does (the paging
+    applies to the paged ones)."""
     from kvfleet.history.repo import PAGED, decode_cursor
 
+    if "+" in name:
+        parts = [_runner(history, part, binds, paging if part in PAGED else None) for part in name.split("+")]
+        calls = [call for call, _ in parts]
+        return (lambda: [row for call in calls for row in call()]), [q for _, qs in parts for q in qs]
     if paging is None:
-        return (lambda: history.query(name, **binds)), binds
+        return (lambda: history.query(name, **binds)), [(name, binds)]
     after = None
     if paging["skip"]:
         _rows, after = history.page(name, limit=paging["skip"], **binds)
@@ -351,7 +360,7 @@ def _runner(history: Any, name: str, binds: dict[str, Any],
     values = decode_cursor(name, after) if after else [None] * len(keys)
     sql_binds = {**binds, **{f"after_{k}": v for k, v in zip(keys, values, strict=True)},
                  "limit": paging["limit"] + 1}
-    return (lambda: history.page(name, limit=paging["limit"], after=after, **binds)[0]), sql_binds
+    return (lambda: history.page(name, limit=paging["limit"], after=after, **binds)[0]), [(name, sql_binds)]
 
 
 def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None) -> list[dict[str, Any]]:
@@ -361,7 +370,7 @@ def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None
     for label, name, binds, paging in cases(datetime.now(UTC), sample_keys(history.engine)):
         if only and only not in label and only not in name:
             continue
-        call, sql_binds = _runner(history, name, binds, paging)
+        call, queries = _runner(history, name, binds, paging)
         rows = call()  # warm the cache once
         times = []
         for _ in range(repeat):
@@ -373,12 +382,19 @@ def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None
                                  "p50_ms": round(statistics.median(times), 1),
                                  "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1)}
         entry["ok"] = entry["p95_ms"] < TARGET_MS
-        sql = (ROOT / "sql" / "queries" / f"{name}.sql").read_text()
-        with history.engine.connect() as conn:
-            plan = list(conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), sql_binds).scalars().all())
-        # The server's own execution time (no transfer, no rows turned into dicts) and its sequential scans.
-        entry["server_ms"] = next((float(line.split(":")[1].split()[0]) for line in plan
-                                   if line.startswith("Execution Time")), None)
+        plan: list[str] = []
+        server_ms: float | None = 0.0
+        for part, sql_binds in queries:
+            sql = (ROOT / "sql" / "queries" / f"{part}.sql").read_text()
+            with history.engine.connect() as conn:
+                lines = list(conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) " + sql), sql_binds).scalars().all())
+            plan += ([f"-- {part}"] if len(queries) > 1 else []) + lines
+            ms = next((float(line.split(":")[1].split()[0]) for line in lines if line.startswith("Execution Time")),
+                      None)
+            server_ms = None if ms is None or server_ms is None else server_ms + ms
+        # The server's own execution time (no transfer, no rows turned into dicts; the sum over the named queries
+        # of the case) and its sequential scans.
+        entry["server_ms"] = None if server_ms is None else round(server_ms, 3)
         entry["seq_scans"] = [line.strip().split("  (")[0].lstrip("-> ") for line in plan if "Seq Scan" in line]
         if plans:
             entry["plan"] = plan

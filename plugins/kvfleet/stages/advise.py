@@ -12,8 +12,11 @@ and its ``_count`` the requests; LMCache's ``lmcache:num_hit_tokens`` / ``lmcach
 reads a counter: each pod's ``_count`` increase since the previous observation of the same pod (by uid), over the
 wall seconds between the two observations (``economics.request_rate``: counter resets, new pods). The previous
 observation is the one the hourly ``advise:<cluster>`` step recorded (``previous_observations``, named query
-``advise_previous``). Without one, a pod's counter counts over its age only when its ``status.startTime`` is at
-least ``economics.MIN_POD_AGE_S`` in the past; otherwise the rate is unknown until the next observation, and no
+``advise_previous``): the newest at least ``MIN_INTERVAL_S`` (5 minutes) old. One closer than that is not a base:
+a few seconds of counter increase would extrapolate a burst into an hourly rate (say, an hourly observation
+recorded just before the scale-out detection), so it is ignored and the report's rate arithmetic says so.
+Without a usable one, a pod's counter counts over its age only when its ``status.startTime`` is at least
+``economics.MIN_POD_AGE_S`` in the past; otherwise the rate is unknown until the next observation, and no
 per-hour total, working set or worker recommendation is derived (the verdict, from the lengths and the curve,
 stands). kvfleet measures on the wall clock.
 
@@ -84,38 +87,62 @@ def stored_sizes(ctx: StageContext, ep: Endpoint, pods: list[Any]) -> list[tuple
 
 
 PREVIOUS_WITHIN = timedelta(days=1)  # an older observation is not a base for the rate (the pod age is, then)
+# A closer observation is not a base for the rate either: a few seconds of counter increase would extrapolate a
+# burst into an hourly rate. The same 5 minutes as the pod-age fallback (``economics.MIN_POD_AGE_S``).
+MIN_INTERVAL_S = E.MIN_POD_AGE_S
 
 
 def previous_observations(history: Any, cluster: str, now: datetime | None = None,
-                          within: timedelta = PREVIOUS_WITHIN) -> dict[str, dict[str, Any]]:
-    """Each endpoint's newest recorded observation (``{"at", "pods": {uid: requests}}``) from the cluster's
-    ``advise:<cluster>`` steps since ``within`` ago; empty without a history store."""
+                          within: timedelta = PREVIOUS_WITHIN,
+                          min_interval_s: float = MIN_INTERVAL_S) -> dict[str, dict[str, Any]]:
+    """Each endpoint's recorded observation (``{"at", "pods": {uid: requests}}``) from the cluster's
+    ``advise:<cluster>`` steps since ``within`` ago: the newest recorded at least ``min_interval_s`` before
+    ``now``, else the newest (which the rate then refuses, saying why); empty without a history store."""
     if history is None:
         return {}
-    cutoff = (now or datetime.now(UTC)) - within
-    return {r["endpoint"]: r["observation"] for r in history.query("advise_previous", cluster=cluster, cutoff=cutoff)
-            if isinstance(r.get("observation"), Mapping)}
+    now = now or datetime.now(UTC)
+    rows = history.query("advise_previous", cluster=cluster, cutoff=now - within,
+                         latest=now - timedelta(seconds=max(min_interval_s, 0.0)))
+    return {r["endpoint"]: r["observation"] for r in rows if isinstance(r.get("observation"), Mapping)}
 
 
-def _previous_counts(previous: Mapping[str, Any] | None, now: datetime) -> tuple[dict[str, float] | None, float | None]:
-    """The previous observation's counters by pod uid and the wall seconds since it; ``(None, None)`` when there
-    is none or it is unreadable (then the rate falls back to the pods' age)."""
+@dataclass(frozen=True)
+class PreviousCounts:
+    """The base of an endpoint's request rate: the previous observation's counters by pod uid and the wall
+    seconds since it (both None when there is no usable one), and why a previous observation was not used."""
+
+    pods: dict[str, float] | None = None
+    elapsed_s: float | None = None
+    ignored: str | None = None
+
+
+def _previous_counts(previous: Mapping[str, Any] | None, now: datetime,
+                     min_interval_s: float = MIN_INTERVAL_S) -> PreviousCounts:
+    """The previous observation's counters and the wall seconds since it; none when there is none, it is
+    unreadable, or it is less than ``min_interval_s`` old (then the rate falls back to the pods' age)."""
     if not previous:
-        return None, None
+        return PreviousCounts()
     try:
         at = datetime.fromisoformat(str(previous["at"]))
         pods = {str(uid): float(n) for uid, n in dict(previous.get("pods") or {}).items()}
-    except (KeyError, TypeError, ValueError):
-        return None, None
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return PreviousCounts(ignored="the previous observation is unreadable and was not used")
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
-    return pods, (now - at).total_seconds()
+    elapsed = (now - at).total_seconds()
+    if elapsed < min_interval_s:
+        return PreviousCounts(ignored=(
+            f"the previous observation, {elapsed:.1f} s before this one, is under the {min_interval_s:.0f} s "
+            "minimum interval between observations and was not used (a rate over so short an interval would "
+            "extrapolate a burst)"))
+    return PreviousCounts(pods, elapsed)
 
 
 def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime,
-                     previous: Mapping[str, Any] | None = None) -> E.EndpointTraffic:
+                     previous: Mapping[str, Any] | None = None,
+                     min_interval_s: float = MIN_INTERVAL_S) -> E.EndpointTraffic:
     """One endpoint's traffic at ``now`` (wall time). ``previous``: its last recorded observation (``{"at",
-    "pods"}``), the base of the request rate."""
+    "pods"}``), the base of the request rate when it is at least ``min_interval_s`` old."""
     pods = call(ctx.kube.core.list_namespaced_pod, ep.namespace, label_selector=f"app={ep.name}",
                 what=f"pods of {ep.key}").items
     cumulative: dict[float, float] = {}
@@ -138,8 +165,10 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime,
         requested += prom.total(samples, "lmcache:num_requested_tokens") or 0.0
     lengths = E.histogram_buckets(sorted(cumulative.items()), sums or None)
     n = sum(b.requests for b in lengths)
-    before, elapsed = _previous_counts(previous, now)
-    rate = E.request_rate(counts, before, elapsed)
+    base = _previous_counts(previous, now, min_interval_s)
+    rate = E.request_rate(counts, base.pods, base.elapsed_s)
+    if base.ignored:
+        rate = replace(rate, arithmetic=f"{rate.arithmetic} ({base.ignored})")
     window = n * 3600 / rate.per_hour if rate.per_hour else 3600.0
     bpt, bpt_source = E.bytes_per_token_for(stored, ep.model_id)
     return E.EndpointTraffic(endpoint=ep.key, instance_type=ep.instance_type, lengths=lengths, window_s=window,
@@ -152,18 +181,20 @@ def observe_endpoint(ctx: StageContext, ep: Endpoint, now: datetime,
 def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD, retention_h: float = 24.0,
                    now: datetime | None = None,
                    sweeps: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-                   previous: Mapping[str, Mapping[str, Any]] | None = None) -> ClusterReport:
+                   previous: Mapping[str, Mapping[str, Any]] | None = None,
+                   min_interval_s: float = MIN_INTERVAL_S) -> ClusterReport:
     """``sweeps``: measured (tokens, speedup) curves by endpoint key (the hourly DAG passes each endpoint's
     recorded sweep); an endpoint without one is judged on the published curve. ``previous``: each endpoint's
     last observation (a report's ``observation``), by endpoint key; by default the ones the context's history
     recorded (none without a history store). ``now``: the observation time (wall clock); by default each
-    endpoint's own, taken as it is read."""
+    endpoint's own, taken as it is read. ``min_interval_s``: a previous observation closer than that is not a
+    base for the rate (``MIN_INTERVAL_S``, 5 minutes)."""
     report = ClusterReport(ctx.cluster.name)
     if previous is None:
-        previous = previous_observations(ctx.history, ctx.cluster.name, now)
+        previous = previous_observations(ctx.history, ctx.cluster.name, now, min_interval_s=min_interval_s)
     for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
         try:
-            traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key))
+            traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key), min_interval_s)
             measured = (sweeps or {}).get(ep.key)
             if measured:
                 traffic = replace(traffic, sweep=tuple((int(n), float(x)) for n, x in measured))
@@ -185,12 +216,14 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
 def with_advised_workers(ctx: StageContext, decision: Mapping[str, Any], *, replicas: int, eligible: int,
                          worker_bytes: float, threshold: float = E.CAPACITY_THRESHOLD,
                          now: datetime | None = None,
-                         previous: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                         previous: Mapping[str, Mapping[str, Any]] | None = None,
+                         min_interval_s: float = MIN_INTERVAL_S) -> dict[str, Any]:
     """The scale-out DAG's scheduled detection with the advisor's capacity recommendation: observe the cluster's
     L2 endpoints, then ``economics.scale_decision_with_working_set``. When the advisor cannot observe (no
     endpoint readable, or no rate known yet), the decision is returned unchanged with the reason recorded.
-    ``previous``: as for ``advise_cluster`` (by default the observations the context's history recorded)."""
-    report = advise_cluster(ctx, threshold=threshold, now=now, previous=previous)
+    ``previous``, ``min_interval_s``: as for ``advise_cluster`` (by default the observations the context's history
+    recorded, at least 5 minutes old)."""
+    report = advise_cluster(ctx, threshold=threshold, now=now, previous=previous, min_interval_s=min_interval_s)
     l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
     judged = [a for a in report.endpoints if a.endpoint in l2_keys and a.verdict != "insufficient_data"]
     # an endpoint whose request rate is unknown has no working set yet: the others' sum is a lower bound, which

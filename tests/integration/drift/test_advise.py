@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from driftkit import ROOT, STAGE
@@ -29,18 +30,23 @@ LONG = [(2400, 40_000, 0.9), (3000, 20_000, 0.9)]  # a busy RAG endpoint: long r
 FAST = 20
 
 
-def _wall_now():  # type: ignore[no-untyped-def]
+def _wall_now() -> datetime:
     """kvfleet measures on the wall clock (the twin's pods carry model-time start stamps, ahead of it)."""
     return datetime.now(UTC)
 
 
-def _observed_twice(ctx, **kw):  # type: ignore[no-untyped-def]
+# The tests' intervals between two observations are seconds, not the advisor's 5-minute minimum (MIN_INTERVAL_S):
+# they pass a minimum below their interval explicitly.
+SHORT = 0.25
+
+
+def _observed_twice(ctx: Any, **kw: Any) -> tuple[Any, Any]:
     """Two advisor reports in a row, the second with the first's observations as its base (what the hourly task
     reads back from the history): its request rate is the counters' increase in between."""
     first = advise.advise_cluster(ctx, previous={}, **kw)
     previous = {a.endpoint: a.observation for a in first.endpoints if a.observation}
     time.sleep(0.5)  # an interval well above the scrapes' own spread
-    return first, advise.advise_cluster(ctx, previous=previous, **kw)
+    return first, advise.advise_cluster(ctx, previous=previous, min_interval_s=SHORT, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +88,8 @@ def test_long_prompts_pay_off_short_turns_do_not_and_the_arithmetic_is_shown(rol
     assert report.capacity.workers >= 1
 
 
-def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rolled_out, drift_ctx,
-                                                                             drift_history) -> None:  # type: ignore[no-untyped-def]
+def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rolled_out, drift_ctx,  # type: ignore[no-untyped-def]
+                                                                             drift_history) -> None:
     """The hourly advise step records each endpoint's observation; the next reads it back (named query
     advise_previous) and divides the counters' increase by the wall seconds in between: the twin's mix, per wall
     hour, comes back as the endpoint's requests per hour."""
@@ -97,7 +103,7 @@ def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rol
                endpoints=first.as_dict()["endpoints"], capacity=first.as_dict()["capacity"], errors=first.errors)
     assert set(advise.previous_observations(drift_history, STAGE)) == {e.endpoint for e in first.endpoints}
     time.sleep(3.0)  # wall seconds between the two observations (the rate's interval; nothing timed is asserted)
-    second = advise.advise_cluster(drift_ctx(STAGE, history=drift_history))
+    second = advise.advise_cluster(drift_ctx(STAGE, history=drift_history), min_interval_s=1.0)
     custom = next(a for a in second.endpoints if a.endpoint == "retail/retail-assistant")
     assert custom.rate_source == "delta", custom.arithmetic
     configured = sum(n for _, n, _ in LONG)  # 60,000 requests per hour
@@ -105,6 +111,38 @@ def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rol
     assert "between observations" in custom.arithmetic[0]
     assert custom.working_set_bytes is not None and custom.working_set_bytes > 0
     assert second.capacity is not None and second.capacity.recommendation != "unknown"
+
+
+def test_a_previous_observation_under_the_minimum_interval_is_ignored_and_says_why(  # type: ignore[no-untyped-def]
+        rolled_out, drift_ctx, drift_history) -> None:
+    """An observation seconds old is no base for an hourly rate (a burst would be extrapolated): under the
+    advisor's 5-minute minimum it is ignored, the rate falls back (here to unknown: the twin's pods carry start
+    stamps ahead of the wall clock, so no pod age counts) and the arithmetic says why. From the history too: an
+    hourly advise step recorded seconds before (say, just before the scale-out detection) is not the base."""
+    from kvfleet.history.repo import StepKey
+
+    ctx = drift_ctx(STAGE)
+    first = advise.advise_cluster(ctx, previous={})
+    previous = {a.endpoint: a.observation for a in first.endpoints if a.observation}
+    assert previous
+    close = advise.advise_cluster(ctx, previous=previous)
+    judged = [a for a in close.endpoints if a.endpoint in previous]
+    assert judged and all(a.rate_source == "unknown" and a.requests_per_hour is None for a in judged), judged
+    for a in judged:
+        assert a.working_set_bytes is None or a.verdict == "insufficient_data"
+        assert any("under the 300 s minimum interval between observations and was not used" in line
+                   for line in a.arithmetic), a.arithmetic
+    # the same base with no minimum: the counters' increase over well under a second is taken as the rate
+    assert {a.rate_source for a in advise.advise_cluster(ctx, previous=previous, min_interval_s=0).endpoints
+            if a.endpoint in previous} == {"delta"}
+    # from the history: the step recorded seconds ago is the only one, so the advisor reads it back and refuses it
+    run = "t/advise-close"
+    drift_history.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    recorded = drift_ctx(STAGE, history=drift_history, step_key=StepKey(run, "advise", 0))
+    recorded.record(f"advise:{STAGE}", "advise", "reported", endpoints=first.as_dict()["endpoints"])
+    again = advise.advise_cluster(drift_ctx(STAGE, history=drift_history))
+    custom = next(a for a in again.endpoints if a.endpoint == "retail/retail-assistant")
+    assert custom.rate_source == "unknown" and any("minimum interval" in line for line in custom.arithmetic), custom
 
 
 def test_a_tight_threshold_recommends_more_workers(rolled_out, drift_ctx) -> None:  # type: ignore[no-untyped-def]
@@ -156,7 +194,7 @@ def test_the_cli_prints_json_alone(rolled_out, tmp_path) -> None:  # type: ignor
     assert bad.returncode == 2 and bad.stdout == "" and "--threshold" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def _ep(inv, name):  # type: ignore[no-untyped-def]
+def _ep(inv: Any, name: str) -> Any:
     return next(e for e in inv.endpoints_of(STAGE) if e.name == name)
 
 
@@ -237,11 +275,11 @@ def test_the_scale_out_detection_can_take_the_advisor_s_recommendation(rolled_ou
     first, _ = _observed_twice(ctx)
     previous = {a.endpoint: a.observation for a in first.endpoints if a.observation}
     tight = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=100 * 2**30,
-                                        threshold=0.05, previous=previous)
+                                        threshold=0.05, previous=previous, min_interval_s=SHORT)
     assert tight["due"] and tight["target"] > 2 and tight["advised_workers"] > 2, tight
     assert any(r.startswith("advisor: working set") for r in tight["reasons"])
     roomy = advise.with_advised_workers(ctx, quiet, replicas=2, eligible=12, worker_bytes=10**15,
-                                        threshold=1.0, previous=previous)
+                                        threshold=1.0, previous=previous, min_interval_s=SHORT)
     assert not roomy["due"] and roomy["target"] == 2 and roomy["advised_workers"] <= 2
 
 

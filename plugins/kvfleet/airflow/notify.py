@@ -23,10 +23,12 @@ an unreachable webhook, a bad setting) is logged and the callback returns. There
 gets one attempt, SNS at most two (botocore ``standard`` mode, ``total_max_attempts=2``), each bounded by the
 timeout.
 
-Wiring (the DAG files own it): ``gate_waiting_notifier()`` goes in a HITL operator's ``notifiers``;
-``run_end_notifier()`` after the run-status callback in a DAG's ``on_failure_callback``/``on_success_callback``
-lists; ``notify_drift(result, run_key)`` at the end of a drift check of one cluster. Parsing a DAG file that
-imports this module imports ``airflow.sdk`` only; boto3 and the history load when a notification is sent.
+Wiring: the DAG files put ``kvfleet.airflow.callbacks.gate_waiting_notifier()`` in a HITL operator's
+``notifiers`` (it imports this module and calls ``gate_waiting_notifier()`` only when the gate starts waiting, so
+that parsing a DAG file does not import this module); ``callbacks.on_dag_success``/``on_dag_failure`` call
+``run_end_notifier()`` after the run-status callback; ``notify_drift(result, run_key)`` runs at the end of a
+drift check of one cluster. Importing this module imports ``airflow.sdk``, ``urllib.request`` and
+``kvfleet.airflow.gates`` only; boto3 and the history load when a notification is sent.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ CREATE TABLE endpoint_state (
     change_outcome     text,
     change_run_key     text,
     PRIMARY KEY (cluster, endpoint)
-);
+) WITH (fillfactor = 50);  -- every relevant write updates its endpoint's row: room on the page for HOT updates
 COMMENT ON TABLE endpoint_state IS
     'Per endpoint: newest endpoint step, newest verification, open drift and newest change (ui_fleet); kept by triggers';
 

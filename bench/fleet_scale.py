@@ -45,12 +45,16 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# The task instances' state log (a PostgreSQL trigger on task_instance), shared with tests/integration/dags/
+# test_deferral.py.
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from ti_state_log import TiStateLog  # noqa: E402
+
 CONTENDER = "kvfleet_curvine_upgrade/bench-contender"
 DAG_ID = "kvfleet_rollout"
 
@@ -76,54 +80,6 @@ def fleet_yaml(n: int) -> str:
             lines.append(f"  - {{name: alpha-{ep}, namespace: alpha, lob: alpha, cluster: c{i}, model: qwen2-7b, "
                          "instance_type: ml.g5.4xlarge}")
     return "\n".join(lines) + "\n"
-
-
-# ---- the task instances' state log ------------------------------------------------------------------------------
-class TiStateLog:
-    """A row per state a task instance of ``DAG_ID`` takes, written by a trigger on ``task_instance``."""
-
-    def __init__(self, url: str) -> None:
-        from sqlalchemy import create_engine
-
-        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
-        self.table = f"kvfleet_bench_ti_states_{uuid.uuid4().hex[:8]}"
-
-    def __enter__(self) -> TiStateLog:
-        from sqlalchemy import text
-
-        t = self.table
-        with self.engine.connect() as conn:
-            conn.execute(text(f"CREATE TABLE {t} (seq bigserial PRIMARY KEY, run_id text, task_id text, "
-                              "map_index int, state text, trigger_id int, at timestamptz DEFAULT clock_timestamp())"))
-            conn.execute(text(f"""CREATE FUNCTION {t}_fn() RETURNS trigger AS $$ BEGIN
-                IF NEW.dag_id = '{DAG_ID}' AND (TG_OP = 'INSERT' OR NEW.state IS DISTINCT FROM OLD.state) THEN
-                  INSERT INTO {t} (run_id, task_id, map_index, state, trigger_id)
-                  VALUES (NEW.run_id, NEW.task_id, NEW.map_index, NEW.state, NEW.trigger_id);
-                END IF; RETURN NEW; END $$ LANGUAGE plpgsql"""))
-            conn.execute(text(f"CREATE TRIGGER {t}_tr AFTER INSERT OR UPDATE ON task_instance FOR EACH ROW "
-                              f"EXECUTE FUNCTION {t}_fn()"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        from sqlalchemy import text
-
-        t = self.table
-        with self.engine.connect() as conn:
-            # dag.test() leaves its session idle in a transaction that read task_instance: it would block the DROP.
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                              "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
-            conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
-            conn.execute(text(f"DROP FUNCTION IF EXISTS {t}_fn()"))
-            conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
-        self.engine.dispose()
-
-    def rows(self, run_id: str | None = None) -> list[dict[str, Any]]:
-        from sqlalchemy import text
-
-        sql = (f"SELECT s.*, tr.classpath FROM {self.table} s LEFT JOIN trigger tr ON tr.id = s.trigger_id "
-               + ("WHERE s.run_id = :r " if run_id else "") + "ORDER BY seq")
-        with self.engine.connect() as conn:
-            return [dict(r) for r in conn.execute(text(sql), {"r": run_id}).mappings()]
 
 
 def _ts(value: datetime) -> float:
@@ -233,7 +189,7 @@ def rollout_at(n: int, work: Path, dagbag: Any, states: TiStateLog, bake_s: floa
             watcher.join(timeout=10)
         wall = time.monotonic() - started
         run_ids.append(dr.run_id)
-        result = analyse(states.rows(dr.run_id), released, dict(enumerate(clusters)), bake_s)
+        result = analyse(states.rows(run_id=dr.run_id), released, dict(enumerate(clusters)), bake_s)
         for c in clusters:  # a cluster whose stages never waited still has the contender's lease
             leases.release(c, CONTENDER)
         return {"clusters": n, "endpoints": 2 * n, "state": str(dr.state), "wall_s": round(wall, 1),
@@ -354,7 +310,8 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         db.initdb()
         dagbag = DagBag(dag_folder=str(ROOT / "dags"))
         rollouts = []
-        with TiStateLog(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]) as states:
+        with TiStateLog(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], DAG_ID,
+                        prefix="kvfleet_bench_ti_states") as states:
             for n in args.sizes:
                 log(f"=== a gated rollout, bake {args.bake_s:g}s, leases contended, on {n} twin cluster(s)")
                 rollouts.append(rollout_at(n, work, dagbag, states, args.bake_s, args.hold_s))

@@ -4,7 +4,7 @@ A gated, baked rollout of ``c-patch`` while another run holds the cluster's leas
 ``LeaseFreeTrigger`` (it is not running while the other run holds the cluster), takes the lease once it is freed
 and goes on; each wave's bake defers on the standard provider's ``DateTimeTrigger`` and the wave is verified after
 it. The task instances' state changes are read from a PostgreSQL trigger on Airflow's ``task_instance`` table
-(``TiStateLog``): what the metadata database saw, in order, with the database's clock.
+(``TiStateLog``, tests/support/ti_state_log.py): what the metadata database saw, in order, with the database's clock.
 
 ``dag.test()`` runs a deferred task's trigger in line: after the task instance went ``deferred`` it shows
 ``queued`` while the trigger runs, then ``scheduled`` and ``running`` again when it resumes. In a deployment the
@@ -13,73 +13,21 @@ triggerer runs the trigger and the task stays ``deferred``; in both, no worker r
 
 from __future__ import annotations
 
+import sys
 import threading
-import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 from test_rollout_sandbox import conf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
+from ti_state_log import TiStateLog  # tests/support: shared with bench/fleet_scale.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 OTHER = "kvfleet_curvine_upgrade/other-run"
-
-
-class TiStateLog:
-    """Every state a task instance of ``dag_id`` takes, as Airflow's metadata database records it: a row per
-    INSERT or state UPDATE on ``task_instance``, with the database clock and the deferral's trigger."""
-
-    def __init__(self, url: str, dag_id: str) -> None:
-        self.engine = create_engine(url, isolation_level="AUTOCOMMIT")
-        self.dag_id, self.suffix = dag_id, uuid.uuid4().hex[:8]
-        self.table = f"kvfleet_ti_states_{self.suffix}"
-
-    def __enter__(self) -> TiStateLog:
-        t = self.table
-        with self.engine.connect() as conn:
-            conn.execute(text(f"CREATE TABLE {t} (seq bigserial PRIMARY KEY, run_id text, task_id text, "
-                              "map_index int, state text, trigger_id int, next_method text, "
-                              "at timestamptz DEFAULT clock_timestamp())"))
-            conn.execute(text(f"""CREATE FUNCTION {t}_fn() RETURNS trigger AS $$ BEGIN
-                IF NEW.dag_id = '{self.dag_id}' AND (TG_OP = 'INSERT' OR NEW.state IS DISTINCT FROM OLD.state) THEN
-                  INSERT INTO {t} (run_id, task_id, map_index, state, trigger_id, next_method)
-                  VALUES (NEW.run_id, NEW.task_id, NEW.map_index, NEW.state, NEW.trigger_id, NEW.next_method);
-                END IF; RETURN NEW; END $$ LANGUAGE plpgsql"""))
-            conn.execute(text(f"CREATE TRIGGER {t}_tr AFTER INSERT OR UPDATE ON task_instance "
-                              f"FOR EACH ROW EXECUTE FUNCTION {t}_fn()"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        from airflow import settings
-        from sqlalchemy.exc import OperationalError
-
-        t = self.table
-        # dag.test() leaves this process's Airflow session in a transaction that read task_instance, which would
-        # block the DROP TRIGGER for ever: end it first (and, should another session still hold it, end that one).
-        settings.Session.remove()
-        with self.engine.connect() as conn:
-            conn.execute(text("SET lock_timeout = '20s'"))
-            try:
-                conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
-            except OperationalError:
-                conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                                  "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
-                conn.execute(text(f"DROP TRIGGER IF EXISTS {t}_tr ON task_instance"))
-            conn.execute(text(f"DROP FUNCTION IF EXISTS {t}_fn()"))
-            conn.execute(text(f"DROP TABLE IF EXISTS {t}"))
-        self.engine.dispose()
-
-    def rows(self, task_id: str | None = None) -> list[dict[str, Any]]:
-        sql = (f"SELECT s.*, tr.classpath FROM {self.table} s "
-               "LEFT JOIN trigger tr ON tr.id = s.trigger_id")
-        with self.engine.connect() as conn:
-            rows = [dict(r) for r in conn.execute(text(sql + " ORDER BY seq")).mappings()]
-        return [r for r in rows if task_id is None or r["task_id"] == task_id]
-
-    def states(self, task_id: str) -> list[str]:
-        return [r["state"] for r in self.rows(task_id)]
 
 
 @pytest.fixture

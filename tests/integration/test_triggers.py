@@ -28,6 +28,7 @@ from kvfleet.airflow import triggers
 from kvfleet.airflow.triggers import (
     OWN_CHANGE_ANNOTATION,
     ClusterReadyTrigger,
+    KubeReadyTrigger,
     KubeWatchTrigger,
     LeaseFreeTrigger,
 )
@@ -153,6 +154,8 @@ def test_every_trigger_is_recreated_from_its_plain_serialized_kwargs() -> None:
                              timeout_s=600)
     made = [lease,
             ClusterReadyTrigger("c1", "us-east-1", aws_conn_id="aws_x", addon="metrics-server", timeout_s=60),
+            KubeReadyTrigger("c1", "us-east-1", check="ai_toolkit", args={"mode": "Enable", "nodes": 16},
+                             aws_conn_id="aws_x", timeout_s=600),
             KubeWatchTrigger("c1", "us-east-1", quiet_s=3, resource_versions={"Deployment": "42"})]
     for trigger in made:
         classpath, _ = trigger.serialize()
@@ -256,6 +259,43 @@ def test_cluster_ready_trigger_waits_through_updating_and_fails_fast_on_failed(f
     event = _first_event(ClusterReadyTrigger(PROD, "us-east-1", aws_conn_id=None, poll_s=0.05))
     assert event["status"] == "error"
     assert "is Failed" in event["message"] and "InsufficientInstanceCapacity" in event["message"]
+
+
+def test_kube_ready_trigger_waits_for_the_operator_then_fires_and_gives_up_on_a_check_that_never_holds(
+        fleet: Any) -> None:
+    from kvfleet.fleet import constants as C
+
+    scale = ("-n", C.OPERATOR_NAMESPACE, "scale", "deployment", C.OPERATOR_DEPLOYMENT)
+    _kubectl(fleet, *scale, "--replicas=0")
+    for _ in range(300):  # the Deployment controller's next pass (readyReplicas is omitted at 0)
+        out = subprocess.run([str(KUBECTL), "--context", PROD, "-n", C.OPERATOR_NAMESPACE, "get", "deployment",
+                              C.OPERATOR_DEPLOYMENT, "-o", "jsonpath={.status.readyReplicas}"], check=True,
+                             env={**os.environ, "KUBECONFIG": str(fleet.kubeconfig)}, capture_output=True, text=True)
+        if out.stdout.strip() in ("", "0"):
+            break
+        time.sleep(0.1)
+    trigger = KubeReadyTrigger(PROD, "us-east-1", check="operator", aws_conn_id=None, poll_s=0.05, timeout_s=60)
+    looks: list[tuple[str | None, str]] = []
+    check = trigger._check
+
+    def counted() -> tuple[str | None, str]:
+        looks.append(check())
+        return looks[-1]
+
+    trigger._check = counted  # type: ignore[method-assign]
+    try:
+        event = _first_event(trigger, lambda: _kubectl(fleet, *scale, "--replicas=1"),
+                             ready=lambda: len(looks) >= 2)
+    finally:
+        _kubectl(fleet, *scale, "--replicas=1")
+    assert all(status is None for status, _ in looks[:2]), looks  # not ready while scaled to 0: it waited
+    assert "ready 0" in looks[0][1], looks
+    assert event["status"] == "success" and "ready 1" in event["message"], event
+    never = KubeReadyTrigger(PROD, "us-east-1", check="ai_toolkit", args={"mode": "Enable", "nodes": 999},
+                             aws_conn_id=None, poll_s=0.05, timeout_s=0.5)
+    event = _first_event(never)
+    assert event["status"] == "error" and event["reason"] == "timeout", event
+    assert "on 999 nodes" in event["message"], event  # the last observed state, for the task's error
 
 
 # ---- the drift watch ------------------------------------------------------------------------------------------

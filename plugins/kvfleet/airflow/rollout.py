@@ -31,12 +31,14 @@ Waits give their worker slot back (issue 19): a task that must wait **defers** (
   timeout is ``ConvergenceTimeout``, temporary, as ``wait_cluster``/``wait_addon`` do);
 - the bake between a wave and its verification: the standard provider's ``DateTimeTrigger``; the lease is parked
   for the bake (its ttl stretched to cover it) and taken again, re-entrantly, on resume.
-- the wait for a change *kvfleet itself just made* (``UpdateCluster`` to ``InService``, an add-on create or
-  update to ``ACTIVE``): stages 1 and 2 are split into ``act``/``finish`` (``stages.base.Pending``), and the
-  wait between them is the same ``ClusterReadyTrigger``.
+- the waits after a change *kvfleet itself just made* (``UpdateCluster`` to ``InService``, an add-on create or
+  update to ``ACTIVE``: ``ClusterReadyTrigger``; then the ai-toolkit daemon on every node and the operator's
+  controller Ready, when they are not yet: ``KubeReadyTrigger``): stages 1 and 2 are split into ``act``/``finish``
+  (``stages.base.Pending``).
 What a task had done before it deferred travels in the deferral's kwargs (``kvfleet_resume``: the stages done,
 the current stage's ``progress``), so a resumed task does not redo or re-record it. Still inside the worker:
-pods becoming Ready (the ai-toolkit daemon, the operator's controller, Curvine's pods and PVCs, endpoint waves).
+Kyverno's install (``helm``), Curvine's pods and PVCs (stage 3), and the endpoint waves' pod rollouts (a wave
+holds the operator paused on a patch-mode cluster, and the restore stays in the same task's ``finally``).
 
 Each task parses the run's Params once into a frozen ``RolloutRequest`` (``kvfleet.airflow.request``: defaults
 from ``kvfleet.airflow.params``) and reads only that; each task body sits behind the task boundary
@@ -299,16 +301,24 @@ def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[st
 
 
 def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], state: dict[str, Any]) -> NoReturn:
-    """Defer on ``ClusterReadyTrigger`` for a wait a stage handed back (``stages.base.Pending``)."""
-    from kvfleet.airflow.triggers import ClusterReadyTrigger
+    """Defer for a wait a stage handed back (``stages.base.Pending``): ``ClusterReadyTrigger`` for the cluster or
+    an add-on, ``KubeReadyTrigger`` for a readiness check."""
+    from kvfleet.airflow.triggers import ClusterReadyTrigger, KubeReadyTrigger
 
     cl = ctx.cluster
     wait = f"stage:{pending.wait}"
     since = _waited(resume, wait)
-    ctx.say(f"{pending.what}: waiting for {'ACTIVE' if pending.addon else 'InService'} in the triggerer")
-    _defer(ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=pending.addon,
-                               poll_s=poll_seconds(), timeout_s=pending.timeout_s, started_at=since),
-           {**state, "wait": wait, "since": since})
+    trigger: Any
+    if pending.check is not None:
+        ctx.say(f"{pending.what}: waiting in the triggerer")
+        trigger = KubeReadyTrigger(cl.name, cl.region, check=pending.check, args=dict(pending.args or {}),
+                                   aws_conn_id=ctx.aws_conn_id, poll_s=poll_seconds(), timeout_s=pending.timeout_s,
+                                   started_at=since)
+    else:
+        ctx.say(f"{pending.what}: waiting for {'ACTIVE' if pending.addon else 'InService'} in the triggerer")
+        trigger = ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=pending.addon,
+                                      poll_s=poll_seconds(), timeout_s=pending.timeout_s, started_at=since)
+    _defer(trigger, {**state, "wait": wait, "since": since})
 
 
 ADDON_MOVING = frozenset({"CREATING", "UPDATING"})

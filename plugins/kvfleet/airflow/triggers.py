@@ -1,7 +1,8 @@
 """Triggers: kvfleet's waits and its drift watch run in Airflow's triggerer, not in a worker slot (issue 19,
 ARCHITECTURE principle 9).
 
-Called from the operators and task bodies that ``self.defer()`` (``LeaseFreeTrigger``, ``ClusterReadyTrigger``)
+Called from the operators and task bodies that ``self.defer()`` (``LeaseFreeTrigger``, ``ClusterReadyTrigger``,
+``KubeReadyTrigger``)
 and from ``dags/kvfleet_drift_watch.py`` (``KubeWatchTrigger`` inside an ``AssetWatcher``). The bake needs no
 trigger of ours: it is Airflow's own ``DateTimeTrigger``.
 
@@ -230,6 +231,44 @@ class ClusterReadyTrigger(BaseTrigger):
                 return
             self.log.info("[%s] %s; waiting (%.0fs)", self.cluster, message, waited)
             await asyncio.sleep(self.poll_s)
+
+
+class KubeReadyTrigger(ClusterReadyTrigger):
+    """Waits until a named Kubernetes readiness check of the cluster holds (``kvfleet.stages.readiness``: the
+    ai-toolkit daemon after a tiered storage change, the operator's controller after its add-on), polled as
+    ``ClusterReadyTrigger`` polls, through kvfleet's Kubernetes client for the cluster (built in a thread from
+    the HyperPod cluster's EKS endpoint, as ``KubeWatchTrigger`` builds it). A ``PermanentError`` from the check
+    is an ``error`` event; anything else (an API server that does not answer yet) keeps waiting."""
+
+    def __init__(self, cluster: str, region: str, *, check: str, args: Mapping[str, Any] | None = None,
+                 aws_conn_id: str | None = "aws_default", poll_s: float = 10.0, timeout_s: float | None = None,
+                 started_at: float | None = None) -> None:
+        super().__init__(cluster, region, aws_conn_id=aws_conn_id, poll_s=poll_s, timeout_s=timeout_s,
+                         started_at=started_at)
+        self.check, self.args = check, dict(args or {})
+        self._access: Any = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        path, kwargs = super().serialize()
+        kwargs.pop("addon")
+        return path, {**kwargs, "check": self.check, "args": self.args}
+
+    def _check(self) -> tuple[str | None, str]:
+        from kvfleet.clients.kube import ClusterAccess
+        from kvfleet.stages import readiness
+
+        if self._access is None:
+            self._access = ClusterAccess.from_hyperpod(self._hyperpod(), self.cluster)
+        ready, state = readiness.check(self._access, self.check, self.args)
+        return (SUCCESS if ready else None), f"{readiness.WHAT[self.check]}: {state}"
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            async for event in super().run():
+                yield event
+        finally:
+            if self._access is not None:
+                await asyncio.to_thread(self._access.close)
 
 
 # ---- the drift watch ----------------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ before stage 4 applies the ClusterPolicy.
 
 Each create or update is a typed action (``fleet.actions.CreateAddon``/``UpdateAddon``) that ``stages.executor``
 applies with its write-ahead record, or renders in a dry run. The stage is split (``base.Pending``): ``act`` makes
-the next add-on's change and hands the wait for ACTIVE to its caller (the rollout defers it to Airflow's
-triggerer, issue 19); ``finish`` verifies the operator and Kyverno and records. ``reconcile`` runs both, waiting
+the next add-on's change and hands the wait for ACTIVE to its caller, then the wait for the operator's controller
+when it is not ready yet (the rollout defers them to Airflow's triggerer, issue 19); ``finish`` reconciles
+Kyverno and records. ``reconcile`` runs both, waiting
 in the worker.
 """
 
@@ -28,10 +29,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvfleet.clients.kube import get_or_none, wait_for
+from kvfleet.clients.kube import wait_for
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
-from kvfleet.stages import executor, kyverno, operator_pause
+from kvfleet.stages import executor, kyverno, readiness
 from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
 
 STAGE = "operator_addons"
@@ -94,21 +95,10 @@ def addon_action(eks: str, name: str, live: dict[str, Any] | None, version: str 
 
 def verify_operator(ctx: StageContext) -> str:
     """The operator's controller is Ready (found wherever it is installed: ``operator_pause.find_controller``,
-    the add-on's name, the Helm chart's name or its labels) and the InferenceEndpointConfig CRD is served."""
-    kube = ctx.kube
-
-    def check() -> tuple[bool, str]:
-        found = operator_pause.find_controller(kube)
-        if found is None:
-            return False, "controller Deployment not created yet"
-        name, dep = found
-        ready = getattr(dep.status, "ready_replicas", None) or 0
-        crd = get_or_none(kube.apiext.read_custom_resource_definition, C.IEC_CRD_NAME)
-        served = crd is not None and any(v.name == C.IEC_VERSION and v.served for v in crd.spec.versions)
-        return ready >= 1 and served, f"controller {name} ready {ready}, CRD {C.IEC_CRD_NAME} served={served}"
-
-    return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
-                    what=f"[{ctx.cluster.name}] inference operator", progress=ctx.progress)
+    the add-on's name, the Helm chart's name or its labels) and the InferenceEndpointConfig CRD is served
+    (``stages.readiness.operator``)."""
+    return wait_for(lambda: readiness.operator(ctx.kube), timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
+                    what=f"[{ctx.cluster.name}] {readiness.WHAT['operator']}", progress=ctx.progress)
 
 
 def reconcile(ctx: StageContext) -> Outcome:
@@ -130,7 +120,13 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
         results[name] = result
         if pending is not None:
             return pending
-    return None
+    if ctx.dry_run or "operator" in progress:
+        return None
+    ready, state = readiness.operator(ctx.kube)  # one look; not ready yet (just installed): a wait for the caller
+    progress["operator"] = state if ready else None
+    if ready:
+        return None
+    return Pending("after:operator", f"stage 2: {state}", ctx.timeouts.pods_s, check="operator")
 
 
 def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
@@ -142,7 +138,7 @@ def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
         policy_engine = kyverno.reconcile(ctx).outcome.value
         outcome = "planned" if planned or policy_engine == "planned" else "unchanged"
         return ctx.record("addons", STAGE, outcome, addons=results, kyverno=policy_engine)
-    state = verify_operator(ctx)
+    state = progress.get("operator") or verify_operator(ctx)  # ready already when the caller waited: one read
     policy_engine = kyverno.reconcile(ctx).outcome.value
     outcome = "changed" if changed or policy_engine == "changed" else "unchanged"
     if not changed:

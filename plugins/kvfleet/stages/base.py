@@ -108,7 +108,8 @@ class Outcome:
 @dataclass(frozen=True)
 class Pending:
     """A wait a stage leaves to its caller, after a change it just made or before one it must make: the HyperPod
-    cluster back to ``InService`` (``addon`` None) or an EKS add-on ``ACTIVE``.
+    cluster back to ``InService`` (``addon`` None), an EKS add-on ``ACTIVE``, or a Kubernetes readiness check
+    (``check``: the ai-toolkit daemon, the operator's controller; ``stages.readiness``).
 
     Stages 1 and 2 are split into ``act(ctx, progress) -> Pending | None`` and ``finish(ctx, progress) ->
     Outcome``: ``act`` makes the next change and returns what must be waited for; the caller waits — in the
@@ -124,11 +125,22 @@ class Pending:
     timeout_s: float
     addon: str | None = None
     eks: str | None = None
+    # A Kubernetes readiness check instead (``stages.readiness``: its name and JSON arguments).
+    check: str | None = None
+    args: Mapping[str, Any] | None = None
 
 
 def settle(ctx: StageContext, pending: Pending) -> None:
-    """Wait for ``pending`` in this process (``HyperPodClient.wait_cluster``/``wait_addon``)."""
-    if pending.addon is None:
+    """Wait for ``pending`` in this process (``HyperPodClient.wait_cluster``/``wait_addon``, or the readiness
+    check polled with ``clients.kube.wait_for``)."""
+    if pending.check is not None:
+        from kvfleet.clients.kube import wait_for
+        from kvfleet.stages import readiness
+
+        name, args = pending.check, dict(pending.args or {})
+        wait_for(lambda: readiness.check(ctx.kube, name, args), timeout_s=pending.timeout_s, poll_s=poll_seconds(),
+                 what=f"[{ctx.cluster.name}] {readiness.WHAT[name]}", progress=ctx.progress)
+    elif pending.addon is None:
         ctx.hyperpod.wait_cluster(ctx.cluster.name, timeout_s=pending.timeout_s, poll_s=poll_seconds(),
                                   progress=ctx.say)
     else:

@@ -15,9 +15,10 @@ NodeRecovery (issue 22 §3):
   and judges nothing when it is not declared.
 
 The change is one typed action (``fleet.actions.UpdateCluster``) that ``stages.executor`` applies, or renders in a
-dry run. The stage is split in two (``base.Pending``): ``act`` observes and makes the change, and hands the wait
-for InService to its caller (the rollout defers it to Airflow's triggerer, issue 19); ``finish`` checks what the
-service applied, verifies the daemon and records. ``reconcile`` runs both, waiting in the worker.
+dry run. The stage is split (``base.Pending``): ``act`` observes and makes the change, and hands the waits to its
+caller (InService, then the ai-toolkit daemon ready on every node; the rollout defers them to Airflow's
+triggerer, issue 19), checking in between what the service applied; ``finish`` records. ``reconcile`` runs both,
+waiting in the worker.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet.clients.hyperpod import CLUSTER_OK, TieredStorage, validate_tiered_storage
-from kvfleet.clients.kube import get_or_none, wait_for
+from kvfleet.clients.kube import wait_for
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
 from kvfleet.fleet.drift import declared_node_recovery
-from kvfleet.stages import executor
+from kvfleet.stages import executor, readiness
 from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
 
 STAGE = "tiered_storage"
@@ -43,20 +44,8 @@ def _matches(live: TieredStorage, mode: str, percent: int) -> bool:
 
 
 def _verify_daemonset(ctx: StageContext, mode: str, nodes: int) -> str:
-    apps = ctx.kube.apps
-
-    def check() -> tuple[bool, str]:
-        ds = get_or_none(apps.read_namespaced_daemon_set, C.AI_TOOLKIT_DAEMONSET, C.AI_TOOLKIT_NAMESPACE)
-        if mode == "Disable":
-            return ds is None, "ai-toolkit absent" if ds is None else "ai-toolkit still present"
-        if ds is None:
-            return False, "ai-toolkit DaemonSet not created yet"
-        ready = getattr(ds.status, "number_ready", None) or 0
-        desired = getattr(ds.status, "desired_number_scheduled", None) or 0
-        return ready == desired == nodes, f"ai-toolkit ready {ready}/{desired} on {nodes} nodes"
-
-    return wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
-                    what=f"[{ctx.cluster.name}] {C.AI_TOOLKIT_NAMESPACE}/{C.AI_TOOLKIT_DAEMONSET}",
+    return wait_for(lambda: readiness.ai_toolkit(ctx.kube, mode=mode, nodes=nodes), timeout_s=ctx.timeouts.pods_s,
+                    poll_s=poll_seconds(), what=f"[{ctx.cluster.name}] {readiness.WHAT['ai_toolkit']}",
                     progress=ctx.progress)
 
 
@@ -82,8 +71,10 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     """Observe, decide and make the one change (``UpdateCluster``), or record that none is needed (or, in a dry
     run, the change it would make). Returns the wait the change needs (``base.Pending``): the caller waits for
     InService, in the worker or deferred, then calls ``act`` again (None: go on to ``finish``)."""
-    if "done" in progress or "decision" in progress:
+    if "done" in progress or "daemon" in progress:
         return None
+    if "decision" in progress:
+        return _applied(ctx, progress)
     cl = ctx.cluster
     mode, percent = cl.tiered_storage_mode, cl.memory_percent
     validate_tiered_storage(mode, percent)  # before any call: botocore checks neither range nor enum
@@ -121,25 +112,39 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     return Pending("after:cluster", f"UpdateCluster {cl.name}", ctx.timeouts.cluster_update_s)
 
 
-def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
-    """After the change (and the wait for InService): check what the service applied, verify the ai-toolkit
-    daemon, and record; or the outcome ``act`` already recorded."""
-    if "done" in progress:
-        return Outcome.from_dict(progress["done"])
+def _applied(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """Once InService after the change: what the service applied, then the ai-toolkit daemon — a wait handed to
+    the caller too when it is not ready yet (``stages.readiness.ai_toolkit``)."""
     cl, d = ctx.cluster, progress["decision"]
-    node_recovery = d["node_recovery"]
     # InService already when the caller waited: one DescribeCluster (and a wait if an update is still seen).
     after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
                                       progress=ctx.say)
-    if after.node_recovery is not None and after.node_recovery != node_recovery:
+    if after.node_recovery is not None and after.node_recovery != d["node_recovery"]:
         raise PermanentError(f"HyperPod cluster {cl.name}: NodeRecovery is {after.node_recovery} after "
-                             f"UpdateCluster asked for {node_recovery}")
-    detail: dict[str, Any] = {"node_recovery": node_recovery, "node_recovery_source": d["source"]}
+                             f"UpdateCluster asked for {d['node_recovery']}")
+    if d["tiered_ok"]:
+        progress["daemon"] = None
+        return None
+    args = {"mode": d["mode"], "nodes": len(ctx.hyperpod.list_cluster_nodes(cl.name))}
+    ready, state = readiness.ai_toolkit(ctx.kube, **args)
+    progress["daemon"] = {"args": args, "state": state if ready else None}
+    if ready:
+        return None
+    return Pending("after:ai_toolkit", f"stage 1: {state}", ctx.timeouts.pods_s, check="ai_toolkit", args=args)
+
+
+def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
+    """After the change and its waits: record what changed and the daemon's state; or the outcome ``act``
+    already recorded."""
+    if "done" in progress:
+        return Outcome.from_dict(progress["done"])
+    d, daemon = progress["decision"], progress["daemon"]
+    detail: dict[str, Any] = {"node_recovery": d["node_recovery"], "node_recovery_source": d["source"]}
     if not d["recovery_ok"]:
         detail["node_recovery_before"] = d["node_recovery_before"]
-    if d["tiered_ok"]:
+    if daemon is None:
         return ctx.record("tiered_storage", STAGE, "changed", before=d["desired"], after=d["desired"], **detail)
-    nodes = len(ctx.hyperpod.list_cluster_nodes(cl.name))
-    state = _verify_daemonset(ctx, d["mode"], nodes)
+    # Ready already when the caller waited: one read.
+    state = daemon["state"] or _verify_daemonset(ctx, daemon["args"]["mode"], daemon["args"]["nodes"])
     return ctx.record("tiered_storage", STAGE, "changed", before=d["before"], after=d["desired"], verified=state,
                       **detail)

@@ -10,16 +10,37 @@ with what ``finish`` verified.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import mutating_requests
 from test_deferral import ti_states  # noqa: F401  (the fixture: the task instances' states from the database)
 from test_rollout_sandbox import conf
 
+from conftest import mutating_requests
 from kvfleet.fleet import constants as C
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+KUBECTL = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "kubectl"
+SCALE = ("--context", "c-patch", "-n", C.OPERATOR_NAMESPACE, "scale", "deployment", C.OPERATOR_DEPLOYMENT)
+
+
+def _kubectl(*args: str) -> str:
+    return subprocess.run([str(KUBECTL), *args], check=True, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ)).stdout
+
+
+def _operator_down() -> None:
+    _kubectl(*SCALE, "--replicas=0")
+    for _ in range(300):  # the Deployment controller's next pass (readyReplicas is omitted at 0)
+        if _kubectl("--context", "c-patch", "-n", C.OPERATOR_NAMESPACE, "get", "deployment", C.OPERATOR_DEPLOYMENT,
+                    "-o", "jsonpath={.status.readyReplicas}").strip() in ("", "0"):
+            return
+        time.sleep(0.1)
 
 
 def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_once(  # type: ignore[no-untyped-def]
@@ -53,3 +74,33 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
     assert len(addons) == 1 and addons[0]["outcome"] == "changed", addons
     assert addons[0]["detail"]["addons"] == {name: "changed" for name in C.ADDON_ORDER}, addons
     assert "ready" in str(addons[0]["detail"].get("operator")), addons  # finish verified the operator
+
+    # A rerun while the operator's controller is not Ready (scaled to 0 by hand): stage 2 changes nothing, looks
+    # once, and waits for the controller in the triggerer; it comes back (scaled up while the task is deferred).
+    _operator_down()
+    seen: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def scale_up_once_deferred_on_the_operator() -> None:
+        while not stop.wait(0.1):
+            waiting = [r for r in ti_states.rows("cluster.stages") if r["run_id"] != dr.run_id
+                       and r["state"] == "deferred" and str(r.get("classpath") or "").endswith("KubeReadyTrigger")]
+            if waiting:
+                seen["deferred"] = waiting[0]
+                _kubectl(*SCALE, "--replicas=1")
+                return
+
+    watcher = threading.Thread(target=scale_up_once_deferred_on_the_operator, daemon=True)
+    watcher.start()
+    try:
+        again = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, clusters=["c-patch"], gate="none"))
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        _kubectl(*SCALE, "--replicas=1")
+    assert again.state == "success", ti_states.rows()
+    assert seen, f"never deferred on the operator: {ti_states.rows('cluster.stages')}"
+    assert seen["deferred"]["next_method"] == "resume"
+    rerun = [s for s in history.steps(f"kvfleet_rollout/{again.run_id}") if s["step"] == "addons"]
+    assert len(rerun) == 1 and rerun[0]["outcome"] == "unchanged", rerun
+    assert "ready 1" in str(rerun[0]["detail"].get("operator")), rerun  # what the resumed stage saw

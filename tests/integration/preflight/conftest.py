@@ -7,23 +7,19 @@ exactly as the Airflow connections would in production (AWS endpoint, credential
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from preflightkit import CLUSTER
+from twinenv import stage_contexts, use_twin
 
 from kvfleet.fleet.inventory import Inventory, load_inventory
-from kvfleet.stages.base import StageContext, Timeouts
+from kvfleet.stages.base import StageContext
 from kvfleet_sandbox.aws_prereqs import seed_prerequisites
 
 
 @pytest.fixture
 def fleet_env(sandbox, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in sandbox.exports().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
-    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # boto3 reads AWS_ENDPOINT_URL natively
-    return sandbox
+    return use_twin(sandbox, monkeypatch)
 
 
 @pytest.fixture
@@ -39,15 +35,5 @@ def prepared(fleet_env, inventory):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def make_ctx(fleet_env, inventory) -> Iterator[Callable[..., StageContext]]:  # type: ignore[no-untyped-def]
-    made: list[StageContext] = []
-
-    def make(cluster: str = CLUSTER, *, inv: Inventory | None = None, **kw: Any) -> StageContext:
-        inv = inv or inventory
-        ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), aws_conn_id=None,
-                           timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30), **kw)
-        made.append(ctx)
-        return ctx
-
-    yield make
-    for ctx in made:
-        ctx.close()
+    with stage_contexts(inventory, CLUSTER) as make:
+        yield make

@@ -3,22 +3,18 @@ exactly as the Airflow connections would in production (AWS endpoint, credential
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import pytest
+from twinenv import stage_contexts, use_twin
 
 from kvfleet.fleet.inventory import Inventory, load_inventory
-from kvfleet.stages.base import StageContext, Timeouts
+from kvfleet.stages.base import StageContext
 
 
 @pytest.fixture
 def fleet_env(sandbox, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in sandbox.exports().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
-    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)  # boto3 reads AWS_ENDPOINT_URL natively
-    return sandbox
+    return use_twin(sandbox, monkeypatch)
 
 
 @pytest.fixture
@@ -27,16 +23,6 @@ def inventory(example_fleet) -> Inventory:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def make_ctx(fleet_env, inventory) -> Callable[..., StageContext]:  # type: ignore[no-untyped-def]
-    made: list[StageContext] = []
-
-    def make(cluster: str = "ml-stage-usw2", *, inv: Inventory | None = None, **kw: Any) -> StageContext:
-        inv = inv or inventory
-        ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), aws_conn_id=None,
-                           timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30), **kw)
-        made.append(ctx)
-        return ctx
-
-    yield make
-    for ctx in made:
-        ctx.close()
+def make_ctx(fleet_env, inventory) -> Iterator[Callable[..., StageContext]]:  # type: ignore[no-untyped-def]
+    with stage_contexts(inventory, "ml-stage-usw2") as make:
+        yield make

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from twinenv import stage_contexts, use_twin
 
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.endpoint_spec import kyverno_policy
-from kvfleet.fleet.inventory import Inventory, load_inventory
+from kvfleet.fleet.inventory import load_inventory
 from kvfleet.stages import addons, endpoints, kyverno
 from kvfleet.stages.base import StageContext, Timeouts
 
@@ -30,29 +31,15 @@ RBAC = "rbac.authorization.k8s.io"
 
 @pytest.fixture
 def chart_env(sandbox_factory, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    sandbox = sandbox_factory(kyverno="chart")
-    for key, value in sandbox.exports().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
-    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    sandbox = use_twin(sandbox_factory(kyverno="chart"), monkeypatch)
     monkeypatch.delenv(kyverno.INSTALL_ENV, raising=False)
     return sandbox
 
 
 @pytest.fixture
 def make_ctx(chart_env, example_fleet) -> Iterator[Callable[..., StageContext]]:  # type: ignore[no-untyped-def]
-    inv: Inventory = load_inventory(example_fleet)
-    made: list[StageContext] = []
-
-    def make(cluster: str = CLUSTER, **kw: Any) -> StageContext:
-        ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), aws_conn_id=None,
-                           timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=60, pvc_s=30), **kw)
-        made.append(ctx)
-        return ctx
-
-    yield make
-    for ctx in made:
-        ctx.close()
+    with stage_contexts(load_inventory(example_fleet), CLUSTER) as make:
+        yield make
 
 
 def grant_install(sandbox: Any) -> None:
@@ -75,7 +62,7 @@ def nothing_installed(sandbox: Any) -> bool:
             and not store.list("", "secrets", kyverno.NAMESPACE))
 
 
-def test_missing_kyverno_is_installed_then_its_webhook_is_ready_then_the_policy(chart_env, make_ctx) -> None:
+def test_missing_kyverno_is_installed_then_its_webhook_is_ready_then_the_policy(chart_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
     twin = chart_env.twin(CLUSTER)
     assert nothing_installed(chart_env) and not twin.services["kyverno"].serving
     grant_install(chart_env)
@@ -110,7 +97,7 @@ def test_missing_kyverno_is_installed_then_its_webhook_is_ready_then_the_policy(
     assert again.outcome == "unchanged"
 
 
-def test_stage_2_installs_kyverno_on_a_kyverno_cluster_only(chart_env, make_ctx) -> None:
+def test_stage_2_installs_kyverno_on_a_kyverno_cluster_only(chart_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
     grant_install(chart_env)
     outcome = addons.reconcile(make_ctx())
     assert outcome.outcome == "changed" and outcome.detail["kyverno"] == "changed"
@@ -120,7 +107,7 @@ def test_stage_2_installs_kyverno_on_a_kyverno_cluster_only(chart_env, make_ctx)
                                                    kyverno.NAMESPACE) is None
 
 
-def test_not_allowed_to_install_refuses_with_the_exact_command(chart_env, make_ctx,
+def test_not_allowed_to_install_refuses_with_the_exact_command(chart_env, make_ctx,  # type: ignore[no-untyped-def]
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     grant_install(chart_env)
     monkeypatch.setenv(kyverno.INSTALL_ENV, "refuse")
@@ -139,7 +126,7 @@ def test_not_allowed_to_install_refuses_with_the_exact_command(chart_env, make_c
         kyverno.reconcile(make_ctx())
 
 
-def test_an_install_rbac_forbids_is_refused_with_the_command(chart_env, make_ctx) -> None:
+def test_an_install_rbac_forbids_is_refused_with_the_command(chart_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
     """Without the install grant (k8s/rbac alone), helm's 403 becomes the refusal, not a retried failure."""
     with pytest.raises(PermanentError) as refused:
         kyverno.reconcile(make_ctx())
@@ -147,7 +134,7 @@ def test_an_install_rbac_forbids_is_refused_with_the_command(chart_env, make_ctx
     assert f"--version {kyverno.CHART_VERSION} -n kyverno --create-namespace" in str(refused.value)
 
 
-def test_dry_run_plans_the_install_and_changes_nothing(chart_env, make_ctx) -> None:
+def test_dry_run_plans_the_install_and_changes_nothing(chart_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
     ctx = make_ctx(dry_run=True)
     outcome = kyverno.reconcile(ctx)
     assert outcome.outcome == "planned"
@@ -156,13 +143,9 @@ def test_dry_run_plans_the_install_and_changes_nothing(chart_env, make_ctx) -> N
     assert nothing_installed(chart_env)
 
 
-def test_a_preinstalled_kyverno_is_verified_not_reinstalled(sandbox_factory, example_fleet,
+def test_a_preinstalled_kyverno_is_verified_not_reinstalled(sandbox_factory, example_fleet,  # type: ignore[no-untyped-def]
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    sandbox = sandbox_factory()  # the default: a platform team's Kyverno is there
-    for key, value in sandbox.exports().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("KVFLEET_POLL_SECONDS", "0.1")
-    monkeypatch.delenv("AIRFLOW_CONN_AWS_DEFAULT", raising=False)
+    sandbox = use_twin(sandbox_factory(), monkeypatch)  # the default: a platform team's Kyverno is there
     inv = load_inventory(example_fleet)
     ctx = StageContext(inventory=inv, cluster=inv.cluster(CLUSTER), aws_conn_id=None,
                        timeouts=Timeouts(pods_s=60))
@@ -177,7 +160,7 @@ def test_a_preinstalled_kyverno_is_verified_not_reinstalled(sandbox_factory, exa
         ctx.close()
 
 
-def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_policy(chart_env,
+def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_policy(chart_env,  # type: ignore[no-untyped-def]
                                                                                        make_ctx) -> None:
     from kvfleet.stages import drift
 
@@ -201,7 +184,7 @@ def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_
     assert "kyverno_missing" not in after and "policy_missing" not in after
 
 
-def test_preflight_names_a_missing_kyverno(chart_env, make_ctx, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_preflight_names_a_missing_kyverno(chart_env, make_ctx, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """A warning while stage 2 may install it (the command to run beforehand as the fix); an error when not."""
     from kvfleet.stages import preflight
 

@@ -107,6 +107,10 @@ def verification_params() -> dict[str, Any]:
         "prompt_tokens": _prompt_tokens("Prompt length (tokens)"),
         "sweep": Param(False, type="boolean", title="Sweep 500…3,000 tokens",
                        description="Record the endpoint's speedup curve beside the published one."),
+        "max_parallel": Param(8, type="integer", minimum=1, maximum=32, title="Endpoints verified at once",
+                              description="Per cluster, endpoints whose pods share no node are verified at the "
+                                          "same time, at most this many (1 to 32; 1: one at a time). Endpoints "
+                                          "sharing a node never are."),
     }
 
 

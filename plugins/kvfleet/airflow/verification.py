@@ -1,8 +1,18 @@
 """Task bodies of the hourly `kvfleet_hit_verification` DAG: stage 5 on every managed endpoint, per cluster.
 
-Called from ``dags/kvfleet_hit_verification.py``. Each mapped task verifies the endpoints of one cluster in
-turn (pods of one cluster share nodes, so probing them in parallel would disturb the TTFT it measures), and
-records every result in the history store. The summary logs one table per LOB.
+Called from ``dags/kvfleet_hit_verification.py``. Each mapped task verifies the endpoints of one cluster, in
+batches (issue 19): one read of the cluster's pods gives each endpoint's nodes, ``fleet.verify_batches`` puts
+endpoints whose pods share no node in the same batch, the endpoints of a batch are verified at the same time (a
+thread pool of at most ``max_parallel``), and the batches run one after another — endpoints that share a node are
+never probed together, since one probe's prefill would disturb the TTFT the other measures. Every result is
+recorded in the history store as before (one ``verify:<endpoint>:<tokens>`` row each) and returned in inventory
+order. The summary logs one table per LOB.
+
+Threads share the task's StageContext: its Kubernetes ``ApiClient`` (built before the pool starts, in this
+thread: ``cached_property`` builds it without a lock) makes synchronous calls through one urllib3 ``PoolManager``,
+which is thread-safe, and keeps no per-call state but the unused ``last_response``; the token refresh holds
+``ClusterAccess._lock``; the history store's SQLAlchemy engine is thread-safe (one pooled connection per
+transaction, ``History`` keeps none). Each thread has its own ``Verification``, prompt and log reads.
 
 Probes draw their prompts from the bounded rotating pool (``verify.ProbePool``: the L2 footprint of a day of
 probes stays bounded, bench/probe_footprint.py). Sweep rows carry ``detail.sweep``; an endpoint's first full-hit
@@ -12,15 +22,27 @@ sweep after its last rollout is its baseline (``verdict.baseline_from_rows``), p
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from sqlalchemy import text
 
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
+from kvfleet.errors import PermanentError
+from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.verdict import baseline_from_rows
+from kvfleet.fleet.verify_batches import describe, plan_batches
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import verify
+from kvfleet.stages.base import StageContext
+
+# Endpoints of one batch verified at the same time (the DAG's ``max_parallel`` Param: 1 to MAX_PARALLEL_LIMIT).
+# A batch of node-disjoint endpoints holds at most half the cluster's GPU nodes (two pods per endpoint).
+DEFAULT_MAX_PARALLEL = 8
+MAX_PARALLEL_LIMIT = 32
 
 # The sweep rows of one endpoint since its last rollout: stage 4 ("endpoint") changing it in any run.
 _BASELINE_SQL = """
@@ -59,29 +81,73 @@ def open_run(params: dict[str, Any]) -> list[str]:
     return sorted({e.cluster for e in inv.endpoints})
 
 
+def check_max_parallel(value: Any) -> int:
+    """The ``max_parallel`` Param as an int in range, or a PermanentError naming field, value, range and fix."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL_LIMIT:
+        raise PermanentError(f"max_parallel: {value!r} is not an integer from 1 to {MAX_PARALLEL_LIMIT} (endpoints of "
+                             f"one cluster verified at the same time); use e.g. {DEFAULT_MAX_PARALLEL}, or 1 to "
+                             "verify one endpoint at a time")
+    return value
+
+
 @task_boundary
 def verify_cluster(cluster: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    ctx = stage_context(cluster, params)
-    out = []
     sweep = bool(params.get("sweep"))
+    lengths = verify.SWEEP_LENGTHS if sweep else (int(params["prompt_tokens"]),)
+    max_parallel = check_max_parallel(params.get("max_parallel", DEFAULT_MAX_PARALLEL))
+    # a sweep (on demand, rare) probes with fresh documents: its speeds may become the baseline. The pool is
+    # stateless (frozen), so one is shared by every probe of the task.
+    pool = None if sweep else verify.ProbePool()
+    ctx = stage_context(cluster, params)
     try:
-        for ep in ctx.inventory.endpoints_of(cluster):
-            lengths = verify.SWEEP_LENGTHS if sweep else (int(params["prompt_tokens"]),)
-            baseline = endpoint_baseline(ctx.history, cluster, ep.key)
-            for n in lengths:
-                # a sweep (on demand, rare) probes with fresh documents: its speeds may become the baseline
-                pool = None if sweep else verify.ProbePool()
-                result = verify.verify_endpoint(ctx, ep, n, pool=pool, baseline=baseline).as_dict()
-                result["detail"] = {**(result.get("detail") or {}), "sweep": sweep}
-                if ctx.history is not None and ctx.step_key is not None:
-                    ctx.history.record_verification(ctx.step_key, f"verify:{ep.key}:{n}", result)
-                log.info("%s %s tokens: %s hit %s speedup %s (expected %s) %s", ep.ref, n, result["verdict"],
-                         result["hit_ratio"], result["speedup"], result["expected_speedup"],
-                         result.get("diagnosis") or "")
-                out.append({k: result[k] for k in ("cluster", "endpoint", "lob", "prompt_tokens", "verdict",
-                                                   "hit_ratio", "speedup", "expected_speedup", "diagnosis")})
+        return verify_endpoints(ctx, list(ctx.inventory.endpoints_of(cluster)), lengths, sweep=sweep, pool=pool,
+                                max_parallel=max_parallel)
     finally:
         ctx.close()
+
+
+def verify_endpoints(ctx: StageContext, endpoints: Sequence[Endpoint], lengths: Sequence[int], *, sweep: bool,
+                     pool: verify.ProbePool | None, max_parallel: int = DEFAULT_MAX_PARALLEL) -> list[dict[str, Any]]:
+    """Verify ``endpoints`` (of ``ctx``'s cluster) in node-disjoint batches, recording each result; the rows for the
+    summary, in the order of ``endpoints``. An endpoint whose verification raises does not stop the others of its
+    batch (each is recorded); the first error in inventory order is raised once the batch is done, and no later
+    batch starts (as before, when the loop stopped there)."""
+    cluster = ctx.cluster.name
+    nodes, why = verify.endpoint_nodes(ctx, endpoints)  # builds ctx.kube here, before any worker thread
+    if why:
+        log.warning("%s: the pods could not be read (%s): every endpoint is verified alone", cluster, why)
+    by_key = {ep.key: ep for ep in endpoints}
+    batches = plan_batches([ep.key for ep in endpoints], nodes)
+    log.info("%s: verification plan: %s (at most %d at a time): %s", cluster, describe(batches), max_parallel,
+             " | ".join(", ".join(b) for b in batches))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=f"verify-{cluster}") as executor:
+        for i, batch in enumerate(batches, 1):
+            started = time.monotonic()
+            futures: dict[str, Future[list[dict[str, Any]]]] = {
+                key: executor.submit(_verify_one, ctx, by_key[key], lengths, sweep, pool) for key in batch}
+            wait(futures.values())
+            log.info("%s: batch %d/%d (%d endpoint(s): %s) took %.1f s", cluster, i, len(batches), len(batch),
+                     ", ".join(batch), time.monotonic() - started)
+            for key, future in futures.items():  # the first failure in inventory order
+                rows[key] = future.result()
+    return [r for ep in endpoints for r in rows[ep.key]]
+
+
+def _verify_one(ctx: StageContext, ep: Endpoint, lengths: Sequence[int], sweep: bool,
+                pool: verify.ProbePool | None) -> list[dict[str, Any]]:
+    """Stage 5 on one endpoint at each length, each result recorded (``verify:<endpoint>:<tokens>``)."""
+    out = []
+    baseline = endpoint_baseline(ctx.history, ctx.cluster.name, ep.key)
+    for n in lengths:
+        result = verify.verify_endpoint(ctx, ep, n, pool=pool, baseline=baseline).as_dict()
+        result["detail"] = {**(result.get("detail") or {}), "sweep": sweep}
+        if ctx.history is not None and ctx.step_key is not None:
+            ctx.history.record_verification(ctx.step_key, f"verify:{ep.key}:{n}", result)
+        log.info("%s %s tokens: %s hit %s speedup %s (expected %s) %s", ep.ref, n, result["verdict"],
+                 result["hit_ratio"], result["speedup"], result["expected_speedup"], result.get("diagnosis") or "")
+        out.append({k: result[k] for k in ("cluster", "endpoint", "lob", "prompt_tokens", "verdict", "hit_ratio",
+                                           "speedup", "expected_speedup", "diagnosis")})
     return out
 
 

@@ -35,14 +35,14 @@ import hashlib
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kvfleet.clients.inference import pod_log_since, stream_completion
 from kvfleet.clients.kube import call
-from kvfleet.errors import PermanentError
+from kvfleet.errors import KvfleetError, PermanentError
 from kvfleet.fleet import lmcache_log
 from kvfleet.fleet.economics import expected_speedup
 from kvfleet.fleet.inventory import Endpoint
@@ -58,6 +58,7 @@ from kvfleet.fleet.verdict import (
     verdict_of,
 )
 from kvfleet.fleet.verdict import SPEEDUP_TOLERANCE as SPEEDUP_TOLERANCE
+from kvfleet.fleet.verify_batches import nodes_by_endpoint
 from kvfleet.stages.base import StageContext
 
 # How long B waits for A's Stored line of the same request, and how often A's log is read meanwhile. Past the
@@ -134,6 +135,24 @@ def check_prompt_length(tokens: int, chunk_size: int) -> None:
         raise PermanentError(f"prompt_tokens: {tokens} is too short to verify L2: LMCache stores nothing shorter "
                              f"than one {chunk_size}-token chunk, so use at least {2 * chunk_size} tokens "
                              "(default 2,000)")
+
+
+def endpoint_nodes(ctx: StageContext, endpoints: Sequence[Endpoint]) -> tuple[dict[str, frozenset[str] | None],
+                                                                          str | None]:
+    """The nodes of each endpoint's live pods (by ``ep.key``), from ONE list of the cluster's pods with the label
+    selection :func:`verify_endpoint` picks its pods by (``app=<name>`` in the endpoint's namespace): the input of
+    ``verify_batches.plan_batches`` for the hourly sweep. When the list fails, every endpoint's nodes are unknown
+    (``None``: each is then verified alone, as before) and the second value says why."""
+    if not endpoints:
+        return {}, None
+    names = sorted({ep.name for ep in endpoints})
+    try:
+        pods = call(ctx.kube.core.list_pod_for_all_namespaces, label_selector=f"app in ({','.join(names)})",
+                    what=f"pods of {len(endpoints)} endpoint(s) (verification batches)").items
+    except KvfleetError as exc:
+        return {ep.key: None for ep in endpoints}, str(exc)
+    docs = [ctx.kube.api_client.sanitize_for_serialization(p) for p in pods]
+    return nodes_by_endpoint(docs, [(ep.key, ep.namespace, ep.name) for ep in endpoints]), None
 
 
 def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None,

@@ -25,10 +25,18 @@ Part 2 — the triggerer's cost per waiting cluster: K ``LeaseFreeTrigger``s (le
 ``DateTimeTrigger``s run together on one asyncio loop, as the triggerer runs them, for ``--trigger-seconds``;
 reported: CPU seconds per trigger-hour and history-database polls per second.
 
-    python bench/fleet_scale.py [--json] [--sizes 1 2 4] [--bake-s 2] [--hold-s 5] [--triggers 10 100 1000]
+Part 3 — scaling curves (``--curves CxE ...``: C twin clusters × E endpoints per cluster, fleets generated from
+``tests/fleets/twin.yaml``'s shape): a rollout (``gate=verify``, no bake, ``--wave-size``) and the hourly
+verification DAG, each reported with its wall time, Kubernetes and AWS calls per endpoint, history rows per
+endpoint, XCom bytes per task and slot-seconds held while waiting (bench/fleet_curves.py says how).
 
-``--json`` prints only the JSON summary on stdout (logs on stderr). Exit 0 when every size held 0 slot-seconds
-while waiting, 1 otherwise, 2 on bad arguments. What is extrapolated from these figures is in bench/README.md.
+    python bench/fleet_scale.py [--json] [--sizes 1 2 4] [--bake-s 2] [--hold-s 5] [--triggers 10 100 1000]
+                                [--curves 1x10 2x10] [--wave-size 10]
+
+``--sizes``, ``--triggers`` or ``--curves`` given with no value skips that part (``--sizes --triggers --curves
+1x10``: part 3 only). ``--json`` prints only the JSON summary on stdout (logs on stderr). Exit 0 when every run
+succeeded and held 0 slot-seconds while waiting, 1 otherwise, 2 on bad arguments. What is extrapolated from these
+figures is in bench/README.md.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The task instances' state log (a PostgreSQL trigger on task_instance), shared with tests/integration/dags/
 # test_deferral.py.
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fleet_curves  # noqa: E402
 from ti_state_log import TiStateLog  # noqa: E402
 
 CONTENDER = "kvfleet_curvine_upgrade/bench-contender"
@@ -124,10 +134,10 @@ def analyse(rows: list[dict[str, Any]], released: dict[str, float], cluster_of: 
 
 
 # ---- part 1: a rollout at N clusters ----------------------------------------------------------------------------
-def sandbox(fleet: Path, state: Path) -> tuple[dict[str, str], Any]:
+def sandbox(fleet: Path, state: Path, timeout: float = 180) -> tuple[dict[str, str], Any]:
     subprocess.run([sys.executable, "-m", "kvfleet_sandbox", "up", "--fleet", str(fleet), "--state-dir", str(state),
-                    "--time-scale", "0.005", "--timeout", "180"], check=True, timeout=240, stdout=sys.stderr,
-                   stderr=sys.stderr)
+                    "--time-scale", "0.005", "--timeout", f"{timeout:g}"], check=True, timeout=timeout + 60,
+                   stdout=sys.stderr, stderr=sys.stderr)
     env: dict[str, str] = {}
     for line in (state / "env").read_text().splitlines():
         if line.startswith("export "):
@@ -255,22 +265,36 @@ def triggerer_cost(k: int, seconds: float, poll_s: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON summary on stdout")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2], help="twin clusters per rollout (1-8)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 2],
+                        help="part 1: twin clusters per contended rollout (1-8); none: skip part 1")
     parser.add_argument("--bake-s", type=float, default=2.0, help="bake after each wave, seconds (0.5-600)")
     parser.add_argument("--hold-s", type=float, default=5.0,
                         help="the other run keeps a cluster's lease this long after the rollout starts waiting (0-600)")
-    parser.add_argument("--triggers", type=int, nargs="+", default=[10, 100, 1000],
-                        help="concurrent triggers for the triggerer's cost (1-5000)")
+    parser.add_argument("--triggers", type=int, nargs="*", default=[10, 100, 1000],
+                        help="part 2: concurrent triggers for the triggerer's cost (1-5000); none: skip part 2")
     parser.add_argument("--trigger-seconds", type=float, default=10.0, help="how long they run (1-300)")
+    parser.add_argument("--curves", nargs="*", default=["1x10"], metavar="CxE",
+                        help="part 3: C twin clusters x E endpoints per cluster (C 1-10, E 1-200), e.g. 1x10 2x10; "
+                             "none: skip part 3")
+    parser.add_argument("--wave-size", type=int, default=10,
+                        help="part 3: the rollout's endpoints per cluster per wave after the canary (1-500)")
     args = parser.parse_args(argv)
     bad = [f"--sizes: {n} is not within 1-8" for n in args.sizes if not 1 <= n <= 8]
     bad += [] if 0.5 <= args.bake_s <= 600 else [f"--bake-s: {args.bake_s} is not within 0.5-600"]
     bad += [] if 0 <= args.hold_s <= 600 else [f"--hold-s: {args.hold_s} is not within 0-600"]
     bad += [f"--triggers: {k} is not within 1-5000" for k in args.triggers if not 1 <= k <= 5000]
     bad += [] if 1 <= args.trigger_seconds <= 300 else [f"--trigger-seconds: {args.trigger_seconds} not within 1-300"]
+    bad += [] if 1 <= args.wave_size <= 500 else [f"--wave-size: {args.wave_size} is not within 1-500"]
+    curves: list[tuple[int, int]] = []
+    for size in args.curves:
+        try:
+            curves.append(fleet_curves.parse_size(size))
+        except ValueError as exc:
+            bad.append(str(exc))
     if bad:
         print("fleet_scale.py: " + "; ".join(bad), file=sys.stderr)
         return 2
+    args.curve_sizes = curves
     # Airflow's task logs go to stdout: while the runs last, file descriptor 1 is stderr, so --json stays JSON.
     sys.stdout.flush()
     saved = os.dup(1)
@@ -282,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-    ok = all(s["state"] == "success" and s["slot_seconds_held_while_waiting"] == 0 for s in summary["rollouts"])
+    runs = summary["rollouts"] + [c[p] for c in summary["curves"] for p in ("rollout", "verification") if p in c]
+    ok = all(s["state"] == "success" and s["slot_seconds_held_while_waiting"] == 0 for s in runs)
     summary["acceptance"] = {"zero_slot_seconds_while_waiting": ok}
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
@@ -316,12 +341,24 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                 log(f"=== a gated rollout, bake {args.bake_s:g}s, leases contended, on {n} twin cluster(s)")
                 rollouts.append(rollout_at(n, work, dagbag, states, args.bake_s, args.hold_s))
                 log(json.dumps({k: v for k, v in rollouts[-1].items() if k != "waits"}))
+        curves = []
+        if args.curve_sizes:
+            with contextlib.ExitStack() as stack:
+                logs = {d: stack.enter_context(TiStateLog(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], d,
+                                                          prefix="kvfleet_bench_curve_states"))
+                        for d in (fleet_curves.ROLLOUT, fleet_curves.VERIFICATION)}
+                for c, e in args.curve_sizes:
+                    log(f"=== curves: {c} twin cluster(s) x {e} endpoints, rollout then hourly verification")
+                    curves.append(fleet_curves.curve_at(c, e, work=work, dagbag=dagbag, states=logs,
+                                                        wave_size=args.wave_size, sandbox=sandbox, analyse=analyse,
+                                                        log=log))
         trig = []
         for k in args.triggers:
             log(f"=== {k} lease triggers and {k} bake triggers on one loop for {args.trigger_seconds:g}s")
             trig.append(triggerer_cost(k, args.trigger_seconds, poll_s=10.0))
             log(json.dumps(trig[-1]))
-        return {"rollouts": rollouts, "triggerer": trig, "bake_s": args.bake_s, "hold_s": args.hold_s}
+        return {"rollouts": rollouts, "triggerer": trig, "curves": curves, "bake_s": args.bake_s,
+                "hold_s": args.hold_s, "commit": _commit()}
     finally:
         from kvfleet.history.db import dispose_engines
 
@@ -330,6 +367,14 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 sys.modules["airflow.settings"].dispose_orm(do_log=False)
         pg.stop()
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def print_table(summary: dict[str, Any]) -> None:
@@ -343,6 +388,8 @@ def print_table(summary: dict[str, Any]) -> None:
     for t in summary["triggerer"]:
         print(f"{t['triggers']:>8}{t['lease']['polls_per_s']:>14}{t['lease']['cpu_s_per_trigger_hour']:>22}"
               f"{t['bake']['cpu_s_per_trigger_hour']:>21}")
+    if summary["curves"]:
+        fleet_curves.print_curves(summary["curves"])
     print(f"\nacceptance: 0 slot-seconds held while waiting: {summary['acceptance']}")
 
 

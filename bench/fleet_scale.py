@@ -371,8 +371,12 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "plugins", "dags", "sandbox"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        changed = sorted(line[3:] for line in dirty if line.strip())
+        return head + (f" + uncommitted {', '.join(changed)}" if changed else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

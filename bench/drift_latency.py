@@ -1,6 +1,7 @@
 """Benchmark: from a change made by hand to a recorded drift finding, through the watch path (issue 19).
 
-Starts a sandbox (the example fleet, two endpoints rolled out on ml-prod-use1 with stages 1–3) and a fresh
+Starts a sandbox (the example fleet reduced to ml-prod-use1 and two endpoints, in ``l2_injection: patch`` with 2
+Curvine workers as the tests' fleet: ``fleet_text()``; stages 1–3 and the two endpoints rolled out) and a fresh
 embedded PostgreSQL for the history, then runs kvfleet's ``KubeWatchTrigger`` for ml-prod-use1 on an asyncio loop
 in a thread, exactly as the triggerer runs ``run()`` (the class ``dags/kvfleet_drift_watch.py``'s
 ``FleetWatchTrigger`` runs per inventory cluster, with its ``quiet_s`` of 15 s). Each trial makes one change
@@ -19,9 +20,12 @@ Between trials the drift check remediates (``remediate=True``) and the watch's o
 
 What is *not* the real Airflow path: no triggerer process, no scheduler and no worker. In Airflow the event
 becomes an asset event, the scheduler creates a ``kvfleet_drift_watch`` run on its next loop and a worker starts
-the task; add that (typically a few seconds) to the figures. The debounce (``quiet_s``) is in the figures.
+the task. ``--live`` measures that path (``bench/drift_latency_live.py``: the local service of ``make up``, the
+asset event, the run and its task timed from Airflow's metadata database). The debounce (``quiet_s``) is in the
+figures of both.
 
     python bench/drift_latency.py [--trials 3] [--quiet-s 15] [--json]
+    python bench/drift_latency.py --live [--trials 3] [--quiet-s 15] [--changes ...] [--json]
 
 ``--json`` prints only the JSON result on stdout. Exit 0 when every trial recorded its finding and p50 < 60 s.
 """
@@ -31,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -96,11 +99,29 @@ class WatchPump:
         self.thread.join(timeout=30)
 
 
-def _inventory() -> Any:
-    from kvfleet.fleet.inventory import load_inventory
+def fleet_text() -> str:
+    """The bench's inventory: fleet.example.yaml with ml-prod-use1 only, its two ``ROLLED`` endpoints, and the two
+    departures of the tests' fleet (tests/fleets/twin.yaml): ``l2_injection: patch`` (with the example's ``auto``,
+    Kyverno re-injects the L2 mount on every render, so a hand edit the operator renders over is no drift at all)
+    and 2 Curvine workers (the default, one per GPU node, is 16 pods to roll on every helm upgrade)."""
+    import yaml
 
-    inv = load_inventory(ROOT / "fleet.example.yaml")
-    return dataclasses.replace(inv, endpoints=tuple(e for e in inv.endpoints if e.cluster != PROD or e.name in ROLLED))
+    doc = yaml.safe_load((ROOT / "fleet.example.yaml").read_text())
+    doc["clusters"] = [c for c in doc["clusters"] if c["name"] == PROD]
+    doc["clusters"][0]["l2_injection"] = "patch"
+    doc["clusters"][0]["curvine"].setdefault("worker", {})["replicas"] = 2
+    doc["endpoints"] = [e for e in doc["endpoints"] if e["cluster"] == PROD and e["name"] in ROLLED]
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _inventory() -> Any:
+    import warnings
+
+    from kvfleet.fleet.inventory import parse_inventory
+
+    with warnings.catch_warnings():  # the 2 workers are deliberate (see fleet_text)
+        warnings.simplefilter("ignore")
+        return parse_inventory(fleet_text(), source="bench-fleet.yaml")
 
 
 def _ctx(inv: Any, history: Any = None, run: str | None = None) -> Any:
@@ -263,7 +284,15 @@ def _summary(trials: list[dict[str, Any]], quiet_s: float, wall_s: float) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--live" in argv:  # the whole Airflow path: bench/drift_latency_live.py, with the other arguments
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import drift_latency_live
+
+        return drift_latency_live.main([a for a in argv if a != "--live"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--live", action="store_true",
+                        help="through the real local Airflow service (tools/up.sh): bench/drift_latency_live.py")
     parser.add_argument("--trials", type=int, default=3, help="trials per kind of change (default 3)")
     parser.add_argument("--quiet-s", type=float, default=15.0, help="the watch's debounce window (default 15)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")

@@ -126,7 +126,12 @@ def verify_endpoints(ctx: StageContext, endpoints: Sequence[Endpoint], lengths: 
             started = time.monotonic()
             futures: dict[str, Future[list[dict[str, Any]]]] = {
                 key: executor.submit(_verify_one, ctx, by_key[key], lengths, sweep, pool) for key in batch}
-            wait(futures.values())
+            try:
+                wait(futures.values())
+            except BaseException:  # SIGTERM (Airflow raises in this thread): start nothing more; running probes end
+                for future in futures.values():
+                    future.cancel()
+                raise
             log.info("%s: batch %d/%d (%d endpoint(s): %s) took %.1f s", cluster, i, len(batches), len(batch),
                      ", ".join(batch), time.monotonic() - started)
             for key, future in futures.items():  # the first failure in inventory order

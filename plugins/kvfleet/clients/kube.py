@@ -120,6 +120,9 @@ class ClusterAccess:
         cfg.api_key = {"BearerToken": self.token()}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.refresh_api_key_hook = self._refresh
+        # The hourly verification probes up to 32 endpoints of a cluster at once (its max_parallel Param); the
+        # client's default pool (5 x CPUs) would drop the extra connections with "Connection pool is full".
+        cfg.connection_pool_maxsize = 32
         self.api_client = k8s.ApiClient(cfg)
         # The API server records the user agent's product as the field manager of a write that names none, so
         # kvfleet's own changes are told apart from changes by hand (the drift watch's filter, managedFields).

@@ -33,7 +33,8 @@ from kvfleet.clients.kube import wait_for
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
 from kvfleet.stages import executor, kyverno, readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.converge import converge
 
 STAGE = "operator_addons"
 RESOLVE_ON_CREATE = "OVERWRITE"

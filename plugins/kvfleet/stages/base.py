@@ -113,7 +113,7 @@ class Pending:
 
     Stages 1 and 2 are split into ``act(ctx, progress) -> Pending | None`` and ``finish(ctx, progress) ->
     Outcome``: ``act`` makes the next change and returns what must be waited for; the caller waits — in the
-    worker (``converge``: the CLI, the drift remediation, the tests) or in Airflow's triggerer
+    worker (``stages.converge``: the CLI, the drift remediation, the tests) or in Airflow's triggerer
     (``kvfleet.airflow.rollout``, issue 19: the worker slot is given back) — and calls ``act`` again with the same
     ``progress`` (a JSON-able dict the stage keeps its decisions in, so it travels in a deferral's kwargs) until
     it returns None; then ``finish`` verifies and records. ``wait`` names the wait (a deferral's patience counts
@@ -128,33 +128,6 @@ class Pending:
     # A Kubernetes readiness check instead (``stages.readiness``: its name and JSON arguments).
     check: str | None = None
     args: Mapping[str, Any] | None = None
-
-
-def settle(ctx: StageContext, pending: Pending) -> None:
-    """Wait for ``pending`` in this process (``HyperPodClient.wait_cluster``/``wait_addon``, or the readiness
-    check polled with ``clients.kube.wait_for``)."""
-    if pending.check is not None:
-        from kvfleet.clients.kube import wait_for
-        from kvfleet.stages import readiness
-
-        name, args = pending.check, dict(pending.args or {})
-        wait_for(lambda: readiness.check(ctx.kube, name, args), timeout_s=pending.timeout_s, poll_s=poll_seconds(),
-                 what=f"[{ctx.cluster.name}] {readiness.WHAT[name]}", progress=ctx.progress)
-    elif pending.addon is None:
-        ctx.hyperpod.wait_cluster(ctx.cluster.name, timeout_s=pending.timeout_s, poll_s=poll_seconds(),
-                                  progress=ctx.say)
-    else:
-        ctx.hyperpod.wait_addon(pending.eks or ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name,
-                                pending.addon, timeout_s=pending.timeout_s, poll_s=poll_seconds(), progress=ctx.say)
-
-
-def converge(ctx: StageContext, act: Callable[[StageContext, dict[str, Any]], Pending | None],
-             finish: Callable[[StageContext, dict[str, Any]], Outcome]) -> Outcome:
-    """A split stage run to its end in this process: act, wait in the worker, act again, ..., finish."""
-    progress: dict[str, Any] = {}
-    while (pending := act(ctx, progress)) is not None:
-        settle(ctx, pending)
-    return finish(ctx, progress)
 
 
 @dataclass

@@ -32,7 +32,8 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
 from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import executor, readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, converge, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.converge import converge
 
 STAGE = "tiered_storage"
 

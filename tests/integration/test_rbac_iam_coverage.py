@@ -175,6 +175,8 @@ def _replay_cluster(sandbox: Any, inv: Inventory, cluster: str) -> None:
         for stage in (tiered_storage, addons, curvine):  # kvfleet_rollout: cluster_stages
             _retried(lambda stage=stage: stage.reconcile(ctx))
         _retried(lambda: endpoints.reconcile_wave(ctx, [ep], holder=f"rbac/{cluster}"))  # cluster_waves
+        nodes, why = verify.endpoint_nodes(ctx, [ep])  # kvfleet_hit_verification's batch plan (one pod list)
+        assert why is None and nodes.get(ep.key), why  # a 403 would come back as the reason, not raise
         result = verify.verify_endpoint(ctx, ep, 2000)  # the wave gate and kvfleet_hit_verification
         # The hit is functional; the verdict also weighs TTFT, which a loaded test machine may degrade.
         assert result.hit_ratio == 1.0, result

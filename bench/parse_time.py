@@ -41,8 +41,8 @@ imported it before forking. The reference DAG below is timed the same way; *kvfl
 **Literal** (the acceptance's words, kept and reported, not gated): in a fresh interpreter, the time to import
 ``airflow.sdk`` and ``runpy.run_path(<dag file>)``, minus the time to import ``airflow.sdk`` alone timed in the
 same interpreter. That is not what a DAG processor does: no pre-import, no inherited modules, so every file pays
-again Airflow's lazily loaded ``@dag``/``@task`` machinery and timetables (the reference DAG alone costs about
-55 ms that way). The import timed in the round's separate interpreter gives the *cross-process* figure beside it.
+again Airflow's lazily loaded ``@dag``/``@task`` machinery and timetables (the reference DAG alone costs 50-55 ms
+that way). The import timed in the round's separate interpreter gives the *cross-process* figure beside it.
 
 Rounds interleave the files, so every file sees the same machine load; each file reports the median and p95 of
 ``--runs`` (7) rounds. Each sample lists the heavy modules the file loaded (none expected: kubernetes, botocore,

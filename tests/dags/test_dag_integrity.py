@@ -90,6 +90,28 @@ def test_parsing_a_dag_file_imports_no_heavy_module(path: Path) -> None:
     assert lazy == [], f"{path.name}: loaded while parsing: {lazy}"
 
 
+HITL_DAGS = [p for p in DAGS if p.name in ("kvfleet_rollout.py", "kvfleet_curvine_upgrade.py")]
+
+
+@pytest.mark.parametrize("path", HITL_DAGS, ids=[p.stem for p in HITL_DAGS])
+def test_the_dag_processor_path_parses_the_hitl_files_without_heavy_modules(path: Path) -> None:
+    """Airflow's own DAG-processor path, as bench/parse_time.py runs it (a manager interpreter pre-imports the file's
+    airflow.* modules with ``_pre_import_airflow_modules``, forks, and the child runs ``_parse_file``), for the two
+    files that rely on the pre-import: the file yields its DAG with no import error, the manager pre-imported the
+    HITL module, and the child loads no heavy module and not the notifications module. (The fresh-interpreter
+    test above covers every file.)"""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import parse_time
+    finally:
+        sys.path.pop(0)
+    out = parse_time.processor_sample(path)  # raises on a failed child or an import error
+    assert out["dag_ids"] == [path.stem]
+    assert out["heavy"] == [], out["heavy"]
+    assert "airflow.providers.standard.operators.hitl" in out["pre_imported"] and out["pre_import_enabled"]
+    assert not {"kvfleet.airflow.notify", "kvfleet.airflow.gates"} & set(out["kvfleet_loaded"]), out["kvfleet_loaded"]
+
+
 def test_the_hitl_dag_files_name_the_hitl_module_for_the_dag_processor_to_pre_import() -> None:
     """The DAG processor's manager imports the ``airflow.*`` modules a DAG file names before forking the child that
     parses it (airflow/dag_processing/processor.py ``_pre_import_airflow_modules``, Airflow 3.3.2). The files with
@@ -100,9 +122,9 @@ def test_the_hitl_dag_files_name_the_hitl_module_for_the_dag_processor_to_pre_im
     from kvfleet.airflow.operators import CurvineApprovalOperator, WaveGateOperator
 
     assert issubclass(WaveGateOperator, HITLOperator) and issubclass(CurvineApprovalOperator, HITLOperator)
-    for name in ("kvfleet_rollout.py", "kvfleet_curvine_upgrade.py"):
-        path = next(p for p in DAGS if p.name == name)
-        assert "airflow.providers.standard.operators.hitl" in set(iter_airflow_imports(str(path))), name
+    assert len(HITL_DAGS) == 2
+    for path in HITL_DAGS:
+        assert "airflow.providers.standard.operators.hitl" in set(iter_airflow_imports(str(path))), path.name
 
 
 def test_the_gates_notify_through_the_lazy_notifier(dagbag) -> None:  # type: ignore[no-untyped-def]

@@ -243,7 +243,10 @@ def curve_at(clusters: int, per_cluster: int, *, work: Path, dagbag: Any, states
         common = {"env": env, "endpoints": endpoints, "dagbag": dagbag, "history_engine": history_engine,
                   "analyse": analyse, "log": log}
         conf = {"fleet": str(fleet), "lobs": [], "clusters": [], "endpoints": [], "dry_run": False,
-                "wave_size": wave_size, "max_parallel_clusters": 4, "canary": True, "bake_minutes": 0,
+                # dag.test() runs one task at a time and a deferred task's trigger in line: with fewer parallel
+                # slots than clusters, a cluster waiting for a slot would block the run until its patience ran
+                # out, since the slot's holder cannot move meanwhile. Under a scheduler the default 4 applies.
+                "wave_size": wave_size, "max_parallel_clusters": min(clusters, 64), "canary": True, "bake_minutes": 0,
                 "gate": "verify", "approval": "none", "lock_wait_minutes": 10}
         out["rollout"] = phase("rollout", ROLLOUT, conf, states=states[ROLLOUT], **common)
         log(json.dumps(brief(out["rollout"])))

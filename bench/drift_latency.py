@@ -279,7 +279,7 @@ def _summary(trials: list[dict[str, Any]], quiet_s: float, wall_s: float) -> dic
             "p50_s": p50, "max_s": max(found) if found else None, "found": len(found), "trials": len(trials),
             "by_change": by_change, "runs": trials, "wall_s": round(wall_s, 1),
             "path": "KubeWatchTrigger.run() in-process + kvfleet.stages.drift.check; no triggerer, scheduler or "
-                    "worker (add the scheduler's asset-event-to-run delay and task start-up)",
+                    "worker (--live adds them: the scheduler's asset-event-to-run delay and the tasks' start-up)",
             "ok": bool(found) and len(found) == len(trials) and p50 is not None and p50 < TARGET_P50_S}
 
 

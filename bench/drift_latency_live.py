@@ -431,7 +431,7 @@ def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], s
         os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # this process only: the service logs to files
         os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}{os.pathsep}{os.environ['PATH']}"
         af = Airflow(env)
-        inv = _inventory(fleet)
+        inv = inproc._inventory()  # what _write_fleet wrote for the service
         say("converging ml-prod-use1 (stages 1-3, two endpoints) ...")
         t = time.monotonic()
         inproc._converge(inv)
@@ -470,12 +470,6 @@ def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], s
         load["down"] = service.stop()
         say(f"  {load['down']}")
     return _summary(runs, quiet_s, time.monotonic() - started, load)
-
-
-def _inventory(fleet: Path) -> Any:
-    from kvfleet.fleet.inventory import load_inventory
-
-    return load_inventory(fleet)
 
 
 def _print(summary: dict[str, Any], say: Callable[[str], None]) -> None:

@@ -97,7 +97,7 @@ def kvfleet_rollout() -> None:
         # No kvfleet pool: the teardown frees the lease and restores the operator, so it must not queue behind
         # other runs' `stages` in kvfleet_cluster_changes; it runs in Airflow's default_pool. Its weight puts it
         # ahead of the other kvfleet DAGs' tasks there (with Airflow's default "downstream" weight rule, the
-        # tasks upstream of it add this weight to theirs).
+        # tasks upstream of it add this weight to theirs; no other rollout run competes: max_active_runs=1).
         @task(retries=3, priority_weight=TEARDOWN_PRIORITY_WEIGHT)
         def release(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout

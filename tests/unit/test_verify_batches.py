@@ -138,6 +138,7 @@ def test_max_parallel_param_and_its_check_agree() -> None:
     assert param.value == verification.DEFAULT_MAX_PARALLEL
     assert (param.schema["minimum"], param.schema["maximum"]) == (1, verification.MAX_PARALLEL_LIMIT)
     assert verification.check_max_parallel(1) == 1
+    assert param.resolve(8.0) == 8.0 and verification.check_max_parallel(8.0) == 8  # JSON's 8.0 passes the Param
     for bad in (0, verification.MAX_PARALLEL_LIMIT + 1, "8", 2.5, True, None):
         with pytest.raises(PermanentError, match=r"max_parallel: .* from 1 to 32"):
             verification.check_max_parallel(bad)

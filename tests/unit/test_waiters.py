@@ -37,8 +37,9 @@ def test_addon_verdicts_are_botocores_plus_the_two_failures_it_retries(status: s
 def test_a_missing_cluster_or_addon_fails_and_a_throttle_is_not_judged() -> None:
     missing = {"Error": {"Code": "ValidationException", "Message": "Cluster x not found"}}
     assert waiters.state_of(waiters.CLUSTER_IN_SERVICE, missing) == "failure"
-    gone = {"Error": {"Code": "ResourceNotFoundException", "Message": "No addon"}}
-    assert waiters.state_of(waiters.ADDON_ACTIVE, gone) == "failure"
+    for code in ("ResourceNotFoundException", "ResourceNotFound"):  # both read as "not found" by DescribeAddon
+        gone = {"Error": {"Code": code, "Message": "No addon"}}
+        assert waiters.state_of(waiters.ADDON_ACTIVE, gone) == "failure"
     throttled = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}
     assert waiters.state_of(waiters.CLUSTER_IN_SERVICE, throttled) == "retry"
 

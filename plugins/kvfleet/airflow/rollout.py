@@ -255,8 +255,10 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
     try:
         _check_event(resume)  # a trigger's error (terminal state, timeout) frees the slot and lease like any failure
         if not ctx.dry_run:
-            _take_slot_or_defer(ctx, req, history, resume, {"done": done})
-            lease = _take_lease_or_defer(ctx, req, resume, {"done": done})
+            # What a stage had decided before a deferral travels across a new wait for the slot or the lease too.
+            kept = {"done": done, "progress": dict(resume.get("progress") or {})}
+            _take_slot_or_defer(ctx, req, history, resume, kept)
+            lease = _take_lease_or_defer(ctx, req, resume, kept)
         _stages_1_to_3(ctx, resume, done)
         drift_report = _remediate_drift(ctx) if req.remediate_drift and not ctx.dry_run else None
     except TaskDeferred:

@@ -156,6 +156,19 @@ def _leases(engine: Any) -> Any:
 
 
 # ---- cluster readiness ----------------------------------------------------------------------------------------
+def _transient(exc: BaseException) -> bool:
+    """Worth waiting on: kvfleet's ``TemporaryError`` (throttling, 5xx, 409, network, as ``classify`` says), a
+    timeout or a dropped connection (the standard library's, botocore's, urllib3's)."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    from kvfleet.errors import TemporaryError
+
+    return isinstance(exc, (TemporaryError, TimeoutError, ConnectionError, BotoConnectionError, HTTPClientError,
+                            Urllib3Error))
+
+
 class ClusterReadyTrigger(BaseTrigger):
     """Waits until the HyperPod cluster is ``InService`` (SageMaker DescribeCluster) or, with ``addon``, until
     that EKS add-on of the cluster's EKS cluster is ``ACTIVE``: a failed
@@ -198,8 +211,9 @@ class ClusterReadyTrigger(BaseTrigger):
         if verdict == "failure":
             return ERROR, (f"HyperPod cluster {self.cluster} is {cluster.status}: "
                            f"{cluster.failure_message or 'no FailureMessage'}")
-        if self.addon is None or verdict != "success":
+        if self.addon is None:
             return (SUCCESS if verdict == "success" else None), f"HyperPod cluster {self.cluster} is {cluster.status}"
+        # An add-on is judged by itself: a cluster update in flight does not hold it (as ``wait_addon``).
         verdict, state = hp.addon_wait_state(cluster.eks_cluster_name, self.addon)
         status = (state or {}).get("status", "MISSING")
         where = f"EKS add-on {self.addon} on {cluster.eks_cluster_name}"
@@ -213,13 +227,12 @@ class ClusterReadyTrigger(BaseTrigger):
         while True:
             try:
                 status, message = await asyncio.to_thread(self._check)
-            except Exception as exc:  # kvfleet's classify(): PermanentError ends the wait, the rest is retried
-                from kvfleet.errors import PermanentError
-
-                if isinstance(exc, PermanentError):
-                    status, message = ERROR, str(exc)
-                else:
+            except Exception as exc:  # a transient error (kvfleet's classify(), a dropped connection) waits on;
+                # anything else (PermanentError, no credentials, a bad check) ends the wait at once, as in a worker
+                if _transient(exc):
                     status, message = None, f"transient: {exc}"
+                else:
+                    status, message = ERROR, f"{type(exc).__name__}: {exc}"
             if status is not None:
                 yield _event({"status": status, "cluster": self.cluster, "addon": self.addon,
                                     "message": message})
@@ -247,6 +260,7 @@ class KubeReadyTrigger(ClusterReadyTrigger):
                          started_at=started_at)
         self.check, self.args = check, dict(args or {})
         self._access: Any = None
+        self._ended = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         path, kwargs = super().serialize()
@@ -258,7 +272,11 @@ class KubeReadyTrigger(ClusterReadyTrigger):
         from kvfleet.stages import readiness
 
         if self._access is None:
-            self._access = ClusterAccess.from_hyperpod(self._hyperpod(), self.cluster)
+            access = ClusterAccess.from_hyperpod(self._hyperpod(), self.cluster)
+            if self._ended:  # cancelled while this thread was connecting: nobody else will close it
+                access.close()
+                return None, "cancelled"
+            self._access = access
         ready, state = readiness.check(self._access, self.check, self.args)
         return (SUCCESS if ready else None), f"{readiness.WHAT[self.check]}: {state}"
 
@@ -267,6 +285,7 @@ class KubeReadyTrigger(ClusterReadyTrigger):
             async for event in super().run():
                 yield event
         finally:
+            self._ended = True
             if self._access is not None:
                 await asyncio.to_thread(self._access.close)
 

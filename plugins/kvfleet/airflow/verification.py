@@ -83,6 +83,8 @@ def open_run(params: dict[str, Any]) -> list[str]:
 
 def check_max_parallel(value: Any) -> int:
     """The ``max_parallel`` Param as an int in range, or a PermanentError naming field, value, range and fix."""
+    if isinstance(value, float) and value.is_integer():  # JSON's 8.0: Airflow's integer Param accepts it
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARALLEL_LIMIT:
         raise PermanentError(f"max_parallel: {value!r} is not an integer from 1 to {MAX_PARALLEL_LIMIT} (endpoints of "
                              f"one cluster verified at the same time); use e.g. {DEFAULT_MAX_PARALLEL}, or 1 to "
@@ -124,13 +126,13 @@ def verify_endpoints(ctx: StageContext, endpoints: Sequence[Endpoint], lengths: 
     with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=f"verify-{cluster}") as executor:
         for i, batch in enumerate(batches, 1):
             started = time.monotonic()
-            futures: dict[str, Future[list[dict[str, Any]]]] = {
-                key: executor.submit(_verify_one, ctx, by_key[key], lengths, sweep, pool) for key in batch}
+            futures: dict[str, Future[list[dict[str, Any]]]] = {}
             try:
+                for key in batch:
+                    futures[key] = executor.submit(_verify_one, ctx, by_key[key], lengths, sweep, pool)
                 wait(futures.values())
             except BaseException:  # SIGTERM (Airflow raises in this thread): start nothing more; running probes end
-                for future in futures.values():
-                    future.cancel()
+                executor.shutdown(wait=False, cancel_futures=True)
                 raise
             log.info("%s: batch %d/%d (%d endpoint(s): %s) took %.1f s", cluster, i, len(batches), len(batch),
                      ", ".join(batch), time.monotonic() - started)

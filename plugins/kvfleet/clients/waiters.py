@@ -59,6 +59,7 @@ MODEL: Final[dict[str, Any]] = {
                 _path("addon.status", "DELETE_FAILED", "failure"),
                 _path("addon.status", "ACTIVE", "success"),
                 _error("ResourceNotFoundException"),
+                _error("ResourceNotFound"),  # the code kvfleet's DescribeAddon also reads as "not found"
             ],
         },
     },

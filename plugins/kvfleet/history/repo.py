@@ -448,7 +448,10 @@ class History:
     def sync_findings(self, cluster: str, findings: Iterable[Mapping[str, Any]], run_key: str,
                       scope_kinds: Iterable[str] | None = None) -> dict[str, int]:
         """Open new findings, touch the ones still seen, resolve the ones no longer seen (for this cluster)."""
-        seen = {f["fingerprint"]: f for f in findings}
+        # One order for every writer (endpoint, then fingerprint): two checks of one cluster at once (the schedule
+        # and the watch) lock the same rows, and migration 0009's endpoint_state rows, in the same order.
+        seen = {f["fingerprint"]: f for f in sorted(findings, key=lambda f: (str(f.get("endpoint") or ""),
+                                                                             str(f["fingerprint"])))}
         opened = touched = 0
         with self.engine.begin() as conn:
             for fp, f in seen.items():
@@ -620,9 +623,9 @@ def decode_cursor(name: str, cursor: str) -> list[Any]:
         if key in ("cluster", "kind") and not isinstance(value, str):
             raise ValueError(f"--after: the cursor's {key} {value!r} is not text; pass the 'next' value a previous "
                              "page printed")
-        if key == "id" and not isinstance(value, int):
-            raise ValueError(f"--after: the cursor's {key} {value!r} is not a whole number; pass the 'next' value "
-                             "a previous page printed")
+        if key == "id" and (type(value) is not int or not 0 <= value < 2**63):  # bool is an int; ids are bigint
+            raise ValueError(f"--after: the cursor's {key} {value!r} is not a row id (a whole number from 0 to "
+                             "2^63-1); pass the 'next' value a previous page printed")
         if key in ("at", "first_seen"):
             try:
                 value = datetime.fromisoformat(str(value))

@@ -121,9 +121,9 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
         results[name] = result
         if pending is not None:
             return pending
-    if ctx.dry_run or "operator" in progress:
+    if ctx.dry_run or progress.get("operator"):
         return None
-    ready, state = readiness.operator(ctx.kube)  # one look; not ready yet (just installed): a wait for the caller
+    ready, state = readiness.operator(ctx.kube)  # one look (again after a wait); not ready: a wait for the caller
     progress["operator"] = state if ready else None
     if ready:
         return None

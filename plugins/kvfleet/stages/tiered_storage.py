@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfleet.clients.hyperpod import CLUSTER_OK, TieredStorage, validate_tiered_storage
+from kvfleet.clients.hyperpod import CLUSTER_FAILED, CLUSTER_OK, TieredStorage, validate_tiered_storage
 from kvfleet.clients.kube import wait_for
-from kvfleet.errors import PermanentError
+from kvfleet.errors import ConvergenceTimeout, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
 from kvfleet.fleet.drift import declared_node_recovery
@@ -72,8 +72,10 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     """Observe, decide and make the one change (``UpdateCluster``), or record that none is needed (or, in a dry
     run, the change it would make). Returns the wait the change needs (``base.Pending``): the caller waits for
     InService, in the worker or deferred, then calls ``act`` again (None: go on to ``finish``)."""
-    if "done" in progress or "daemon" in progress:
+    if "done" in progress:
         return None
+    if "daemon" in progress:
+        return _daemon(ctx, progress)
     if "decision" in progress:
         return _applied(ctx, progress)
     cl = ctx.cluster
@@ -103,35 +105,58 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
                                       before=before, node_recovery_before=hp.node_recovery,
                                       node_recovery=node_recovery, node_recovery_source=source).as_dict()
         return None
+    if hp.status in CLUSTER_FAILED:
+        raise PermanentError(f"HyperPod cluster {cl.name} is {hp.status}: {hp.failure_message or 'no FailureMessage'}")
     if hp.status not in CLUSTER_OK:  # a change in flight (an earlier try's, or by hand): wait, then observe again
         return Pending("before:cluster", f"HyperPod cluster {cl.name} is {hp.status}", ctx.timeouts.cluster_update_s)
     ctx.say(f"stage 1: {action.equivalent()}")
     executor.run(ctx, STAGE, [action])
-    progress["decision"] = {"mode": mode, "desired": desired, "before": before, "tiered_ok": tiered_ok,
-                            "recovery_ok": recovery_ok, "node_recovery": node_recovery, "source": source,
-                            "node_recovery_before": hp.node_recovery}
+    progress["decision"] = {"mode": mode, "percent": percent, "desired": desired, "before": before,
+                            "tiered_ok": tiered_ok, "recovery_ok": recovery_ok, "node_recovery": node_recovery,
+                            "source": source, "node_recovery_before": hp.node_recovery}
     return Pending("after:cluster", f"UpdateCluster {cl.name}", ctx.timeouts.cluster_update_s)
 
 
 def _applied(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
-    """Once InService after the change: what the service applied, then the ai-toolkit daemon — a wait handed to
-    the caller too when it is not ready yet (``stages.readiness.ai_toolkit``)."""
+    """After the change: one look at the cluster (not InService yet: the same wait again); once InService, what
+    the service applied, then the ai-toolkit daemon (``_daemon``)."""
     cl, d = ctx.cluster, progress["decision"]
-    # InService already when the caller waited: one DescribeCluster (and a wait if an update is still seen).
-    after = ctx.hyperpod.wait_cluster(cl.name, timeout_s=ctx.timeouts.cluster_update_s, poll_s=poll_seconds(),
-                                      progress=ctx.say)
+    verdict, after = ctx.hyperpod.cluster_wait_state(cl.name)
+    if after is None:
+        raise PermanentError(f"HyperPod cluster {cl.name!r} not found in {cl.region} after UpdateCluster")
+    if verdict == "failure":
+        raise PermanentError(f"HyperPod cluster {cl.name} is {after.status}: "
+                             f"{after.failure_message or 'no FailureMessage'}")
+    if verdict != "success":
+        return Pending("after:cluster", f"HyperPod cluster {cl.name} is {after.status}", ctx.timeouts.cluster_update_s)
     if after.node_recovery is not None and after.node_recovery != d["node_recovery"]:
         raise PermanentError(f"HyperPod cluster {cl.name}: NodeRecovery is {after.node_recovery} after "
                              f"UpdateCluster asked for {d['node_recovery']}")
+    if not d["tiered_ok"] and not _matches(after.tiered_storage, d["mode"], d["percent"]):
+        # InService with the old configuration: the update was not seen yet (or was undone). Temporary: the
+        # task's retry observes again and sends the change if it is still missing.
+        raise ConvergenceTimeout(f"HyperPod cluster {cl.name} is InService with TieredStorageConfig "
+                                 f"Mode={after.tiered_storage.mode},InstanceMemoryAllocationPercentage="
+                                 f"{after.tiered_storage.memory_percent} after UpdateCluster asked for {d['desired']}")
     if d["tiered_ok"]:
         progress["daemon"] = None
         return None
-    args = {"mode": d["mode"], "nodes": len(ctx.hyperpod.list_cluster_nodes(cl.name))}
-    ready, state = readiness.ai_toolkit(ctx.kube, **args)
-    progress["daemon"] = {"args": args, "state": state if ready else None}
+    progress["daemon"] = {"args": {"mode": d["mode"], "nodes": len(ctx.hyperpod.list_cluster_nodes(cl.name))},
+                          "state": None}
+    return _daemon(ctx, progress)
+
+
+def _daemon(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """One look at the ai-toolkit daemon (``stages.readiness.ai_toolkit``): not ready, a wait for the caller."""
+    daemon = progress["daemon"]
+    if daemon is None or daemon["state"]:
+        return None
+    ready, state = readiness.ai_toolkit(ctx.kube, **daemon["args"])
+    daemon["state"] = state if ready else None
     if ready:
         return None
-    return Pending("after:ai_toolkit", f"stage 1: {state}", ctx.timeouts.pods_s, check="ai_toolkit", args=args)
+    return Pending("after:ai_toolkit", f"stage 1: {state}", ctx.timeouts.pods_s, check="ai_toolkit",
+                   args=dict(daemon["args"]))
 
 
 def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:

@@ -90,8 +90,9 @@ from kvfleet.airflow.local_env import airflow_env
 class Ready:  # the keeper's server, seen through the URLs it wrote
     def __init__(self, up: Path) -> None:
         self.history, self.airflow = up.joinpath("pg.ready").read_text().split()
-    def url(self, database: str) -> str:
-        return self.airflow if database == "airflow" else self.history
+    def url(self, database: str, user: str = "postgres") -> str:  # EmbeddedPostgres.url's signature
+        base = self.airflow if database == "airflow" else self.history
+        return f"postgresql+psycopg2://{user}@/{database}?{base.split('?', 1)[1]}"
 
 up, port, user = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 env = airflow_env(up / "airflow", Ready(up))  # type: ignore[arg-type]

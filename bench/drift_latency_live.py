@@ -85,35 +85,6 @@ def _read_env(env_file: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
 
 
-# tools/up.sh as of 1 Dec 2026 (commit 3a696de) hands its ``Ready`` stand-in for the embedded server to
-# ``airflow_env``, which since the writer/owner roles calls ``pg.url(database, role)``; ``Ready.url`` takes only
-# the database, so ``make up`` stops with a TypeError before Airflow starts. Until tools/up.sh carries the fix,
-# the bench runs a copy with exactly this change (reported in the result as ``up_sh_patched``).
-_UP_BUG = """    def url(self, database: str) -> str:
-        return self.airflow if database == "airflow" else self.history
-"""
-_UP_FIX = """    def url(self, database: str, user: str = "postgres") -> str:
-        base = self.airflow if database == "airflow" else self.history
-        return f"postgresql+psycopg2://{user}@/{database}?{base.split('?', 1)[1]}"
-"""
-
-
-def _up_script(state: Path) -> tuple[Path, bool]:
-    """tools/up.sh, or when it still has the ``Ready.url`` bug a fixed copy in a shadow checkout under ``state``
-    (``root/tools/up.sh``, with ``.venv``, ``.tools`` and ``fleet.example.yaml`` linked to the real ones: up.sh
-    finds everything through its own location)."""
-    text = (ROOT / "tools" / "up.sh").read_text()
-    if _UP_BUG not in text:
-        return ROOT / "tools" / "up.sh", False
-    shadow = state / "root"
-    (shadow / "tools").mkdir(parents=True)
-    for name in (".venv", ".tools", "fleet.example.yaml"):
-        (shadow / name).symlink_to(ROOT / name)
-    script = shadow / "tools" / "up.sh"
-    script.write_text(text.replace(_UP_BUG, _UP_FIX))
-    return script, True
-
-
 class Service:
     """tools/up.sh in its own state directory and port; ``stop()`` runs tools/down.sh on the same directory."""
 
@@ -126,12 +97,9 @@ class Service:
             self.env.pop(key, None)
         self.up_dir = state / "up"
         self.started = False
-        self.patched = False
 
     def start(self) -> dict[str, str]:
-        script, self.patched = _up_script(self.state)
-        if self.patched:
-            self.say("  tools/up.sh still has the Ready.url bug: running a copy with the one-method fix")
+        script = ROOT / "tools" / "up.sh"
         self.started = True  # down.sh is safe on a half-started service: it goes by the pid files
         log = self.state / "up.log"
         with log.open("w") as fh:
@@ -424,7 +392,6 @@ def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], s
         t = time.monotonic()
         env = service.start()
         load["up_s"] = round(time.monotonic() - t, 1)
-        load["up_sh_patched"] = service.patched
         say(f"  up in {load['up_s']:.0f}s")
         os.environ.update(env)
         os.environ.pop("AIRFLOW_CONN_AWS_DEFAULT", None)  # this process: boto3 reads AWS_ENDPOINT_URL natively

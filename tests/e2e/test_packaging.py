@@ -421,3 +421,27 @@ def test_runbook_covers_every_drift_kind_dag_and_audit_command() -> None:
     from kvfleet.airflow.params import rollout_params
 
     assert not [p for p in rollout_params() if f"`{p}`" not in runbook]
+
+
+def test_make_up_writes_one_environment_with_the_history_roles(tmp_path: Path) -> None:
+    """``make up``'s environment step (the Python block of tools/up.sh that turns the keeper's server into the Airflow
+    processes' env file) runs as written, against ``local_env.airflow_env``'s current signature. It once stopped
+    with a TypeError before Airflow started (its stand-in for the server took no role), and nothing noticed."""
+    from kvfleet.history.db import OWNER_ROLE, WRITER_ROLE
+
+    script = (ROOT / "tools" / "up.sh").read_text()
+    block = script.split("<<'ENV'\n", 1)[1].split("\nENV\n", 1)[0]
+    up = tmp_path / "up"
+    up.mkdir()
+    socket = "host=/tmp/kvfleet-pg-socket"
+    (up / "pg.ready").write_text(f"postgresql+psycopg2://postgres@/kvfleet?{socket}\n"
+                                 f"postgresql+psycopg2://postgres@/airflow?{socket}\n")
+    (up / "jwt_secret").write_text("not-a-secret\n")
+    out = subprocess.run([sys.executable, "-", str(up), "18080", "admin"], input=block, text=True,
+                         capture_output=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    env = dict(line[len("export "):].split("=", 1) for line in out.stdout.splitlines() if line.startswith("export "))
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].strip("'").startswith("postgresql+psycopg2://postgres@/airflow?")
+    assert env["KVFLEET_HISTORY_URL"].strip("'") == f"postgresql+psycopg2://{WRITER_ROLE}@/kvfleet?{socket}"
+    assert env["KVFLEET_HISTORY_OWNER_URL"].strip("'") == f"postgresql+psycopg2://{OWNER_ROLE}@/kvfleet?{socket}"
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1" and env["AIRFLOW_API_USER"] == "admin"

@@ -37,6 +37,10 @@ The manager process here is a lower bound of a real one (which also loaded the C
 the bundles and every other file's pre-imports before this file's child forks), so the child's figures are an
 upper bound of what the real child pays. Every figure is already "over ``import airflow.sdk``": the manager
 imported it before forking. The reference DAG below is timed the same way; *kvfleet share* = file - reference.
+The reference names, as every kvfleet DAG file does, the module that ``task`` resolves to
+(``airflow.sdk.definitions.decorators``, which ``airflow.sdk`` imports lazily), so the manager pre-imports it;
+the *bare* reference, without that line, is Airflow's floor for a file that names only ``airflow.sdk``: the
+difference is what the pre-import saves every child.
 
 **Literal** (the acceptance's words, kept and reported, not gated): in a fresh interpreter, the time to import
 ``airflow.sdk`` and ``runpy.run_path(<dag file>)``, minus the time to import ``airflow.sdk`` alone timed in the
@@ -75,6 +79,7 @@ DAGS = sorted((ROOT / "dags").glob("*.py"))
 TARGET_MS = 50.0
 HEAVY = ("kubernetes", "botocore", "boto3", "kvfleet.stages", "kvfleet.clients", "kvfleet.history")
 REFERENCE = "(reference DAG, no kvfleet)"
+REFERENCE_BARE = "(reference, airflow.sdk only)"
 
 # Literal: one fresh interpreter: the clocks before and after `import airflow.sdk`, then after parsing the file.
 PROBE = r"""
@@ -186,7 +191,7 @@ out.update(pre_import_wall_ms=1000 * (w1 - w0), pre_import_cpu_ms=1000 * (c1 - c
 print("PROCESSOR=" + json.dumps(out))
 """
 
-REFERENCE_DAG = '''
+REFERENCE_DAG_BARE = '''
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, dag, task
@@ -209,6 +214,13 @@ def parse_time_reference():
 
 parse_time_reference()
 '''
+
+# The reference compared with kvfleet's files names the Airflow module that `task` resolves to, as every kvfleet
+# DAG file does, so that the DAG processor pre-imports it (the DAG files' comments): the kvfleet share compares like
+# with like. The bare reference (the line absent) is Airflow's floor for a file that names only airflow.sdk.
+REFERENCE_DAG = REFERENCE_DAG_BARE.replace(
+    "from airflow.sdk import Param",
+    "import airflow.sdk.definitions.decorators  # noqa: F401\nfrom airflow.sdk import Param")
 
 
 def _run_probe(probe: str, tag: str, args: list[str], label: str, env: dict[str, str] | None) -> dict[str, Any]:
@@ -293,9 +305,11 @@ def bytecode_env(tmp: str, cached: bool) -> dict[str, str]:
 
 def run(runs: int, log: Any = None, cached: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        ref_path = Path(tmp) / "parse_time_reference.py"
+        ref_path, bare_path = Path(tmp) / "parse_time_reference.py", Path(tmp) / "bare" / "parse_time_reference.py"
+        bare_path.parent.mkdir()
         ref_path.write_text(REFERENCE_DAG)
-        paths = {REFERENCE: ref_path, **{p.name: p for p in DAGS}}
+        bare_path.write_text(REFERENCE_DAG_BARE)
+        paths = {REFERENCE: ref_path, REFERENCE_BARE: bare_path, **{p.name: p for p in DAGS}}
         literal: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
         forked: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
         sdk_alone: list[dict[str, Any]] = []
@@ -315,6 +329,8 @@ def run(runs: int, log: Any = None, cached: bool = True) -> dict[str, Any]:
                                       "sdk_wall_ms": alone["import_wall_ms"]})
                 forked[name].append(processor_sample(path, env))
     ref_literal, ref_processor = summarise(literal.pop(REFERENCE)), summarise_processor(forked.pop(REFERENCE))
+    bare = {"processor": summarise_processor(forked.pop(REFERENCE_BARE)),
+            "literal": summarise(literal.pop(REFERENCE_BARE))}
     files: dict[str, Any] = {}
     for name in literal:
         lit, proc = summarise(literal[name]), summarise_processor(forked[name])
@@ -336,6 +352,7 @@ def run(runs: int, log: Any = None, cached: bool = True) -> dict[str, Any]:
             if cached else "not cached (PYTHONDONTWRITEBYTECODE=1: every import compiles its source)",
             "airflow": _versions(), "load_average": _loadavg(),
             "import_airflow_sdk_ms": sdk, "reference": {"processor": ref_processor, "literal": ref_literal},
+            "reference_bare": bare,
             "files": files, "ok": all(f["ok"] for f in files.values())}
 
 
@@ -367,7 +384,8 @@ def print_table(result: dict[str, Any]) -> None:
           "child's parse (to the DagBag built) and total (with serialization), ms")
     print(f"{'file':34} {'parse CPU':>9} {'p95':>6} {'wall':>7} {'p95':>6} {'total CPU':>9} {'p95':>6} "
           f"{'kvfleet parse':>13} {'kvfleet total':>13}  heavy")
-    rows = [(REFERENCE, result["reference"], None), *((n, f, f["ok"]) for n, f in result["files"].items())]
+    rows = [(REFERENCE_BARE, result["reference_bare"], None), (REFERENCE, result["reference"], None),
+            *((n, f, f["ok"]) for n, f in result["files"].items())]
     for name, f, ok in rows:
         p = f["processor"]
         mark = "" if ok is None else (" ✓" if p["under_target"] else " ✗")

@@ -14,6 +14,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+# `task` comes from airflow.sdk.definitions.decorators, which airflow.sdk imports lazily, on first use. It is
+# named here so that Airflow's DAG processor pre-imports it in its manager before forking the child that parses
+# this file ([dag_processor] parsing_pre_import_modules, default True: airflow/dag_processing/processor.py
+# `_pre_import_airflow_modules`, Airflow 3.3.2): the child inherits it (and the standard provider's python
+# operators it loads) instead of importing them on every parse (bench/parse_time.py).
+import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import dag, task
 
 from kvfleet.airflow import callbacks

@@ -25,13 +25,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-# The wave gates are HITL operators (kvfleet.airflow.operators subclasses the standard provider's). The module is
-# named here because this file uses it: Airflow's DAG processor imports the `airflow.*` modules a DAG file names
-# in its manager process before forking the child that parses the file ([dag_processor]
+# The wave gates are HITL operators (kvfleet.airflow.operators subclasses the standard provider's), and
+# `task` comes from airflow.sdk.definitions.decorators, which airflow.sdk imports lazily, on first use. Both
+# modules are named here because this file uses them: Airflow's DAG processor imports the `airflow.*` modules
+# a DAG file names in its manager process before forking the child that parses the file ([dag_processor]
 # parsing_pre_import_modules, default True: airflow/dag_processing/processor.py `_pre_import_airflow_modules`,
-# called from `DagFileProcessorProcess.start`; airflow/utils/file.py `iter_airflow_imports`, Airflow 3.3.2), so the
-# forked child inherits it instead of importing it on every parse.
-import airflow.providers.standard.operators.hitl  # noqa: F401
+# called from `DagFileProcessorProcess.start`; airflow/utils/file.py `iter_airflow_imports`, Airflow 3.3.2), so
+# the forked child inherits them (and the standard provider's python operators that the decorators load)
+# instead of importing them on every parse (bench/parse_time.py).
+import airflow.providers.standard.operators.hitl
+import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import dag, task, task_group
 
 from kvfleet.airflow import callbacks

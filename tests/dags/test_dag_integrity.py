@@ -109,6 +109,7 @@ def test_the_dag_processor_path_parses_the_hitl_files_without_heavy_modules(path
     assert out["dag_ids"] == [path.stem]
     assert out["heavy"] == [], out["heavy"]
     assert "airflow.providers.standard.operators.hitl" in out["pre_imported"] and out["pre_import_enabled"]
+    assert "airflow.sdk.definitions.decorators" in out["pre_imported"], out["pre_imported"]
     assert not {"kvfleet.airflow.notify", "kvfleet.airflow.gates"} & set(out["kvfleet_loaded"]), out["kvfleet_loaded"]
 
 
@@ -125,6 +126,20 @@ def test_the_hitl_dag_files_name_the_hitl_module_for_the_dag_processor_to_pre_im
     assert len(HITL_DAGS) == 2
     for path in HITL_DAGS:
         assert "airflow.providers.standard.operators.hitl" in set(iter_airflow_imports(str(path))), path.name
+
+
+def test_every_dag_file_names_the_task_decorators_module_for_the_dag_processor_to_pre_import() -> None:
+    """``airflow.sdk`` resolves ``task`` lazily, on first use, from the module that defines the decorators; a DAG
+    file that names only ``airflow.sdk`` makes every forked parsing child import it (and the standard provider's
+    python operators and ``packaging`` under it). Every kvfleet DAG file names that module, taken from Airflow
+    itself so that a move fails here, and the DAG processor's own scan (``iter_airflow_imports``) finds it."""
+    import airflow.sdk
+    from airflow.utils.file import iter_airflow_imports
+
+    module = type(airflow.sdk.task).__module__
+    assert module.startswith("airflow.sdk."), module
+    for path in DAGS:
+        assert module in set(iter_airflow_imports(str(path))), f"{path.name} does not name {module}"
 
 
 def test_the_gates_notify_through_the_lazy_notifier(dagbag) -> None:  # type: ignore[no-untyped-def]

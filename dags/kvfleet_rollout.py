@@ -48,10 +48,10 @@ def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     """Slot ``slot`` of a cluster's waves (slot 0 is the canary; the last slot runs every remaining wave)."""
 
     @deferrable_task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16, pool=ENDPOINT_POOL)
-    def wave(cluster, plan_dict, previous, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
+    def wave(cluster, previous, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import rollout
 
-        return rollout.run_wave_slot(cluster, slot, plan_dict, previous, params, kvfleet_resume)
+        return rollout.run_wave_slot(cluster, slot, previous, params, kvfleet_resume)
 
     return wave
 
@@ -84,7 +84,7 @@ def kvfleet_rollout() -> None:
         return rollout.cluster_names(plan_dict)
 
     @task_group(group_id="cluster")
-    def per_cluster(cluster: str, plan_dict: dict[str, Any]):  # type: ignore[no-untyped-def]
+    def per_cluster(cluster: str):  # type: ignore[no-untyped-def]
         @task(max_active_tis_per_dagrun=16)
         def preflight(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
@@ -112,7 +112,7 @@ def kvfleet_rollout() -> None:
         previous = None
         upstream: Any = first
         for slot in range(WAVE_SLOTS):
-            wave = wave_slot(slot)(cluster, plan_dict, previous)
+            wave = wave_slot(slot)(cluster, previous)
             upstream >> wave
             upstream = wave
             if slot < WAVE_SLOTS - 1:
@@ -133,7 +133,9 @@ def kvfleet_rollout() -> None:
         return rollout.finish_rollout(plan_dict, last_slots, params)
 
     p = plan()
-    last = per_cluster.partial(plan_dict=p).expand(cluster=clusters(p))
+    # Each cluster's tasks get its name only: a wave reads its cluster's part of the plan from the history store
+    # (the plan task stored it with the run), so no per-cluster task pulls the whole fleet's plan.
+    last = per_cluster.expand(cluster=clusters(p))
     finish(p, last)
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,32 +16,8 @@ import pytest
 
 from kvfleet.airflow import callbacks
 
-
-class Receiver:
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                receiver.posts.append(json.loads(body))
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/kvfleet"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from webhook_receiver import Receiver  # tests/support, shared with tests/integration/test_notify.py
 
 
 @pytest.fixture
@@ -71,7 +46,7 @@ def test_the_lazy_gate_notifier_sends_what_notify_sends(receiver: Receiver) -> N
     notifier(gate_context())  # as HITLOperator.execute calls its notifiers
     assert notifier.last_results == {"webhook": "sent"}
     (post,) = receiver.posts
-    assert "kvfleet rollout ml-prod-use1 wave 0 (canary)" in json.dumps(post)
+    assert "kvfleet rollout ml-prod-use1 wave 0 (canary)" in json.dumps(post["json"])
     assert "kvfleet.airflow.notify" in sys.modules
 
 

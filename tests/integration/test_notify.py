@@ -4,10 +4,10 @@ AWS emulator, reached by boto3 through an Airflow AWS connection) and a webhook 
 from __future__ import annotations
 
 import json
-import threading
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,41 +18,13 @@ from kvfleet.airflow import notify
 from kvfleet.airflow.notify import NotifySettings, SettingError
 from kvfleet_sandbox.aws import AwsEmulator
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from webhook_receiver import Receiver  # tests/support, shared with tests/dags/test_gate_notifier.py
+
 pytestmark = pytest.mark.integration
 REGION = "us-west-2"
 ACCOUNT = "123456789012"
 CONN = "aws_notify_test"
-
-
-class Receiver:
-    """A webhook receiver: records every POST; answers ``status``."""
-
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        self.status = 204
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                receiver.posts.append({"path": self.path, "content_type": self.headers.get("Content-Type"),
-                                       "json": json.loads(body)})
-                self.send_response(receiver.status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/kvfleet?token=s3cret"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +37,7 @@ def emulator() -> Iterator[AwsEmulator]:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+    r = Receiver("/hooks/kvfleet?token=s3cret")
     yield r
     r.stop()
 
@@ -335,7 +307,7 @@ endpoints:
 
 @pytest.fixture
 def lob_receiver() -> Iterator[Receiver]:
-    r = Receiver()
+    r = Receiver("/hooks/kvfleet?token=s3cret")
     yield r
     r.stop()
 

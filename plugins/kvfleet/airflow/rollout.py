@@ -327,34 +327,28 @@ ADDON_MOVING = frozenset({"CREATING", "UPDATING"})
 
 
 def _defer_until_ready(ctx: StageContext, stage: Any, resume: dict[str, Any], state: dict[str, Any]) -> None:
-    """Before stage 1, a cluster that is not ``InService``; before stage 2, an add-on that is being created or
-    updated (a change in flight from an earlier try or made by hand): defer on ``ClusterReadyTrigger`` instead of
-    the stage's in-worker wait. Read-only calls; a terminal state is left to the stage (it fails at once with
-    the service's message)."""
+    """Before stage 2, an add-on that is being created or updated (a change in flight from an earlier try or made
+    by hand): defer on ``ClusterReadyTrigger`` until it settles, before stage 2 changes any add-on (an update sent
+    to a moving add-on is refused). Read-only calls; a terminal state is left to the stage (it fails at once with
+    the service's message). Stage 1 needs no such look: its ``act`` hands back a ``before:cluster`` wait itself
+    when the cluster is not InService."""
     from kvfleet.airflow.triggers import ClusterReadyTrigger
-    from kvfleet.clients.hyperpod import CLUSTER_FAILED, CLUSTER_OK
     from kvfleet.fleet import constants as C
 
-    cl = ctx.cluster
-    if stage is tiered_storage:
-        hp = ctx.hyperpod.describe_cluster(cl.name)
-        if hp is None or hp.status in CLUSTER_OK or hp.status in CLUSTER_FAILED:
-            return
-        what, addon, timeout = f"HyperPod cluster {cl.name} is {hp.status}", None, ctx.timeouts.cluster_update_s
-    elif stage is addons:
-        eks = ctx.hyperpod.require_cluster(cl.name).eks_cluster_name
-        moving = [(n, (ctx.hyperpod.describe_addon(eks, n) or {}).get("status")) for n in C.ADDON_ORDER]
-        first = next(((n, st) for n, st in moving if st in ADDON_MOVING), None)
-        if first is None:
-            return
-        what, addon, timeout = f"EKS add-on {first[0]} on {eks} is {first[1]}", first[0], ctx.timeouts.addon_s
-    else:
+    if stage is not addons:
         return
-    wait = f"ready:{addon or 'cluster'}"
+    cl = ctx.cluster
+    eks = ctx.hyperpod.require_cluster(cl.name).eks_cluster_name
+    moving = [(n, (ctx.hyperpod.describe_addon(eks, n) or {}).get("status")) for n in C.ADDON_ORDER]
+    first = next(((n, st) for n, st in moving if st in ADDON_MOVING), None)
+    if first is None:
+        return
+    addon = first[0]
+    wait = f"ready:{addon}"
     since = _waited(resume, wait)
-    ctx.say(f"stage {'1' if addon is None else '2'}: {what}: deferring until it is ready")
+    ctx.say(f"stage 2: EKS add-on {addon} on {eks} is {first[1]}: deferring until it is ready")
     _defer(ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=addon,
-                               poll_s=poll_seconds(), timeout_s=timeout, started_at=since),
+                               poll_s=poll_seconds(), timeout_s=ctx.timeouts.addon_s, started_at=since),
            {**state, "wait": wait, "since": since})
 
 
@@ -365,6 +359,16 @@ def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
 
     result = drift.check(ctx, remediate=True)
     return {"findings": len(result.findings), "remediations": len(result.remediations or [])}
+
+
+def _cluster_plan(cluster: str) -> dict[str, Any]:
+    """This run's plan cut to ``cluster`` (what the ``plan`` task stored with the run), or a permanent error."""
+    run_key = run_info().run_key
+    plan = History().cluster_plan(run_key, cluster)
+    if plan is None:
+        raise PermanentError(f"run {run_key}: the history store has no plan for cluster {cluster}; the plan task "
+                             "stores it when the run starts: clear the run's plan task to plan it again")
+    return plan
 
 
 def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:
@@ -458,15 +462,17 @@ BAKE_LEASE_MARGIN_S = 15 * 60  # the lease parked over a bake outlives it by thi
 
 
 @task_boundary
-def run_wave_slot(cluster: str, slot: int, plan: dict[str, Any], previous: dict[str, Any] | None,
+def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
                   params: dict[str, Any], kvfleet_resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster. A wave's bake (and a lease
-    held by another run) defers; ``kvfleet_resume`` says where the slot stood: which wave, applied or not."""
+    held by another run) defers; ``kvfleet_resume`` says where the slot stood: which wave, applied or not. The
+    waves are this cluster's part of the run's plan, read from the history store (``History.cluster_plan``)."""
     from airflow.sdk.exceptions import TaskDeferred
 
     resume = dict(kvfleet_resume or {})
     _check_event(resume)
     req = RolloutRequest.from_params(params)
+    plan = _cluster_plan(cluster)
     ctx = rollout_context(cluster, req)
     waves = _slot_waves(plan, cluster, slot)
     by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}

@@ -144,6 +144,26 @@ class History:
                  "p": _json(dict(params)), "plan": _json(plan) if plan is not None else None},
             )
 
+    def cluster_plan(self, run_key: str, cluster: str) -> dict[str, Any] | None:
+        """One cluster's part of the run's plan (``runs.plan``, as ``start_run`` stored it), cut in the database:
+        the plan with ``clusters`` holding only that cluster's entry. A rollout's per-cluster tasks read this
+        instead of the whole plan, so what each pulls grows with its own cluster's endpoints, not with the fleet's.
+        None when the run has no plan or the plan has no such cluster."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                text(
+                    "SELECT r.plan - 'clusters' AS rest, c.entry FROM runs r "
+                    "CROSS JOIN LATERAL (SELECT e AS entry FROM jsonb_array_elements("
+                    "CASE WHEN jsonb_typeof(r.plan -> 'clusters') = 'array' THEN r.plan -> 'clusters' "
+                    "ELSE '[]'::jsonb END) e WHERE e ->> 'cluster' = :c LIMIT 1) c "
+                    "WHERE r.run_key = :k AND jsonb_typeof(r.plan) = 'object'"
+                ),
+                {"k": run_key, "c": cluster},
+            ).one_or_none()
+        if row is None:
+            return None
+        return {**dict(row.rest), "clusters": [dict(row.entry)]}
+
     def end_run(self, run_key: str, status: str, summary: Mapping[str, Any] | None = None) -> None:
         with self.engine.begin() as conn:
             conn.execute(

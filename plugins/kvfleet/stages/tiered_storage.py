@@ -87,6 +87,10 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     desired = f"Mode={mode}" + (f",InstanceMemoryAllocationPercentage={percent}" if mode == "Enable" else "")
     tiered_ok = _matches(live, mode, percent)
     recovery_ok = source == "live" or hp.node_recovery == node_recovery
+    if not ctx.dry_run and hp.status not in CLUSTER_OK and hp.status not in CLUSTER_FAILED:
+        # A change in flight (an earlier try's, whose configuration may already read as the desired one, or one
+        # made by hand): wait for InService, then observe again, before deciding there is nothing to do.
+        return Pending("before:cluster", f"HyperPod cluster {cl.name} is {hp.status}", ctx.timeouts.cluster_update_s)
     if tiered_ok and recovery_ok:
         ctx.say(f"stage 1: tiered storage already {desired}, NodeRecovery {node_recovery} ({source}); "
                 "nothing to do")
@@ -107,8 +111,6 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
         return None
     if hp.status in CLUSTER_FAILED:
         raise PermanentError(f"HyperPod cluster {cl.name} is {hp.status}: {hp.failure_message or 'no FailureMessage'}")
-    if hp.status not in CLUSTER_OK:  # a change in flight (an earlier try's, or by hand): wait, then observe again
-        return Pending("before:cluster", f"HyperPod cluster {cl.name} is {hp.status}", ctx.timeouts.cluster_update_s)
     ctx.say(f"stage 1: {action.equivalent()}")
     executor.run(ctx, STAGE, [action])
     progress["decision"] = {"mode": mode, "percent": percent, "desired": desired, "before": before,

@@ -69,6 +69,13 @@ def _take_before_deferral(params: dict[str, Any], history: History, *, lease: bo
     ("ready:cluster", {"status": "error", "reason": "timeout", "message": "c still Updating after 3600s"},
      ConvergenceTimeout),
     ("ready:cluster", {"status": "error", "message": "cluster ml-prod-use1 is Failed"}, PermanentError),
+    # waited after a change of the stage's own (stages.base.Pending: ClusterReadyTrigger after UpdateCluster,
+    # KubeReadyTrigger for the operator's controller), with the stage's progress in the deferral's state
+    ("stage:after:cluster", {"status": "error", "reason": "timeout", "message": "c still Updating after 3600s"},
+     ConvergenceTimeout),
+    ("stage:after:operator", {"status": "error", "reason": "timeout",
+                              "message": "operator controller not Ready after 600s"}, ConvergenceTimeout),
+    ("stage:after:operator", {"status": "error", "message": "check 'operator': no credentials"}, PermanentError),
 ])
 def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, history: History, example_fleet,  # type: ignore[no-untyped-def]
                                                                    wait: str, event: dict[str, Any],
@@ -77,6 +84,9 @@ def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, hist
     slot = _take_before_deferral(params, history, lease=True)
     assert _locks(history) == sorted([(CLUSTER, RUN_KEY), (slot, f"{RUN_KEY}#{CLUSTER}")])
     resume = {"done": [], "wait": wait, "since": time.time() - 3600, "event": event}
+    if wait.startswith("stage:"):
+        resume["progress"] = {"decision": {"mode": "Enable", "percent": 25}} if wait.endswith("cluster") else \
+            {"eks": "eks-x", "results": {}}
     # through the task boundary: a temporary error is raised as itself, a permanent one as AirflowFailException
     with pytest.raises((raised, AirflowFailException)) as info:
         rollout.run_cluster_stages(CLUSTER, params, kvfleet_resume=resume)

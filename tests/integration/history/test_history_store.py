@@ -104,3 +104,22 @@ def test_a_reinstalled_release_replaces_the_revision_it_reuses(history: History)
                                    values={"cluster": {"formatMaster": False}}, helm_updated="2026-02-01T00:00:00Z")
     assert history.curvine_revisions("c1", "curvine", "curvine") == {1: {
         "status": "deployed", "helm_updated": "2026-02-01T00:00:00Z", "flags": dict.fromkeys(C.FORMAT_FLAGS, False)}}
+
+
+def test_cluster_plan_is_the_run_s_plan_cut_to_one_cluster(history: History) -> None:
+    """A rollout's per-cluster tasks read their cluster's part of the plan from ``runs.plan`` (not the whole plan
+    through XCom): the plan's other keys, and ``clusters`` holding that cluster's entry alone, as stored."""
+    key = "kvfleet_rollout/cluster-plan"
+    a = {"cluster": "a", "waves": [{"wave": "a-0", "index": 0, "kind": "canary", "endpoints": [{"ref": "r/x"}]}]}
+    b = {"cluster": "b", "waves": [{"wave": "b-0", "index": 0, "kind": "wave", "endpoints": [{"ref": "s/y"}]}]}
+    plan = {"clusters": [a, b], "wave_size": 3, "canary": True, "note": "ratio :2 in text"}
+    history.start_run(key, dag_id="kvfleet_rollout", run_id="cluster-plan", trigger="manual", triggered_by=None,
+                      params={}, plan=plan)
+    assert history.cluster_plan(key, "b") == {"wave_size": 3, "canary": True, "note": "ratio :2 in text",
+                                              "clusters": [b]}
+    assert history.cluster_plan(key, "a") == {**{k: v for k, v in plan.items() if k != "clusters"}, "clusters": [a]}
+    assert history.cluster_plan(key, "c") is None  # not in the plan
+    assert history.cluster_plan("kvfleet_rollout/no-such-run", "a") is None
+    history.start_run("kvfleet_rollout/no-plan", dag_id="kvfleet_rollout", run_id="no-plan", trigger="manual",
+                      triggered_by=None, params={})
+    assert history.cluster_plan("kvfleet_rollout/no-plan", "a") is None

@@ -69,6 +69,35 @@ def test_percentage_15_is_refused_before_any_call(fleet_env, make_ctx, inventory
     assert fleet_env.aws.operations() == []
 
 
+def _set_status(fleet_env, status: str) -> None:  # type: ignore[no-untyped-def]
+    """The twin's HyperPod cluster in ``status`` and held there (the emulator's own transitions end on a timer; a
+    held status makes the moment the stage looks deterministic)."""
+    with fleet_env.aws._lock:
+        fleet_env.aws._sagemaker.find(CLUSTER).status = status
+
+
+def test_stage_1_waits_for_a_change_in_flight_even_when_nothing_is_left_to_change(  # type: ignore[no-untyped-def]
+        fleet_env, make_ctx) -> None:
+    """A cluster already as the inventory wants it but ``Updating`` (an earlier try's UpdateCluster, or one made by
+    hand) is not declared unchanged: ``act`` hands back a ``before:cluster`` wait (the rollout defers on it), and
+    once the cluster is InService it observes again and finds nothing to do. No UpdateCluster is sent either way."""
+    ctx = make_ctx(CLUSTER)
+    assert tiered_storage.reconcile(ctx).outcome in ("changed", "unchanged")
+    reset_counters(fleet_env)
+    _set_status(fleet_env, "Updating")
+    try:
+        progress: dict[str, object] = {}
+        pending = tiered_storage.act(make_ctx(CLUSTER), progress)
+        assert pending is not None and pending.wait == "before:cluster" and "Updating" in pending.what, pending
+        assert progress == {}  # nothing decided while the cluster moves
+    finally:
+        _set_status(fleet_env, "InService")
+    progress = {}
+    assert tiered_storage.act(make_ctx(CLUSTER), progress) is None
+    assert progress["done"]["outcome"] == "unchanged"
+    assert "UpdateCluster" not in fleet_env.aws.operations(), fleet_env.aws.operations()
+
+
 def test_addon_create_failed_fails_fast_with_its_health_issue(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
     twin = fleet_env.twin(CLUSTER)
     fleet_env.aws.fail_addon(twin.eks_name, "metrics-server", "metrics-server: image pull backoff in kube-system")

@@ -58,7 +58,7 @@ UNREACHED = {
         "stages/endpoints.py apply_iec: creates an endpoint namespace that endpoint-namespaces.yaml did not "
         "(the sandbox applies that file first, as the runbook says)",
     ("kvfleet:endpoint-namespace", "", "events", "list"):
-        "stages/curvine.py _wait_bound: explains a PVC that stays Pending (sandbox PVCs bind at once)",
+        "stages/readiness.py curvine_pvcs: explains a PVC that stays Pending (sandbox PVCs bind at once)",
     ("kvfleet:curvine-namespace", "", "pods", "delete"):
         "stages/curvine_upgrade.py replace_stuck_pods: a rollback after a failed upgrade (the replay's succeeds)",
     # The drift watch runs in Airflow's triggerer, not in the replayed tasks; tests/integration/test_triggers.py

@@ -26,19 +26,22 @@ Waits give their worker slot back (issue 19): a task that must wait **defers** (
 - the cluster lease held by another run, and every parallelism slot taken: ``LeaseFreeTrigger`` (the patience
   ``lock_wait_minutes`` counts from the first try, across deferrals; running out is ``LeaseWaitTimeout``,
   permanent, naming the holder);
-- a HyperPod cluster not ``InService`` before stage 1 (an update in flight from a previous try or by hand) and an
-  add-on ``CREATING``/``UPDATING`` before stage 2: ``ClusterReadyTrigger`` (a terminal state fails permanently, a
+- a HyperPod cluster not ``InService`` when stage 1 looks (an update in flight from a previous try or by hand)
+  and an add-on ``CREATING``/``UPDATING`` before stage 2: ``ClusterReadyTrigger`` (a terminal state fails permanently, a
   timeout is ``ConvergenceTimeout``, temporary, as ``wait_cluster``/``wait_addon`` do);
 - the bake between a wave and its verification: the standard provider's ``DateTimeTrigger``; the lease is parked
   for the bake (its ttl stretched to cover it) and taken again, re-entrantly, on resume.
 - the waits after a change *kvfleet itself just made* (``UpdateCluster`` to ``InService``, an add-on create or
-  update to ``ACTIVE``: ``ClusterReadyTrigger``; then the ai-toolkit daemon on every node and the operator's
-  controller Ready, when they are not yet: ``KubeReadyTrigger``): stages 1 and 2 are split into ``act``/``finish``
+  update to ``ACTIVE``: ``ClusterReadyTrigger``; then, when they are not met yet, the ai-toolkit daemon on every
+  node, the operator's controller Ready, Curvine's StatefulSets rolled out, its PVCs Bound and its master
+  reporting the capacity: ``KubeReadyTrigger``): stages 1–3 are split into ``act``/``finish``
   (``stages.base.Pending``).
 What a task had done before it deferred travels in the deferral's kwargs (``kvfleet_resume``: the stages done,
-the current stage's ``progress``), so a resumed task does not redo or re-record it. Still inside the worker:
-Kyverno's install (``helm``), Curvine's pods and PVCs (stage 3), and the endpoint waves' pod rollouts (a wave
-holds the operator paused on a patch-mode cluster, and the restore stays in the same task's ``finally``).
+the current stage's ``progress``), so a resumed task does not redo or re-record it. Still inside the worker, by
+design: Curvine's first-install window (installed with the format flags true, flipped to false as soon as every
+pod runs: the flip is in a ``finally`` and must never wait on a deferral), Kyverno's install (``helm``), and the
+endpoint waves' pod rollouts (a wave holds the operator paused on a patch-mode cluster, and the restore stays in
+the same task's ``finally``).
 
 Each task parses the run's Params once into a frozen ``RolloutRequest`` (``kvfleet.airflow.request``: defaults
 from ``kvfleet.airflow.params``) and reads only that; each task body sits behind the task boundary
@@ -285,17 +288,16 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
 
 
 def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[str, Any]]) -> None:
-    """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``). Stages 1 and
-    2 are split (``stages.base.Pending``): each wait their own change needs (UpdateCluster to InService, an
-    add-on to ACTIVE) defers, with the stage's ``progress`` in the deferral's state, and the resumed task calls
-    the stage's ``act`` again with it."""
+    """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``). Each stage is
+    split (``stages.base.Pending``): each wait their own change needs (UpdateCluster to InService, an add-on to
+    ACTIVE, the ai-toolkit daemon, the operator's controller, Curvine's StatefulSets, PVCs and master) defers,
+    with the stage's ``progress`` in the deferral's state, and the resumed task calls the stage's ``act`` again
+    with it. Stage 3's install window (install with the format flags true, flip to false as soon as the pods
+    run) stays in this process: its flip must never wait on a deferral."""
     progress: dict[str, Any] = dict(resume.get("progress") or {})
     for stage in (tiered_storage, addons, curvine)[len(done):]:
         if not ctx.dry_run and not progress:
             _defer_until_ready(ctx, stage, resume, {"done": done})
-        if stage is curvine:
-            done.append(stage.reconcile(ctx).as_dict())
-            continue
         while (pending := stage.act(ctx, progress)) is not None:
             _defer_for(ctx, pending, resume, {"done": done, "progress": progress})
         done.append(stage.finish(ctx, progress).as_dict())

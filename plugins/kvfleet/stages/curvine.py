@@ -38,11 +38,12 @@ from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
 from kvfleet.fleet.inventory import size_to_bytes
-from kvfleet.stages import executor
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages import executor, readiness
+from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.converge import converge
 
 STAGE = "curvine"
-CAPACITY_TOLERANCE = 0.05
+CAPACITY_TOLERANCE = readiness.CAPACITY_TOLERANCE
 
 
 def repo_url(ctx: StageContext) -> str:
@@ -102,19 +103,7 @@ def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> s
 
 def rollout_state(ctx: StageContext) -> tuple[bool, str]:
     """Whether both StatefulSets are fully rolled out on their newest revision, and what was observed."""
-    ns = ctx.cluster.curvine.namespace
-    states = []
-    done = True
-    for name in (C.CURVINE_MASTER_STS, C.CURVINE_WORKER_STS):
-        sts = get_or_none(ctx.kube.apps.read_namespaced_stateful_set, name, ns)
-        if sts is None:
-            return False, f"{name} missing"
-        st, want = sts.status, sts.spec.replicas or 0
-        ok = ((st.observed_generation or 0) >= (sts.metadata.generation or 0) and (st.updated_replicas or 0) == want
-              and (st.ready_replicas or 0) == want and (st.replicas or 0) == want)
-        done = done and ok
-        states.append(f"{name} updated {st.updated_replicas or 0}/{want} ready {st.ready_replicas or 0}/{want}")
-    return done, ", ".join(states)
+    return readiness.curvine_rollout(ctx.kube, namespace=ctx.cluster.curvine.namespace)
 
 
 def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None,
@@ -309,34 +298,30 @@ def pvc_actions(ctx: StageContext) -> list[A.Action]:
     return out
 
 
-def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
-    """The RWX Curvine PVC in every endpoint namespace of this cluster, waited to Bound (not in a dry run)."""
+def create_pvcs(ctx: StageContext) -> dict[str, str]:
+    """The RWX Curvine PVC in every endpoint namespace of this cluster, created where missing (not waited for):
+    each namespace's result."""
     actions = pvc_actions(ctx)
     executor.run(ctx, STAGE, actions)
     created = {a.namespace for a in actions if isinstance(a, A.CreatePvc)}
     namespaces = sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2})
-    out = {ns: ("planned" if ctx.dry_run else "changed") if ns in created else "unchanged" for ns in namespaces}
+    return {ns: ("planned" if ctx.dry_run else "changed") if ns in created else "unchanged" for ns in namespaces}
+
+
+def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
+    """The RWX Curvine PVC in every endpoint namespace of this cluster, waited to Bound (not in a dry run)."""
+    out = create_pvcs(ctx)
     if not ctx.dry_run:
-        for ns in namespaces:
+        for ns in out:
             _wait_bound(ctx, ns)
     return out
 
 
 def _wait_bound(ctx: StageContext, ns: str) -> None:
-    def check() -> tuple[bool, str]:
-        pvc = call(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns, what="read PVC")
-        phase = pvc.status.phase if pvc.status else None
-        if phase == "Bound":
-            return True, "Bound"
-        conds = "; ".join(f"{c.type}={c.status}: {c.message}" for c in (pvc.status.conditions or [])) if pvc.status \
-            else ""
-        events = call(ctx.kube.core.list_namespaced_event, ns,
-                      field_selector=f"involvedObject.name={C.CURVINE_PVC}", what="PVC events").items
-        ev = "; ".join(f"{e.reason}: {e.message}" for e in events[-3:])
-        return False, f"{phase or 'Pending'}" + (f" ({conds})" if conds else "") + (f" events: {ev}" if ev else "")
-
-    wait_for(check, timeout_s=ctx.timeouts.pvc_s, poll_s=min(poll_seconds(), 1.0),
-             what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}", progress=ctx.progress)
+    """One namespace's PVC to Bound, in this process (``readiness.curvine_pvcs`` says why it stays Pending)."""
+    wait_for(lambda: readiness.curvine_pvcs(ctx.kube, namespaces=[ns]), timeout_s=ctx.timeouts.pvc_s,
+             poll_s=min(poll_seconds(), 1.0), what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}",
+             progress=ctx.progress)
 
 
 def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | None = None,
@@ -346,26 +331,103 @@ def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | Non
     The rollout passes the release's own ``worker.replicas``: after kvfleet_curvine_scale_out grew the pool,
     the inventory's count is a reported difference, not a failure."""
     spec = ctx.cluster.curvine
-    master = CurvineMaster(ctx.kube, spec.namespace)
-    want_workers = spec.worker_replicas if workers is None else workers
-    want_bytes = want_workers * size_to_bytes(spec.worker_size)
-
-    def check() -> tuple[bool, str]:
-        ov = master.overview()
-        ok = ov.live_workers == want_workers and abs(ov.capacity - want_bytes) <= CAPACITY_TOLERANCE * want_bytes
-        return ok, f"live workers {ov.live_workers}/{want_workers}, capacity {ov.capacity / 2**30:.0f} GiB " \
-                   f"(expected ~{want_bytes / 2**30:.0f} GiB)"
-
-    state = wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
-                     what=f"[{ctx.cluster.name}] Curvine master API", progress=ctx.progress)
-    snap = master.overview().snapshot()
+    args = _capacity_args(ctx, workers)
+    state = wait_for(lambda: readiness.curvine_capacity(ctx.kube, **args), timeout_s=ctx.timeouts.pods_s,
+                     poll_s=min(poll_seconds(), 1.0), what=f"[{ctx.cluster.name}] Curvine master API",
+                     progress=ctx.progress)
+    snap = CurvineMaster(ctx.kube, spec.namespace).overview().snapshot()
     if ctx.history is not None:
         ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
                                     cluster=ctx.cluster.name, phase=phase, overview=snap)
     return {"state": state, **snap}
 
 
+def _capacity_args(ctx: StageContext, workers: int | None) -> dict[str, Any]:
+    """``readiness.curvine_capacity``'s arguments: ``workers`` live workers (default: the inventory's)."""
+    spec = ctx.cluster.curvine
+    return {"namespace": spec.namespace, "workers": spec.worker_replicas if workers is None else workers,
+            "worker_bytes": size_to_bytes(spec.worker_size)}
+
+
 def reconcile(ctx: StageContext) -> Outcome:
+    """Stage 3 to its end in this process (``act``, waiting in the worker, ``finish``)."""
+    return converge(ctx, act, finish)
+
+
+def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """Stage 3's changes, then one look at each read-only wait, in order, handing back the first not yet met
+    (``base.Pending``, a ``stages.readiness`` check): the StatefulSets rolled out, the PVCs Bound, the master's
+    capacity. The caller waits (in the worker, or deferred) and calls ``act`` again with the same ``progress``.
+
+    The changes run in this process on the first call and never again: the prerequisites, curvine-csi, the
+    StorageClass, the first install with its flip to false — that window stays here, its flip in a ``finally``,
+    never across a deferral — or the fix of a flag hazard; then every flag verified false and the PVCs created."""
+    if "detail" not in progress:
+        progress["detail"], progress["changed"] = _release(ctx)
+        if ctx.dry_run:
+            progress["detail"]["pvcs"] = ensure_pvcs(ctx)
+        else:
+            progress["detail"]["flags"] = verify_flags_false(ctx)
+    if ctx.dry_run:
+        return None
+    return _rolled_out(ctx, progress) or _bound(ctx, progress) or _capacity(ctx, progress)
+
+
+def _rolled_out(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """Both StatefulSets rolled out (then the release's revisions recorded), or the wait for it."""
+    detail = progress["detail"]
+    if "rollout" not in detail:
+        ready, state = rollout_state(ctx)
+        if not ready:
+            return Pending("after:curvine", f"stage 3: {state}", ctx.timeouts.pods_s, check="curvine_rollout",
+                           args={"namespace": ctx.cluster.curvine.namespace})
+        detail["rollout"] = state
+        detail["revisions"] = _record_revisions(ctx, C.CURVINE_RELEASE)
+    return None
+
+
+def _bound(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """The PVCs created where missing and Bound, or the wait for them."""
+    detail = progress["detail"]
+    if "pvcs" not in detail:
+        detail["pvcs"] = create_pvcs(ctx)
+        progress["changed"] = progress["changed"] or "changed" in detail["pvcs"].values()
+    if not progress.get("bound"):
+        pvcs = {"namespaces": sorted(detail["pvcs"])}
+        ready, state = readiness.curvine_pvcs(ctx.kube, **pvcs)
+        if not ready:
+            return Pending("after:pvcs", f"stage 3: {state}", ctx.timeouts.pvc_s, check="curvine_pvcs", args=pvcs)
+        progress["bound"] = True
+    return None
+
+
+def _capacity(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
+    """The master reporting the release's workers and their capacity, or the wait for it."""
+    if "workers" not in progress:  # the release's own count (kvfleet_curvine_scale_out may have grown it)
+        live = cv.get_path(ctx.helm.values(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace), "worker.replicas")
+        progress["workers"] = int(live) if live is not None else ctx.cluster.curvine.worker_replicas
+    capacity = _capacity_args(ctx, progress["workers"])
+    ready, state = readiness.curvine_capacity(ctx.kube, **capacity)
+    if not ready:
+        return Pending("after:curvine_capacity", f"stage 3: Curvine master API: {state}", ctx.timeouts.pods_s,
+                       check="curvine_capacity", args=capacity)
+    return None
+
+
+def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
+    """Every wait met: the capacity snapshot recorded, and the stage's outcome."""
+    detail = dict(progress["detail"])
+    if ctx.dry_run:
+        planned = [p for p in ctx.planned if p.stage == STAGE]
+        return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
+    detail["capacity"] = verify_capacity(ctx, workers=progress["workers"])
+    return ctx.record("curvine", STAGE, "changed" if progress["changed"] else "unchanged", **detail)
+
+
+def _release(ctx: StageContext) -> tuple[dict[str, Any], bool]:
+    """The prerequisites, curvine-csi, the StorageClass, and the release: the first install (flags true, then
+    false as soon as every pod runs) or, on an existing release, a flag hazard fixed and any other difference
+    reported. What was done, and whether anything changed."""
     spec = ctx.cluster.curvine
     warnings = check_prerequisites(ctx)
     csi = _ensure_csi(ctx)
@@ -387,19 +449,7 @@ def reconcile(ctx: StageContext) -> Outcome:
             detail["reported"] = drift
             for d in drift:
                 ctx.say(f"reported, not changed by the rollout: {d}")
-    if ctx.dry_run:
-        detail["pvcs"] = ensure_pvcs(ctx)
-        planned = [p for p in ctx.planned if p.stage == STAGE]
-        return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
-    detail["flags"] = verify_flags_false(ctx)
-    detail["rollout"] = wait_rolled_out(ctx)
-    detail["revisions"] = _record_revisions(ctx, C.CURVINE_RELEASE)
-    pvcs = ensure_pvcs(ctx)
-    detail["pvcs"] = pvcs
-    changed = changed or "changed" in pvcs.values()
-    live_workers = cv.get_path(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace), "worker.replicas")
-    detail["capacity"] = verify_capacity(ctx, workers=int(live_workers) if live_workers is not None else None)
-    return ctx.record("curvine", STAGE, "changed" if changed else "unchanged", **detail)
+    return detail, changed
 
 
 # ---- shared by the upgrade and scale-out workflows (kvfleet.stages.curvine_upgrade / curvine_scale) ----------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,8 +11,10 @@ from stagekit import mutating_calls, reset_counters, with_cluster
 from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
+from kvfleet.fleet.endpoint_spec import pvc_manifest
 from kvfleet.history.repo import StepKey
-from kvfleet.stages import addons, curvine, tiered_storage
+from kvfleet.stages import addons, curvine, readiness, tiered_storage
+from kvfleet.stages.converge import settle
 
 pytestmark = pytest.mark.integration
 CLUSTER = "ml-stage-usw2"
@@ -96,6 +99,41 @@ def test_stage_1_waits_for_a_change_in_flight_even_when_nothing_is_left_to_chang
     assert tiered_storage.act(make_ctx(CLUSTER), progress) is None
     assert progress["done"]["outcome"] == "unchanged"
     assert "UpdateCluster" not in fleet_env.aws.operations(), fleet_env.aws.operations()
+
+
+def test_stage_3_hands_back_its_waits_and_resumes_from_its_progress(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
+    """Stage 3 split as stages 1 and 2 are (issue 19): ``act`` makes the changes once (the install window, with
+    its flip, in the same call) and then hands back each read-only wait that is not met yet as a named readiness
+    check the triggerer can run; ``progress`` stays plain JSON (it travels in a deferral); a resumed ``act``
+    sends no change again. Held here: one endpoint namespace's PVC already exists in a StorageClass that does
+    not exist yet, so it stays Pending (the twin's provisioner, as Kubernetes', leaves it with a
+    ProvisioningFailed event) until the class appears."""
+    ctx = make_ctx(CLUSTER)
+    assert tiered_storage.reconcile(ctx).outcome == "changed" and addons.reconcile(ctx).outcome == "changed"
+    ns = sorted({e.namespace for e in ctx.inventory.endpoints_of(CLUSTER) if e.l2})[0]
+    assert ctx.kube.core.read_namespace(ns)  # the endpoint namespaces exist (k8s/rbac/endpoint-namespaces.yaml)
+    ctx.kube.core.create_namespaced_persistent_volume_claim(ns, pvc_manifest(ns, "kv-late-class"))
+    progress: dict[str, object] = {}
+    waits = []
+    while (pending := curvine.act(ctx, progress)) is not None:
+        json.dumps(progress)  # what a deferral carries
+        assert pending.check in readiness.CHECKS and json.loads(json.dumps(pending.args)) == pending.args, pending
+        waits.append(pending)
+        if pending.check == "curvine_pvcs":
+            ready, state = readiness.check(ctx.kube, pending.check, dict(pending.args or {}))
+            assert not ready and f"{ns}/{C.CURVINE_PVC}" in state and "kv-late-class" in state, state
+            assert pending.wait == "after:pvcs" and pending.timeout_s == ctx.timeouts.pvc_s
+            late = {**curvine.storage_class_manifest(ctx)}
+            late["metadata"] = {**late["metadata"], "name": "kv-late-class"}
+            ctx.kube.storage.create_storage_class(late)
+        settle(ctx, pending)
+    assert "curvine_pvcs" in [w.check for w in waits], waits
+    revisions = [r.revision for r in ctx.helm.revisions(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)]
+    assert revisions == [1, 2], revisions  # installed once (flags true) and flipped once, across every call
+    outcome = curvine.finish(ctx, progress)
+    assert outcome.outcome == "changed" and outcome.detail["pvcs"][ns] == "unchanged", outcome.detail
+    assert outcome.detail["capacity"]["live_workers"] == ctx.cluster.curvine.worker_replicas, outcome.detail
+    assert all(not v for v in outcome.detail["flags"].values()), outcome.detail
 
 
 def test_addon_create_failed_fails_fast_with_its_health_issue(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]

@@ -326,6 +326,7 @@ def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], stat
 
 
 ADDON_MOVING = frozenset({"CREATING", "UPDATING"})
+WAVE_GATE_PARALLEL = 8  # a wave's endpoints probed at once by its gate (node-disjoint ones only)
 
 
 def _defer_until_ready(ctx: StageContext, stage: Any, resume: dict[str, Any], state: dict[str, Any]) -> None:
@@ -404,9 +405,14 @@ def _apply_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], ho
 
 def _verify_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], req: RolloutRequest,
                  broken: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """After the bake: verify the wave's endpoints and record its gate."""
-    results = {ep.key: _verify_and_record(ctx, ep, req, f"verify:{wave['wave']}:{ep.key}") for ep in eps
-               if ep.key not in broken}
+    """After the bake: verify the wave's endpoints and record its gate. Endpoints whose pods share no node are
+    probed at the same time (``verify.in_node_batches``, at most ``WAVE_GATE_PARALLEL``), as the hourly
+    verification does; the verdicts are kept in the wave's order."""
+    todo = [ep for ep in eps if ep.key not in broken]
+    verified = verify.in_node_batches(
+        ctx, todo, lambda ep: _verify_and_record(ctx, ep, req, f"verify:{wave['wave']}:{ep.key}"),
+        max_parallel=WAVE_GATE_PARALLEL)
+    results = {ep.key: verified[ep.key] for ep in todo}
     verdict = gates.wave_verdict([*results.values(), *({"verdict": "fail"} for _ in broken)])
     ctx.record(f"gate:{wave['wave']}", "gate", "passed" if verdict == "pass" else verdict,
                verdicts={k: v["verdict"] for k, v in results.items()})

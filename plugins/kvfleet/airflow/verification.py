@@ -22,9 +22,7 @@ sweep after its last rollout is its baseline (``verdict.baseline_from_rows``), p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from sqlalchemy import text
@@ -34,7 +32,6 @@ from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.verdict import baseline_from_rows
-from kvfleet.fleet.verify_batches import describe, plan_batches
 from kvfleet.history.repo import History, StepEvent
 from kvfleet.stages import verify
 from kvfleet.stages.base import StageContext
@@ -114,30 +111,8 @@ def verify_endpoints(ctx: StageContext, endpoints: Sequence[Endpoint], lengths: 
     summary, in the order of ``endpoints``. An endpoint whose verification raises does not stop the others of its
     batch (each is recorded); the first error in inventory order is raised once the batch is done, and no later
     batch starts (as before, when the loop stopped there)."""
-    cluster = ctx.cluster.name
-    nodes, why = verify.endpoint_nodes(ctx, endpoints)  # builds ctx.kube here, before any worker thread
-    if why:
-        log.warning("%s: the pods could not be read (%s): every endpoint is verified alone", cluster, why)
-    by_key = {ep.key: ep for ep in endpoints}
-    batches = plan_batches([ep.key for ep in endpoints], nodes)
-    log.info("%s: verification plan: %s (at most %d at a time): %s", cluster, describe(batches), max_parallel,
-             " | ".join(", ".join(b) for b in batches))
-    rows: dict[str, list[dict[str, Any]]] = {}
-    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=f"verify-{cluster}") as executor:
-        for i, batch in enumerate(batches, 1):
-            started = time.monotonic()
-            futures: dict[str, Future[list[dict[str, Any]]]] = {}
-            try:
-                for key in batch:
-                    futures[key] = executor.submit(_verify_one, ctx, by_key[key], lengths, sweep, pool)
-                wait(futures.values())
-            except BaseException:  # SIGTERM (Airflow raises in this thread): start nothing more; running probes end
-                executor.shutdown(wait=False, cancel_futures=True)
-                raise
-            log.info("%s: batch %d/%d (%d endpoint(s): %s) took %.1f s", cluster, i, len(batches), len(batch),
-                     ", ".join(batch), time.monotonic() - started)
-            for key, future in futures.items():  # the first failure in inventory order
-                rows[key] = future.result()
+    rows = verify.in_node_batches(ctx, endpoints, lambda ep: _verify_one(ctx, ep, lengths, sweep, pool),
+                                  max_parallel=max_parallel)
     return [r for ep in endpoints for r in rows[ep.key]]
 
 

@@ -32,13 +32,15 @@ fresh nonce per probe (new pods after a rollout, one probe each).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from kvfleet.clients.inference import pod_log_since, stream_completion
 from kvfleet.clients.kube import call
@@ -58,7 +60,7 @@ from kvfleet.fleet.verdict import (
     verdict_of,
 )
 from kvfleet.fleet.verdict import SPEEDUP_TOLERANCE as SPEEDUP_TOLERANCE
-from kvfleet.fleet.verify_batches import nodes_by_endpoint
+from kvfleet.fleet.verify_batches import describe, nodes_by_endpoint, plan_batches
 from kvfleet.stages.base import StageContext
 
 # How long B waits for A's Stored line of the same request, and how often A's log is read meanwhile. Past the
@@ -153,6 +155,46 @@ def endpoint_nodes(ctx: StageContext, endpoints: Sequence[Endpoint]) -> tuple[di
         return {ep.key: None for ep in endpoints}, str(exc)
     docs = [ctx.kube.api_client.sanitize_for_serialization(p) for p in pods]
     return nodes_by_endpoint(docs, [(ep.key, ep.namespace, ep.name) for ep in endpoints]), None
+
+
+R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+
+def in_node_batches(ctx: StageContext, endpoints: Sequence[Endpoint], one: Callable[[Endpoint], R], *,
+                    max_parallel: int) -> dict[str, R]:
+    """``one(ep)`` for every endpoint of ``ctx``'s cluster, in batches of endpoints whose pods share no node
+    (``verify_batches.plan_batches`` over one read of the pods, :func:`endpoint_nodes`): the endpoints of a batch
+    run at the same time, at most ``max_parallel`` (a thread pool), and the batches one after another, since one
+    probe's prefill on a node would disturb the TTFT another measures there. Results by ``ep.key``. An endpoint
+    whose call raises does not stop the others of its batch; the first error in ``endpoints`` order is raised once
+    the batch is done, and no later batch starts. A SIGTERM while a batch is submitted cancels what has not
+    started. The threads share ``ctx`` (its Kubernetes client is built here, before any thread starts)."""
+    cluster = ctx.cluster.name
+    nodes, why = endpoint_nodes(ctx, endpoints)
+    if why:
+        log.warning("%s: the pods could not be read (%s): every endpoint is verified alone", cluster, why)
+    by_key = {ep.key: ep for ep in endpoints}
+    batches = plan_batches([ep.key for ep in endpoints], nodes)
+    log.info("%s: verification plan: %s (at most %d at a time): %s", cluster, describe(batches), max_parallel,
+             " | ".join(", ".join(b) for b in batches))
+    out: dict[str, R] = {}
+    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix=f"verify-{cluster}") as executor:
+        for i, batch in enumerate(batches, 1):
+            started = time.monotonic()
+            futures: dict[str, Future[R]] = {}
+            try:
+                for key in batch:
+                    futures[key] = executor.submit(one, by_key[key])
+                wait(futures.values())
+            except BaseException:  # SIGTERM (Airflow raises in this thread): start nothing more; running probes end
+                executor.shutdown(wait=False, cancel_futures=True)
+                raise
+            log.info("%s: batch %d/%d (%d endpoint(s): %s) took %.1f s", cluster, i, len(batches), len(batch),
+                     ", ".join(batch), time.monotonic() - started)
+            for key, future in futures.items():  # the first failure in inventory order
+                out[key] = future.result()
+    return out
 
 
 def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, nonce: str | None = None,

@@ -88,7 +88,9 @@ def test_hourly_dag_verifies_node_disjoint_endpoints_together_and_records_each_o
     # the scenario holds: some endpoints verified together (node-disjoint), some apart (sharing a node)
     assert len(batches) > 1 and any(len(b) > 1 for b in batches), (batches, nodes)
     for batch in batches:
-        assert len(batch) <= 4 // 2
+        # node-disjoint on the cluster's 4 nodes: two endpoints of two nodes each, or more when the scheduler put an
+        # endpoint's pods on one node (it is then unverifiable, below), as it may: placement follows arrival order
+        assert sum(len(nodes[k] or ()) for k in batch) <= 4, (batch, nodes)
         for i, a in enumerate(batch):
             assert all(not (nodes[a] or set()) & (nodes[b] or set()) for b in batch[i + 1:]), (batch, nodes)
 

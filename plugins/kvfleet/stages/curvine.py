@@ -325,14 +325,15 @@ def _wait_bound(ctx: StageContext, ns: str) -> None:
 
 
 def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | None = None,
-                    step: str = "curvine") -> dict[str, Any]:
+                    step: str = "curvine", timeout_s: float | None = None) -> dict[str, Any]:
     """The master reports ``workers`` live workers (default: the inventory's) and ~workers × dataDir size.
 
     The rollout passes the release's own ``worker.replicas``: after kvfleet_curvine_scale_out grew the pool,
     the inventory's count is a reported difference, not a failure."""
     spec = ctx.cluster.curvine
     args = _capacity_args(ctx, workers)
-    state = wait_for(lambda: readiness.curvine_capacity(ctx.kube, **args), timeout_s=ctx.timeouts.pods_s,
+    state = wait_for(lambda: readiness.curvine_capacity(ctx.kube, **args),
+                     timeout_s=ctx.timeouts.pods_s if timeout_s is None else timeout_s,
                      poll_s=min(poll_seconds(), 1.0), what=f"[{ctx.cluster.name}] Curvine master API",
                      progress=ctx.progress)
     snap = CurvineMaster(ctx.kube, spec.namespace).overview().snapshot()
@@ -359,9 +360,11 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     (``base.Pending``, a ``stages.readiness`` check): the StatefulSets rolled out, the PVCs Bound, the master's
     capacity. The caller waits (in the worker, or deferred) and calls ``act`` again with the same ``progress``.
 
-    The changes run in this process on the first call and never again: the prerequisites, curvine-csi, the
-    StorageClass, the first install with its flip to false — that window stays here, its flip in a ``finally``,
-    never across a deferral — or the fix of a flag hazard; then every flag verified false and the PVCs created."""
+    The release changes run in this process on the first call and never again: the prerequisites, curvine-csi,
+    the StorageClass, the first install with its flip to false — that window stays here, its flip in a
+    ``finally``, never across a deferral — or the fix of a flag hazard; then every flag verified false. The later
+    steps run once each, on whichever call reaches them (``progress`` keeps what is done): the revisions recorded
+    once the StatefulSets are rolled out, then the missing PVCs created."""
     if "detail" not in progress:
         progress["detail"], progress["changed"] = _release(ctx)
         if ctx.dry_run:
@@ -420,7 +423,8 @@ def finish(ctx: StageContext, progress: dict[str, Any]) -> Outcome:
     if ctx.dry_run:
         planned = [p for p in ctx.planned if p.stage == STAGE]
         return ctx.record("curvine", STAGE, "planned" if planned else "unchanged", **detail)
-    detail["capacity"] = verify_capacity(ctx, workers=progress["workers"])
+    # One look (``act`` has just seen it met): a change since is a ConvergenceTimeout, and the retry observes again.
+    detail["capacity"] = verify_capacity(ctx, workers=progress["workers"], timeout_s=0)
     return ctx.record("curvine", STAGE, "changed" if progress["changed"] else "unchanged", **detail)
 
 

@@ -87,10 +87,9 @@ def test_hourly_dag_verifies_node_disjoint_endpoints_together_and_records_each_o
     batches = plan_batches([ep.key for ep in eps], nodes)
     # the scenario holds: some endpoints verified together (node-disjoint), some apart (sharing a node)
     assert len(batches) > 1 and any(len(b) > 1 for b in batches), (batches, nodes)
+    # Within a batch the endpoints' node sets are pairwise disjoint (the invariant; how many endpoints that allows
+    # depends on where the scheduler put their pods: an endpoint whose pods share a node takes one node only).
     for batch in batches:
-        # node-disjoint on the cluster's 4 nodes: two endpoints of two nodes each, or more when the scheduler put an
-        # endpoint's pods on one node (it is then unverifiable, below), as it may: placement follows arrival order
-        assert sum(len(nodes[k] or ()) for k in batch) <= 4, (batch, nodes)
         for i, a in enumerate(batch):
             assert all(not (nodes[a] or set()) & (nodes[b] or set()) for b in batch[i + 1:]), (batch, nodes)
 

@@ -65,17 +65,22 @@ def _take_before_deferral(params: dict[str, Any], history: History, *, lease: bo
 
 
 @pytest.mark.parametrize(("wait", "event", "raised"), [
-    # waited in the triggerer for the cluster to converge (it held the slot and the parked lease)
-    ("ready:cluster", {"status": "error", "reason": "timeout", "message": "c still Updating after 3600s"},
+    # waited in the triggerer for the cluster to converge before stage 1 changes it (it held the slot and the
+    # parked lease): stages.base.Pending "before:cluster", ClusterReadyTrigger
+    ("stage:before:cluster", {"status": "error", "reason": "timeout", "message": "c still Updating after 3600s"},
      ConvergenceTimeout),
-    ("ready:cluster", {"status": "error", "message": "cluster ml-prod-use1 is Failed"}, PermanentError),
-    # waited after a change of the stage's own (stages.base.Pending: ClusterReadyTrigger after UpdateCluster,
-    # KubeReadyTrigger for the operator's controller), with the stage's progress in the deferral's state
+    ("stage:before:cluster", {"status": "error", "message": "cluster ml-prod-use1 is Failed"}, PermanentError),
+    # an add-on moving before stage 2 (the rollout's own look, ClusterReadyTrigger)
+    ("ready:cert-manager", {"status": "error", "message": "cert-manager CREATE_FAILED: x"}, PermanentError),
+    # waited after a change of the stage's own (ClusterReadyTrigger after UpdateCluster; KubeReadyTrigger for the
+    # operator's controller and for Curvine's PVCs), with the stage's progress in the deferral's state
     ("stage:after:cluster", {"status": "error", "reason": "timeout", "message": "c still Updating after 3600s"},
      ConvergenceTimeout),
     ("stage:after:operator", {"status": "error", "reason": "timeout",
                               "message": "operator controller not Ready after 600s"}, ConvergenceTimeout),
     ("stage:after:operator", {"status": "error", "message": "check 'operator': no credentials"}, PermanentError),
+    ("stage:after:pvcs", {"status": "error", "reason": "timeout",
+                          "message": "PVC retail/curvine-pvc Pending after 600s"}, ConvergenceTimeout),
 ])
 def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, history: History, example_fleet,  # type: ignore[no-untyped-def]
                                                                    wait: str, event: dict[str, Any],
@@ -84,9 +89,12 @@ def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, hist
     slot = _take_before_deferral(params, history, lease=True)
     assert _locks(history) == sorted([(CLUSTER, RUN_KEY), (slot, f"{RUN_KEY}#{CLUSTER}")])
     resume = {"done": [], "wait": wait, "since": time.time() - 3600, "event": event}
-    if wait.startswith("stage:"):
-        resume["progress"] = {"decision": {"mode": "Enable", "percent": 25}} if wait.endswith("cluster") else \
-            {"eks": "eks-x", "results": {}}
+    if wait.startswith("stage:"):  # the stage's progress at that wait (read by act on a resume, not on an error)
+        resume["progress"] = {"stage:after:cluster": {"decision": {"mode": "Enable", "percent": 25}},
+                              "stage:after:operator": {"eks": "eks-x", "results": {}},
+                              "stage:after:pvcs": {"detail": {"pvcs": {"retail": "changed"}}, "changed": True},
+                              }.get(wait, {})
+        resume["done"] = [{"stage": "tiered_storage"}, {"stage": "addons"}] if wait.endswith("pvcs") else []
     # through the task boundary: a temporary error is raised as itself, a permanent one as AirflowFailException
     with pytest.raises((raised, AirflowFailException)) as info:
         rollout.run_cluster_stages(CLUSTER, params, kvfleet_resume=resume)

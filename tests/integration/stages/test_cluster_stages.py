@@ -113,10 +113,12 @@ def test_stage_3_hands_back_its_waits_and_resumes_from_its_progress(fleet_env, m
     ns = sorted({e.namespace for e in ctx.inventory.endpoints_of(CLUSTER) if e.l2})[0]
     assert ctx.kube.core.read_namespace(ns)  # the endpoint namespaces exist (k8s/rbac/endpoint-namespaces.yaml)
     ctx.kube.core.create_namespaced_persistent_volume_claim(ns, pvc_manifest(ns, "kv-late-class"))
+    reset_counters(fleet_env)
     progress: dict[str, object] = {}
     waits = []
     while (pending := curvine.act(ctx, progress)) is not None:
-        json.dumps(progress)  # what a deferral carries
+        # what a deferral carries, and what a resumed task has: the JSON of progress, a new context
+        progress, ctx = json.loads(json.dumps(progress)), make_ctx(CLUSTER)
         assert pending.check in readiness.CHECKS and json.loads(json.dumps(pending.args)) == pending.args, pending
         waits.append(pending)
         if pending.check == "curvine_pvcs":
@@ -130,6 +132,13 @@ def test_stage_3_hands_back_its_waits_and_resumes_from_its_progress(fleet_env, m
     assert "curvine_pvcs" in [w.check for w in waits], waits
     revisions = [r.revision for r in ctx.helm.revisions(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace)]
     assert revisions == [1, 2], revisions  # installed once (flags true) and flipped once, across every call
+    created = [(c[1], c[2]) for c in mutating_calls(fleet_env, CLUSTER)["k8s"] if c[0] == "create"
+               and c[1] in ("persistentvolumeclaims", "storageclasses")]
+    others = sorted({e.namespace for e in ctx.inventory.endpoints_of(CLUSTER) if e.l2} - {ns})
+    # each missing PVC created once (not the held one), the Curvine StorageClass once, and the test's late class
+    assert sorted(c for c in created if c[0] == "persistentvolumeclaims") == \
+        [("persistentvolumeclaims", n) for n in others], created
+    assert len([c for c in created if c[0] == "storageclasses"]) == 2, created
     outcome = curvine.finish(ctx, progress)
     assert outcome.outcome == "changed" and outcome.detail["pvcs"][ns] == "unchanged", outcome.detail
     assert outcome.detail["capacity"]["live_workers"] == ctx.cluster.curvine.worker_replicas, outcome.detail

@@ -103,7 +103,10 @@ def test_hourly_dag_verifies_node_disjoint_endpoints_together_and_records_each_o
     assert sorted(r["step"] for r in rows) == sorted(f"verify:{ep.key}:2000" for ep in eps)
     # an endpoint whose two pods the scheduler put on one node is unverifiable, as stage 5 says (never a pass)
     expected = {ep.key: ("pass" if len(nodes[ep.key] or ()) >= 2 else "unverifiable") for ep in eps}
-    assert sum(v == "pass" for v in expected.values()) >= 3, nodes
+    # How many endpoints the scheduler spread over two nodes follows the order pods arrived in (the twin places each
+    # on the least loaded node, as kube-scheduler scores; it has no default topology spread): one clean-clone CI
+    # run at load 3-5 had 1 of 5, quiet runs 3 or more. At least one is needed for the probe checks below.
+    assert any(v == "pass" for v in expected.values()), nodes
     assert {r["endpoint"]: r["verdict"] for r in rows} == expected, \
         {r["endpoint"]: (r["verdict"], (r["detail"] or {}).get("speedup_samples")) for r in rows}
     # batches ran one after another: every row of a batch was recorded before any row of the next one

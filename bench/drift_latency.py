@@ -283,6 +283,25 @@ def _summary(trials: list[dict[str, Any]], quiet_s: float, wall_s: float) -> dic
             "ok": bool(found) and len(found) == len(trials) and p50 is not None and p50 < TARGET_P50_S}
 
 
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments both measures take (this file's and ``drift_latency_live.py``'s)."""
+    parser.add_argument("--trials", type=int, default=3, help="trials per kind of change (default 3)")
+    parser.add_argument("--quiet-s", type=float, default=15.0, help="the watch's debounce window (default 15)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+
+
+def common_arguments_valid(args: argparse.Namespace) -> bool:
+    """False, with the reason on stderr, when ``--trials`` or ``--quiet-s`` is out of range."""
+    if args.trials < 1:
+        print(f"--trials: {args.trials} is below 1; give 1 or more", file=sys.stderr)
+        return False
+    if args.quiet_s <= 0:
+        print(f"--quiet-s: {args.quiet_s} must be above 0 (seconds of quiet before an event); e.g. 15",
+              file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--live" in argv:  # the whole Airflow path: bench/drift_latency_live.py, with the other arguments
@@ -293,16 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--live", action="store_true",
                         help="through the real local Airflow service (tools/up.sh): bench/drift_latency_live.py")
-    parser.add_argument("--trials", type=int, default=3, help="trials per kind of change (default 3)")
-    parser.add_argument("--quiet-s", type=float, default=15.0, help="the watch's debounce window (default 15)")
-    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
-    if args.trials < 1:
-        print(f"--trials: {args.trials} is below 1; give 1 or more", file=sys.stderr)
-        return 2
-    if args.quiet_s <= 0:
-        print(f"--quiet-s: {args.quiet_s} must be above 0 (seconds of quiet before an event); e.g. 15",
-              file=sys.stderr)
+    if not common_arguments_valid(args):
         return 2
     out = sys.stderr if args.json else sys.stdout
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -460,20 +460,13 @@ def _print(summary: dict[str, Any], say: Callable[[str], None]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=3, help="trials per kind of change (default 3)")
-    parser.add_argument("--quiet-s", type=float, default=15.0, help="the watch's debounce window (default 15)")
+    inproc.add_common_arguments(parser)
     parser.add_argument("--changes", nargs="+", choices=list(EXPECTED), default=list(EXPECTED),
                         help="which changes to make (default: all three)")
-    parser.add_argument("--json", action="store_true", help="print only the JSON result on stdout")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy the service's logs (state/up/logs) here before the state is removed")
     args = parser.parse_args(argv)
-    if args.trials < 1:
-        print(f"--trials: {args.trials} is below 1; give 1 or more", file=sys.stderr)
-        return 2
-    if args.quiet_s <= 0:
-        print(f"--quiet-s: {args.quiet_s} must be above 0 (seconds of quiet before an event); e.g. 15",
-              file=sys.stderr)
+    if not inproc.common_arguments_valid(args):
         return 2
     out = sys.stderr if args.json else sys.stdout
 

@@ -1,11 +1,12 @@
 """kvfleet_rollout: the tiered KV cache rolled out as a progressive delivery, and the daily reconcile.
 
-plan -> per cluster (in parallel up to ``max_parallel_clusters``): preflight (the prerequisites; a cluster missing
-any is refused with the fixes, before anything changes) -> stages 1–3 -> canary wave (one endpoint per
-LOB) -> gate -> the remaining waves in plan order, each followed by a gate -> teardown (operator restored,
-lease released) -> a summary per line of business. A gate passes on verified cross-pod hits, stops the
-cluster's later waves on a failure, and asks a human (approve / skip the endpoint / abort) when the
-verification is inconclusive or when ``approval`` asks for it. ``dry_run`` prints the exact diff instead.
+plan (stored with the run in the history store; the task returns the clusters' names) -> per cluster (in
+parallel up to ``max_parallel_clusters``): preflight (the prerequisites; a cluster missing any is refused with
+the fixes, before anything changes) -> stages 1–3 -> canary wave (one endpoint per LOB) -> gate -> the
+remaining waves in plan order, each followed by a gate -> teardown (operator restored, lease released) -> a
+summary per line of business. A gate passes on verified cross-pod hits, stops the cluster's later waves on a
+failure, and asks a human (approve / skip the endpoint / abort) when the verification is inconclusive or when
+``approval`` asks for it. ``dry_run`` prints the exact diff instead.
 
 Waits do not hold a worker slot: the lease wait, a cluster or add-on still converging and the bake defer to the
 triggerer (``deferrable_task``); the mutating tasks run in the pools ``kvfleet_cluster_changes`` and
@@ -71,17 +72,13 @@ def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     doc_md=__doc__,
 )
 def kvfleet_rollout() -> None:
+    # Returns the plan's cluster names; the plan goes to the history store (runs.plan), where each task reads its
+    # cluster's part, so no XCom grows with the fleet.
     @task(retries=0)
     def plan(params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import rollout
 
         return rollout.plan_rollout(params)
-
-    @task
-    def clusters(plan_dict):  # type: ignore[no-untyped-def]
-        from kvfleet.airflow import rollout
-
-        return rollout.cluster_names(plan_dict)
 
     @task_group(group_id="cluster")
     def per_cluster(cluster: str):  # type: ignore[no-untyped-def]
@@ -127,16 +124,13 @@ def kvfleet_rollout() -> None:
         return wave
 
     @task(trigger_rule="none_failed")
-    def finish(plan_dict, last_slots, params=None):  # type: ignore[no-untyped-def]
+    def finish(clusters, last_slots, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import rollout
 
-        return rollout.finish_rollout(plan_dict, last_slots, params)
+        return rollout.finish_rollout(clusters, last_slots, params)
 
-    p = plan()
-    # Each cluster's tasks get its name only: a wave reads its cluster's part of the plan from the history store
-    # (the plan task stored it with the run), so no per-cluster task pulls the whole fleet's plan.
-    last = per_cluster.expand(cluster=clusters(p))
-    finish(p, last)
+    names = plan()
+    finish(names, per_cluster.expand(cluster=names))
 
 
 kvfleet_rollout()

@@ -217,3 +217,58 @@ def test_every_param_has_a_description_and_numbers_a_range(dagbag, path: Path) -
             unbounded.append(name)
     assert missing == [], f"{path.stem}: Params without a title and description: {missing}"
     assert unbounded == [], f"{path.stem}: numeric Params without minimum and maximum: {unbounded}"
+
+
+def _fresh_dag(path: Path):  # type: ignore[no-untyped-def]
+    """A DAG built afresh from its file (the session's DagBag is shared with tests that run DAGs, which change
+    their tasks' Param values in this process)."""
+    import runpy
+
+    return runpy.run_path(str(path))[path.stem]()  # each file's @dag factory bears the DAG's id
+
+
+@pytest.mark.parametrize("path", DAGS, ids=[p.stem for p in DAGS])
+def test_a_deep_copy_of_a_dag_param_copies_its_value_and_shares_its_schema(path: Path) -> None:
+    """Airflow deep-copies the DAG's Params at every operator ``__init__`` level (kvfleet.airflow.params
+    ``_copied_cheaply``): kvfleet's Params copy their value and share their schema, so a parse does not walk 15
+    schemas 56 times. The copy must be what Airflow's own deep copy gives in every attribute, and independent in
+    value; each task's Params must be the DAG's."""
+    import copy
+
+    from airflow.sdk import Param
+
+    dag = _fresh_dag(path)
+    assert dag.params, path.stem
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        twin = copy.deepcopy(param)
+        assert type(twin) is Param and twin is not param, name  # the serializer accepts Airflow's class only
+        own = {k: v for k, v in vars(param).items() if k != "__deepcopy__"}
+        assert vars(twin) == own, name  # no attribute lost or added, the shortcut not carried on
+        assert twin.schema is param.schema, name  # shared: Airflow's own deep copy would have walked it
+        if isinstance(param.value, list | dict):
+            assert twin.value is not param.value, name  # a task changing its value cannot change the DAG's
+    checked = 0
+    for task in dag.tasks:
+        if task.params.keys() != dag.params.keys():
+            continue  # HITL gates keep their own (task-level) Params only
+        checked += 1
+        for name in dag.params:
+            mine, dags = task.params.get_param(name), dag.params.get_param(name)
+            assert mine is not dags and (mine.value, mine.description, mine.schema, mine.source) == (
+                dags.value, dags.description, dags.schema, "dag"), (task.task_id, name)
+    assert checked, path.stem
+
+
+def test_the_serialized_rollout_dag_is_the_same_with_the_shared_schema_copies(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The scheduler and the UI see the serialized DAG: it must not change because the Params copy themselves
+    cheaply. The rollout file is parsed twice, with and without the shortcut, and serialized by Airflow."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from kvfleet.airflow import params
+
+    path = next(p for p in DAGS if p.stem == "kvfleet_rollout")
+    cheap = DagSerialization.to_dict(_fresh_dag(path))
+    monkeypatch.setattr(params, "_copied_cheaply", lambda p: p)
+    plain = DagSerialization.to_dict(_fresh_dag(path))
+    assert json.dumps(cheap, sort_keys=True, default=str) == json.dumps(plain, sort_keys=True, default=str)

@@ -10,6 +10,8 @@ which import heavier modules, must agree with; ``tests/dags/test_dag_integrity.p
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from typing import Any
 
@@ -23,6 +25,33 @@ _NAMES: dict[str, Any] = {"type": "array", "items": {"type": "string", "pattern"
 WAVE_SLOTS = 5
 CURVINE_APPROVE_TASK = "approve"
 CURVINE_NO_APPROVAL_TASK = "no_approval"
+
+
+def _copy(param: Param, memo: dict[int, Any] | None = None) -> Param:
+    """A deep copy of ``param`` that copies its value and shares the rest (its schema, which nothing mutates, as
+    ``Param.__copy__`` shares it). Not through ``Param.__init__``: the value was checked to be JSON when ``param``
+    was made, and a copy of it still is."""
+    new = Param.__new__(Param)
+    vars(new).update({k: v for k, v in vars(param).items() if k != "__deepcopy__"})
+    new.value = copy.deepcopy(param.value, memo)
+    return new
+
+
+def _copied_cheaply(params: dict[str, Any]) -> dict[str, Any]:
+    """``params``, each able to deep-copy itself without walking its schema.
+
+    Airflow deep-copies the DAG's whole ParamsDict at every ``__init__`` level of every operator
+    (airflow/sdk/bases/operator.py ``_get_parent_defaults``, called by ``BaseOperatorMeta._apply_defaults``;
+    task SDK 1.3.2): a ``@task`` has four levels, so the rollout's 15 operators copy its 15 Params 56 times,
+    16,000 ``copy.deepcopy`` calls for each parse, and every copy but the outermost level's is thrown away.
+    ``copy.deepcopy`` uses a ``__deepcopy__`` found on the instance, so each Param gets one: the copies are
+    equal (value, description, schema, source) and independent in value, the Params stay of Airflow's own class
+    (which is what the serializer accepts), and the serialized DAG is the same
+    (``tests/dags/test_dag_integrity.py`` checks both)."""
+    for param in params.values():
+        if isinstance(param, Param):
+            vars(param)["__deepcopy__"] = functools.partial(_copy, param)
+    return params
 
 
 def fleet_param() -> Param:
@@ -58,7 +87,7 @@ def _prompt_tokens(title: str) -> Param:
 
 
 def rollout_params() -> dict[str, Any]:
-    return {
+    return _copied_cheaply({
         "fleet": fleet_param(),
         **scope_params(),
         "dry_run": _dry_run("Observe and print the diff of what would change; change nothing."),
@@ -86,22 +115,22 @@ def rollout_params() -> dict[str, Any]:
                         "pass (0 to 1; 0.25 = 25 %). The hit ratio is always required."),
         "lock_wait_minutes": _lock_wait(10, 720, "Cluster lock wait (minutes)"),
         "prompt_tokens": _prompt_tokens("Verification prompt length (tokens)"),
-    }
+    })
 
 
 def drift_params() -> dict[str, Any]:
-    return {
+    return _copied_cheaply({
         "fleet": fleet_param(),
         "clusters": scope_params()["clusters"],
         "remediate": Param(False, type="boolean", title="Remediate",
                            description="Fix what the rollout's reconcilers can fix (batched safe patch, operator "
                                        "restore, format flags false with --reuse-values), under the cluster lock. "
                                        "Off: only the LOBs with remediate_drift in the inventory are fixed."),
-    }
+    })
 
 
 def verification_params() -> dict[str, Any]:
-    return {
+    return _copied_cheaply({
         "fleet": fleet_param(),
         **scope_params(),
         "prompt_tokens": _prompt_tokens("Prompt length (tokens)"),
@@ -111,11 +140,11 @@ def verification_params() -> dict[str, Any]:
                               description="Per cluster, endpoints whose pods share no node are verified at the "
                                           "same time, at most this many (1 to 32; 1: one at a time). Endpoints "
                                           "sharing a node never are."),
-    }
+    })
 
 
 def curvine_upgrade_params() -> dict[str, Any]:
-    return {
+    return _copied_cheaply({
         "fleet": fleet_param(),
         "clusters": scope_params()["clusters"],
         "version": Param("", type="string", title="Target chart version",
@@ -140,11 +169,11 @@ def curvine_upgrade_params() -> dict[str, Any]:
         "l2_check": Param("file", type="string", enum=["file", "endpoint"], title="L2-still-serves check",
                           description="file: re-read files written before; endpoint: stage 5 on one endpoint."),
         "lock_wait_minutes": _lock_wait(0, 120, "Wait for the cluster lock (minutes)"),
-    }
+    })
 
 
 def curvine_scale_out_params() -> dict[str, Any]:
-    return {
+    return _copied_cheaply({
         "fleet": fleet_param(),
         "clusters": scope_params()["clusters"],
         "target_workers": Param(None, type=["null", "integer"], minimum=1, maximum=1000, title="Target worker count",
@@ -163,4 +192,4 @@ def curvine_scale_out_params() -> dict[str, Any]:
                                  description="How long helm waits for the new workers to be ready (1 to 240 "
                                              "minutes)."),
         "lock_wait_minutes": _lock_wait(0, 120, "Wait for the cluster lock (minutes)"),
-    }
+    })

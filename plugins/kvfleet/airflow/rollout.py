@@ -204,8 +204,11 @@ def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]
 
 
 @task_boundary
-def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
-    """Validate the inventory and the scope, compute the plan, and open the run in the history store."""
+def plan_rollout(params: dict[str, Any]) -> list[str]:
+    """Validate the inventory and the scope, compute the plan, and open the run in the history store, with the
+    plan. Returns the names of the plan's clusters (what the per-cluster tasks are mapped over): the plan itself
+    goes to no XCom, since every task that needs it reads its part from ``runs.plan`` (``History.cluster_plan``),
+    so the run's XCom does not grow with the fleet's endpoints."""
     info = run_info()
     req = RolloutRequest.from_params(params)
     inv = scoped(req.fleet, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
@@ -220,7 +223,7 @@ def plan_rollout(params: dict[str, Any]) -> dict[str, Any]:
                                                          "endpoints": len(inv.endpoints),
                                                          "dry_run": req.dry_run}),
                         actor=info.actor)
-    return plan.as_dict()
+    return [c.cluster for c in plan.clusters]
 
 
 @task_boundary
@@ -235,10 +238,6 @@ def run_preflight(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     finally:
         ctx.close()
     return {"cluster": cluster, "warnings": [p.as_dict() for p in warnings]}
-
-
-def cluster_names(plan: dict[str, Any]) -> list[str]:
-    return [c["cluster"] for c in plan["clusters"]]
 
 
 @task_boundary
@@ -296,8 +295,8 @@ def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[st
     run) stays in this process: its flip must never wait on a deferral."""
     progress: dict[str, Any] = dict(resume.get("progress") or {})
     for stage in (tiered_storage, addons, curvine)[len(done):]:
-        if not ctx.dry_run and not progress:
-            _defer_until_ready(ctx, stage, resume, {"done": done})
+        if stage is addons and not ctx.dry_run and not progress:
+            _defer_while_addons_move(ctx, resume, {"done": done})
         while (pending := stage.act(ctx, progress)) is not None:
             _defer_for(ctx, pending, resume, {"done": done, "progress": progress})
         done.append(stage.finish(ctx, progress).as_dict())
@@ -329,7 +328,7 @@ ADDON_MOVING = frozenset({"CREATING", "UPDATING"})
 WAVE_GATE_PARALLEL = 8  # a wave's endpoints probed at once by its gate (node-disjoint ones only)
 
 
-def _defer_until_ready(ctx: StageContext, stage: Any, resume: dict[str, Any], state: dict[str, Any]) -> None:
+def _defer_while_addons_move(ctx: StageContext, resume: dict[str, Any], state: dict[str, Any]) -> None:
     """Before stage 2, an add-on that is being created or updated (a change in flight from an earlier try or made
     by hand): defer on ``ClusterReadyTrigger`` until it settles, before stage 2 changes any add-on (an update sent
     to a moving add-on is refused). Read-only calls; a terminal state is left to the stage (it fails at once with
@@ -338,8 +337,6 @@ def _defer_until_ready(ctx: StageContext, stage: Any, resume: dict[str, Any], st
     from kvfleet.airflow.triggers import ClusterReadyTrigger
     from kvfleet.fleet import constants as C
 
-    if stage is not addons:
-        return
     cl = ctx.cluster
     eks = ctx.hyperpod.require_cluster(cl.name).eks_cluster_name
     moving = [(n, (ctx.hyperpod.describe_addon(eks, n) or {}).get("status")) for n in C.ADDON_ORDER]
@@ -561,7 +558,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 @task_boundary
-def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
+def finish_rollout(clusters: list[str], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
     req = RolloutRequest.from_params(params)
     history = History()
@@ -579,7 +576,7 @@ def finish_rollout(plan: dict[str, Any], last_slots: list[Any] | None, params: d
     aborted = [{"cluster": s["cluster"], "reason": (s["detail"] or {}).get("reason")} for s in steps
                if s["outcome"] == "aborted"]
     summary = {"steps": len(steps), "dry_run": req.dry_run,
-               "clusters": cluster_names(plan), "lobs": rows, "aborted": aborted}
+               "clusters": list(clusters), "lobs": rows, "aborted": aborted}
     history.end_run(info.run_key, "aborted" if aborted else "success", summary)
     if aborted:
         raise PermanentError("rollout aborted at a gate: " + "; ".join(sorted({f"{g['cluster']}: {g['reason']}"

@@ -43,7 +43,6 @@ from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
 from kvfleet.stages.converge import converge
 
 STAGE = "curvine"
-CAPACITY_TOLERANCE = readiness.CAPACITY_TOLERANCE
 
 
 def repo_url(ctx: StageContext) -> str:

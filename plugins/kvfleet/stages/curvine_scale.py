@@ -38,6 +38,7 @@ from kvfleet.stages import curvine as stage3
 from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
+from kvfleet.stages.readiness import CAPACITY_TOLERANCE
 
 STAGE = "curvine-scale-out"
 PURPOSE = "curvine-scale-out"
@@ -47,7 +48,6 @@ PURPOSE = "curvine-scale-out"
 COMPUTE_TYPE_LABEL = cv.COMPUTE_TYPE_LABEL
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 NVME_PREFIX = "/opt/dlami/nvme"  # where the HyperPod DLAMI mounts the instance NVMe
-CAPACITY_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)

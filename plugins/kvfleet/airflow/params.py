@@ -42,12 +42,17 @@ def _copied_cheaply(params: dict[str, Any]) -> dict[str, Any]:
 
     Airflow deep-copies the DAG's whole ParamsDict at every ``__init__`` level of every operator
     (airflow/sdk/bases/operator.py ``_get_parent_defaults``, called by ``BaseOperatorMeta._apply_defaults``;
-    task SDK 1.3.2): a ``@task`` has four levels, so the rollout's 15 operators copy its 15 Params 56 times,
-    16,000 ``copy.deepcopy`` calls for each parse, and every copy but the outermost level's is thrown away.
-    ``copy.deepcopy`` uses a ``__deepcopy__`` found on the instance, so each Param gets one: the copies are
-    equal (value, description, schema, source) and independent in value, the Params stay of Airflow's own class
-    (which is what the serializer accepts), and the serialized DAG is the same
-    (``tests/dags/test_dag_integrity.py`` checks both)."""
+    task SDK 1.3.2): a ``@task`` has four levels and a wave gate three, so the rollout's 14 operators copy its 15
+    Params 52 times, about 15,000 ``copy.deepcopy`` calls for each parse before this, and every copy but the
+    outermost level's is thrown away. ``copy.deepcopy`` uses a ``__deepcopy__`` found on the instance, so each
+    Param gets one: the copies are equal in every attribute and independent in value, the Params stay of
+    Airflow's own class (which is what the serializer accepts), and the serialized DAGs are the same
+    (``tests/dags/test_dag_integrity.py`` checks all three, on every task of every DAG).
+
+    The one place the shortcut shows: ``Param.dump()`` of a DAG-level Param lists every attribute, this one too,
+    and is then not JSON. Airflow 3.3.2 never dumps a DAG file's own Params: the API and the trigger form read the
+    serialized DAG (``SerializedParam``), the serializer reads named attributes (``_serialize_param``), and the
+    HITL operator dumps its task-level ParamsDict (values only). Copies do not carry the shortcut."""
     for param in params.values():
         if isinstance(param, Param):
             vars(param)["__deepcopy__"] = functools.partial(_copy, param)

@@ -121,6 +121,31 @@ def eligible_nodes(ctx: StageContext) -> tuple[list[str], dict[str, str]]:
     return sorted(eligible), ineligible
 
 
+def worker_nodes(ctx: StageContext) -> dict[str, str]:
+    """Each scheduled Curvine worker pod and its node."""
+    pods = call(ctx.kube.core.list_namespaced_pod, ctx.cluster.curvine.namespace,
+                label_selector="app.kubernetes.io/component=worker", what="list Curvine workers").items
+    return {p.metadata.name: p.spec.node_name for p in pods
+            if p.metadata.name.startswith(C.CURVINE_WORKER_STS) and p.spec and p.spec.node_name}
+
+
+def spare_node_warning(ctx: StageContext, change: str) -> str | None:
+    """The warning for a change that restarts the workers while eligible GPU nodes run none: a restarted worker
+    may be scheduled on one of them, where its hostPath holds none of its blocks. Required anti-affinity keeps
+    two workers off one node; it does not keep a worker on its own node (kube-scheduler remembers nothing: the
+    node is scored afresh for the new pod). With one worker per eligible node, a restarted worker's own node is
+    the only one left to it."""
+    eligible, _ = eligible_nodes(ctx)
+    spare = sorted(set(eligible) - set(worker_nodes(ctx).values()))
+    if not spare:
+        return None
+    shown = ", ".join(spare[:5]) + (f" and {len(spare) - 5} more" if len(spare) > 5 else "")
+    return (f"{len(spare)} eligible GPU node(s) run no Curvine worker ({shown}): a worker the {change} restarts "
+            "may be scheduled on one of them and start without the KV blocks on its own node's NVMe (the post-check "
+            "then finds L2 files missing and rolls back). One worker per eligible node (kvfleet_curvine_scale_out "
+            "with all_eligible) leaves each restarted worker only its own node.")
+
+
 def check_nvme_host_path(ctx: StageContext, values: Mapping[str, Any]) -> list[str]:
     """Refuse unless every enabled worker dataDir is node-local NVMe through hostPath; warnings otherwise."""
     dirs = [d for d in (cv.get_path(values, "worker.storage.dataDirs") or []) if d.get("enabled", True)]
@@ -156,10 +181,7 @@ def observe(ctx: StageContext) -> PoolState:
     release = stage3.require_release(ctx)
     values = ctx.helm.values(C.CURVINE_RELEASE, ns)
     eligible, ineligible = eligible_nodes(ctx)
-    pods = call(ctx.kube.core.list_namespaced_pod, ns, label_selector="app.kubernetes.io/component=worker",
-                what="list Curvine workers").items
-    with_worker = {p.metadata.name: p.spec.node_name for p in pods
-                   if p.metadata.name.startswith(C.CURVINE_WORKER_STS) and p.spec and p.spec.node_name}
+    with_worker = worker_nodes(ctx)
     overview = CurvineMaster(ctx.kube, ns).overview().snapshot()
     return PoolState(release.revision, release.chart_version, values,
                      int(cv.get_path(values, "worker.replicas") or 0), eligible, ineligible, with_worker,

@@ -47,7 +47,7 @@ from kvfleet.fleet.curvine_gates import metadata_preserved
 from kvfleet.fleet.curvine_gates import normalize_overrides as normalize_overrides  # the judges' former home
 from kvfleet.fleet.curvine_gates import refuse_flag_overrides as refuse_flag_overrides
 from kvfleet.stages import curvine as stage3
-from kvfleet.stages import executor
+from kvfleet.stages import curvine_scale, executor
 from kvfleet.stages.base import Outcome, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
 
@@ -122,6 +122,8 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
     sets = {**overrides, **cv.safe_flags()}  # the flags last: false whatever the overrides or values say
     result = cv.merged_values(copy.deepcopy(user_values), sets, defaults)  # it shares nested mappings otherwise
     warnings = []
+    if moving := curvine_scale.spare_node_warning(ctx, "upgrade"):
+        warnings.append(moving)
     if cv.flags_set(defaults):
         warnings.append(f"chart {req.version} defaults set {', '.join(cv.flags_set(defaults))} true; kvfleet passes "
                         "them false explicitly, so they do not reach the pods")

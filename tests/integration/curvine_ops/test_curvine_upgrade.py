@@ -178,3 +178,22 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
     assert any(command in line and "~ config.log.level: 'INFO' -> 'DEBUG'" in line for line in said)  # the log
     assert _mutations(ops) == []
     assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and ops.history.lock_of(CLUSTER) is None
+
+
+def test_an_upgrade_warns_when_eligible_gpu_nodes_run_no_worker(ops) -> None:  # type: ignore[no-untyped-def]
+    """Required anti-affinity keeps two workers off one node, not a restarted worker on its own: with GPU nodes
+    free of workers, a worker the upgrade restarts may land on one, without its blocks. The gates say so (in the
+    recorded gates step and the dry run's plan), and say nothing when every eligible node runs a worker."""
+    req = UpgradeRequest(version="0.3.3-alpha")
+    quiet = up.upgrade(ops.ctx("before", dry_run=True), req, holder="run-a")
+    assert quiet.outcome == "planned"
+    assert not [w for w in quiet.detail["warnings"] if "run no Curvine worker" in w]  # 2 workers on 2 nodes
+    added = ops.twin.services["workloads"].add_nodes(2)
+    ops.twin.store.reset_request_log()
+    said: list[str] = []
+    out = up.upgrade(ops.ctx("after", dry_run=True, progress=said.append), req, holder="run-a")
+    assert out.outcome == "planned"
+    [warning] = [w for w in out.detail["warnings"] if "run no Curvine worker" in w]
+    assert warning.startswith("2 eligible GPU node(s) run no Curvine worker") and all(n in warning for n in added)
+    assert "all_eligible" in warning and any(warning in line for line in said)  # the fix, and the log says it
+    assert _mutations(ops) == []  # a dry run

@@ -183,7 +183,8 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
 def test_an_upgrade_warns_when_eligible_gpu_nodes_run_no_worker(ops) -> None:  # type: ignore[no-untyped-def]
     """Required anti-affinity keeps two workers off one node, not a restarted worker on its own: with GPU nodes
     free of workers, a worker the upgrade restarts may land on one, without its blocks. The gates say so (in the
-    recorded gates step and the dry run's plan), and say nothing when every eligible node runs a worker."""
+    dry run's planned outcome and its log; a real upgrade records the same warnings in its gates step), and say
+    nothing when every eligible node runs a worker."""
     req = UpgradeRequest(version="0.3.3-alpha")
     quiet = up.upgrade(ops.ctx("before", dry_run=True), req, holder="run-a")
     assert quiet.outcome == "planned"

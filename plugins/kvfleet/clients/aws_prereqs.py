@@ -112,11 +112,11 @@ class AwsPrereqsClient:
     """IAM (global) and S3 for one region, read-only."""
 
     def __init__(self, region: str, aws_conn_id: str | None = "aws_default") -> None:
-        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        from kvfleet.clients import aws
 
         self.region = region
-        self.iam = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="iam", region_name=region).conn
-        self.s3 = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3", region_name=region).conn
+        self.iam = aws.client("iam", region, aws_conn_id)
+        self.s3 = aws.client("s3", region, aws_conn_id)
 
     # ---- IAM ---------------------------------------------------------------------------------------------
     def get_role(self, name: str) -> Role | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from kvfleet.clients import waiters
+from kvfleet.clients import aws, waiters
 from kvfleet.errors import ConvergenceTimeout, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 
@@ -97,12 +97,10 @@ class HyperPodClient:
     """SageMaker (HyperPod) and EKS for one region."""
 
     def __init__(self, region: str, aws_conn_id: str | None = "aws_default") -> None:
-        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-
         self.region = region
-        self.sagemaker = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="sagemaker", region_name=region).conn
-        self.eks = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="eks", region_name=region).conn
-        self.sts = AwsBaseHook(aws_conn_id=aws_conn_id, client_type="sts", region_name=region).conn
+        self.sagemaker = aws.client("sagemaker", region, aws_conn_id)
+        self.eks = aws.client("eks", region, aws_conn_id)
+        self.sts = aws.client("sts", region, aws_conn_id)
 
     # ---- HyperPod -----------------------------------------------------------------------------------------
     def _describe_cluster_raw(self, name: str) -> dict[str, Any]:

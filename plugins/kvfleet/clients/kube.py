@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
 K8S_AWS_ID_HEADER = "x-k8s-aws-id"
+_TOKEN_LOCK = threading.Lock()
 
 
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
@@ -41,12 +42,16 @@ def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
     def add_cluster_header(request: Any, **_: Any) -> None:
         request.headers[K8S_AWS_ID_HEADER] = eks_cluster_name
 
+    # The header goes in through the client's event hooks, which every thread using the client shares
+    # (``kvfleet.clients.aws`` reuses clients): one token at a time, or one cluster's header could sign another's.
     events = sts_client.meta.events
-    events.register_first("before-sign.sts.GetCallerIdentity", add_cluster_header)
-    try:
-        url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
-    finally:
-        events.unregister("before-sign.sts.GetCallerIdentity", add_cluster_header)
+    with _TOKEN_LOCK:
+        events.register_first("before-sign.sts.GetCallerIdentity", add_cluster_header)
+        try:
+            url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60,
+                                                    HttpMethod="GET")
+        finally:
+            events.unregister("before-sign.sts.GetCallerIdentity", add_cluster_header)
     return "k8s-aws-v1." + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 

@@ -1,0 +1,63 @@
+"""boto3 clients built by Airflow's AWS hook, reused within one process for a few minutes.
+
+Building a client is not free: ``AwsBaseHook(...).conn`` makes a new boto3 session, whose loader decodes the
+service's model JSON (SageMaker's is several MB) and the endpoint rules again, and walks the call stack for its
+user agent: about 0.2 s of CPU per client, 0.5 s for a ``HyperPodClient``'s three. A task builds its clients
+once; the processes that run many tasks or checks in a row (``dag.test()``, so ``kvfleet demo``, and the
+triggerer's trigger threads) would pay it for each. So a client is reused when everything that configures it
+is the same:
+
+- the service, the region and the Airflow connection id;
+- the process (a forked child never reuses its parent's clients and their open sockets);
+- the environment variables that configure boto3 and Airflow's connections (``AWS_*``, ``AIRFLOW_CONN_*``);
+- and for at most ``REUSE_S`` seconds, after which the hook reads the connection again (a connection edited in
+  a secrets backend or the metadata database takes effect within that time).
+
+boto3 clients are safe to share between threads (boto3's documentation, "Multithreading or multiprocessing
+with clients"). Credentials that expire (an assumed role) are refreshed by botocore itself, whatever the age
+of the client.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+REUSE_S = 300.0
+MAX_CLIENTS = 32
+
+_lock = threading.Lock()
+_clients: dict[tuple[Any, ...], tuple[float, Any]] = {}
+
+
+def _configuring_environment() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "AIRFLOW_CONN_"))))
+
+
+def client(service: str, region: str, aws_conn_id: str | None) -> Any:
+    """The boto3 client for ``service`` in ``region`` through the Airflow connection ``aws_conn_id`` (None: boto3's
+    own credential chain), as ``AwsBaseHook(...).conn`` builds it, reused as the module docstring says."""
+    key = (service, region, aws_conn_id, os.getpid(), _configuring_environment())
+    now = time.monotonic()
+    with _lock:
+        hit = _clients.get(key)
+        if hit is not None and now - hit[0] < REUSE_S:
+            return hit[1]
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    built = AwsBaseHook(aws_conn_id=aws_conn_id, client_type=service, region_name=region).conn
+    with _lock:
+        for stale in [k for k, (at, _) in _clients.items() if now - at >= REUSE_S or k[3] != key[3]]:
+            del _clients[stale]
+        while len(_clients) >= MAX_CLIENTS:
+            del _clients[min(_clients, key=lambda k: _clients[k][0])]
+        _clients[key] = (now, built)
+    return built
+
+
+def forget() -> None:
+    """Drop every reused client (the next ``client`` call builds afresh)."""
+    with _lock:
+        _clients.clear()

@@ -1,0 +1,81 @@
+"""kvfleet.clients.aws reuses a boto3 client only while everything that configures it is the same, and EKS tokens
+made on one shared STS client from several threads each carry their own cluster's header."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import boto3
+import pytest
+
+from kvfleet.clients import aws
+from kvfleet.clients.kube import K8S_AWS_ID_HEADER, eks_token
+
+
+@pytest.fixture(autouse=True)
+def no_connection(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """boto3's own credential chain (aws_conn_id None), static keys, nothing reused from another test."""
+    for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    aws.forget()
+    yield
+    aws.forget()
+
+
+def test_a_client_is_reused_for_the_same_service_region_connection_and_environment() -> None:
+    first = aws.client("sts", "us-east-1", None)
+    assert aws.client("sts", "us-east-1", None) is first
+    assert aws.client("sts", "us-west-2", None) is not first
+    assert aws.client("eks", "us-east-1", None) is not first
+
+
+def test_a_changed_endpoint_or_connection_in_the_environment_builds_a_new_client(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    first = aws.client("sts", "us-east-1", None)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    moved = aws.client("sts", "us-east-1", None)
+    assert moved is not first
+    assert moved.meta.endpoint_url == "http://127.0.0.1:9"
+    monkeypatch.setenv("AIRFLOW_CONN_OTHER", '{"conn_type": "aws"}')
+    assert aws.client("sts", "us-east-1", None) is not moved
+
+
+def test_an_old_client_or_one_built_before_a_fork_is_not_reused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    first = aws.client("sts", "us-east-1", None)
+    now = time.monotonic()
+    monkeypatch.setattr(aws.time, "monotonic", lambda: now + aws.REUSE_S + 1)
+    second = aws.client("sts", "us-east-1", None)
+    assert second is not first
+    monkeypatch.setattr(aws.os, "getpid", lambda: -1)  # as in a forked child
+    assert aws.client("sts", "us-east-1", None) is not second
+
+
+def test_the_reused_clients_are_bounded() -> None:
+    for i in range(aws.MAX_CLIENTS + 5):
+        aws.client("sts", f"region-{i}", None)
+    assert len(aws._clients) == aws.MAX_CLIENTS
+
+
+def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() -> None:
+    """The cluster header reaches the request through the STS client's event hooks. A slow signer widens the
+    window in which another thread's hook could also be registered: each signed request must still carry only
+    its own thread's cluster."""
+    sts = boto3.client("sts", region_name="us-east-1")
+    seen: list[tuple[str, str]] = []
+
+    def slow_signer(request: Any, **_: Any) -> None:  # after kvfleet's hook (it registers first)
+        time.sleep(0.002)
+        seen.append((threading.current_thread().name, request.headers[K8S_AWS_ID_HEADER]))
+
+    sts.meta.events.register("before-sign.sts.GetCallerIdentity", slow_signer)
+    threads = [threading.Thread(target=lambda c=c: [eks_token(sts, c) for _ in range(15)], name=c)
+               for c in ("cluster-a", "cluster-b", "cluster-c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 45
+    assert [(name, header) for name, header in seen if name != header] == []

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from driftkit import ROOT, STAGE
 
+from kvfleet.fleet.economics import MIN_REQUESTS
 from kvfleet.stages import addons, advise, curvine, endpoints, tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -62,6 +63,16 @@ def rolled_out(drift_sandbox, drift_ctx):  # type: ignore[no-untyped-def]
     vllm.set_traffic_mix("retail-assistant", LONG)
     for app, word in (("retail-search-rag", "rag"), ("support-chat", "chat")):
         vllm.set_traffic_mix(app, [(t, n * FAST, h) for t, n, h in DEFAULT_TRAFFIC[word]])
+    # The counters grow with the pods' age in wall seconds (the module docstring): wait, without a timing
+    # assumption, until each of the three has enough requests for a verdict; never is a failure.
+    mixed = {"retail/retail-assistant", "retail/retail-search-rag", "support/support-chat"}
+    deadline = time.monotonic() + 60
+    while True:
+        counts = {a.endpoint: a.requests for a in advise.advise_cluster(ctx, previous={}).endpoints}
+        if all(counts.get(e, 0) >= MIN_REQUESTS for e in mixed):
+            break
+        assert time.monotonic() < deadline, f"the twin's counters did not reach {MIN_REQUESTS} requests: {counts}"
+        time.sleep(0.25)
     return drift_sandbox
 
 

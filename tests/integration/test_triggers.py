@@ -120,8 +120,10 @@ async def _first(trigger: Any, action: Callable[[], None] | None, ready: Callabl
     nxt = asyncio.ensure_future(agen.__anext__())
     try:
         if ready is not None:
+            deadline = time.monotonic() + timeout
             while not ready():
                 assert not nxt.done(), f"the trigger ended before it was ready: {nxt.result().payload}"
+                assert time.monotonic() < deadline, f"the trigger's watches were not all listed within {timeout} s"
                 await asyncio.sleep(0.05)
         if action is not None:
             await asyncio.to_thread(action)

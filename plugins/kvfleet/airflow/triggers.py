@@ -42,11 +42,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SUCCESS: Final = "success"
 ERROR: Final = "error"
@@ -413,6 +414,19 @@ def _ref(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or '-'}/{meta.get('name')}"
 
 
+async def next_or_none(queue: asyncio.Queue[T], timeout_s: float) -> T | None:
+    """The queue's next item, or None after ``timeout_s``. Not ``asyncio.wait_for``: on Python 3.11 it swallows a
+    cancellation that arrives in the loop iteration in which the item does (CPython gh-86296, fixed in 3.12 by
+    building ``wait_for`` on ``asyncio.timeout``). A watch's queue fills with every pod and bookmark event, so the
+    triggerer's cancellation of a busy watch was lost now and then, and the watch ran on after its trigger was
+    gone (``tests/unit/test_watch_queue.py``). ``asyncio.timeout`` tells its own timeout from a cancellation."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await queue.get()
+    except TimeoutError:
+        return None
+
+
 @dataclass
 class Burst:
     """Changes seen since the last event; emitted once the watch has been quiet for ``quiet_s`` (or the burst
@@ -608,10 +622,7 @@ class KubeWatchTrigger(BaseEventTrigger):
         try:
             await self._start(queue)
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout=min(self.quiet_s, 1.0))
-                except TimeoutError:
-                    item = None
+                item = await next_or_none(queue, min(self.quiet_s, 1.0))
                 if item is not None:
                     failure = self._judge(item, kinds, seen, burst)
                     if failure is not None:

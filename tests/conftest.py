@@ -63,6 +63,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_aws_clients() -> Iterator[None]:
+    """No boto3 client outlives its test (``kvfleet.clients.aws`` reuses them within a process): no retry quota, pooled
+    connection or sandbox endpoint carries over to the next test."""
+    yield
+    from kvfleet.clients import aws
+
+    aws.forget()
+
+
 @pytest.fixture(scope="session")
 def pg():  # type: ignore[no-untyped-def]
     return _state["pg"]

@@ -549,7 +549,8 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as botocore's connection pool expects
     # TCP_NODELAY: two writes per response (headers, body) on a keep-alive connection otherwise meet the client's
-    # delayed ACK, about 40 ms a call that no AWS endpoint adds (as the Kubernetes API server's, kube/server.py).
+    # delayed ACK, up to 40 ms a call. AWS's endpoints are not known to add that; no source says either way
+    # (tests/conformance/test_kube_wire.py; the Kubernetes API server's side is sourced, kube/server.py).
     disable_nagle_algorithm = True
     timeout = 60
     server: _Server

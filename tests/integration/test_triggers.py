@@ -132,6 +132,7 @@ async def _first(trigger: Any, action: Callable[[], None] | None, ready: Callabl
     finally:
         if not nxt.done():
             nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)  # aclose() refuses a generator still running
         await agen.aclose()  # type: ignore[attr-defined]
 
 

@@ -43,20 +43,23 @@ def test_a_changed_endpoint_or_connection_in_the_environment_builds_a_new_client
     assert aws.client("sts", "us-east-1", None) is not moved
 
 
-def test_an_old_client_or_one_built_before_a_fork_is_not_reused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_old_client_or_one_built_before_a_fork_is_not_reused() -> None:
     first = aws.client("sts", "us-east-1", None)
-    now = time.monotonic()
-    monkeypatch.setattr(aws.time, "monotonic", lambda: now + aws.REUSE_S + 1)
+    [(key, (at, built))] = aws._clients.items()
+    aws._clients[key] = (at - aws.REUSE_S - 1, built)  # as if built REUSE_S + 1 seconds earlier
     second = aws.client("sts", "us-east-1", None)
     assert second is not first
-    monkeypatch.setattr(aws.os, "getpid", lambda: -1)  # as in a forked child
+    [key] = aws._clients
+    aws._clients[(*key[:3], -1, *key[4:])] = aws._clients.pop(key)  # as if built by the parent of a fork
     assert aws.client("sts", "us-east-1", None) is not second
+    assert all(k[3] != -1 for k in aws._clients)  # and the parent's is dropped
 
 
-def test_the_reused_clients_are_bounded() -> None:
-    for i in range(aws.MAX_CLIENTS + 5):
+def test_the_reused_clients_are_bounded_and_the_oldest_goes_first(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(aws, "MAX_CLIENTS", 3)
+    for i in range(5):
         aws.client("sts", f"region-{i}", None)
-    assert len(aws._clients) == aws.MAX_CLIENTS
+    assert sorted(k[1] for k in aws._clients) == ["region-2", "region-3", "region-4"]
 
 
 def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() -> None:

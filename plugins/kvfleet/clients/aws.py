@@ -9,13 +9,21 @@ is the same:
 
 - the service, the region and the Airflow connection id;
 - the process (a forked child never reuses its parent's clients and their open sockets);
-- the environment variables that configure boto3 and Airflow's connections (``AWS_*``, ``AIRFLOW_CONN_*``);
+- the environment variables that configure boto3, its config files and Airflow's connections and secrets
+  backends (``AWS_*``, ``HOME``, ``AIRFLOW_CONN_*``, ``AIRFLOW__SECRETS__*``);
 - and for at most ``REUSE_S`` seconds, after which the hook reads the connection again (a connection edited in
   a secrets backend or the metadata database takes effect within that time).
 
-boto3 clients are safe to share between threads (boto3's documentation, "Multithreading or multiprocessing
-with clients"). Credentials that expire (an assumed role) are refreshed by botocore itself, whatever the age
-of the client.
+boto3 clients are safe to share between threads for their calls (boto3's documentation, "Multithreading or
+multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks: the one place kvfleet
+registers a hook, ``kube.eks_token``, does it under a lock. Credentials that expire (an assumed role) are
+refreshed by botocore itself, whatever the age of the client. What the users of one reused client share: its
+connection pool (``max_pool_connections``, 10 by default: more concurrent calls open and drop extra connections,
+with a warning) and, in botocore's standard retry mode, its retry quota (a throttled or failing service drains it
+for all of them, as it would for one long-lived client). Not in the key: the files under ``HOME`` (a changed
+``~/.aws/credentials`` takes effect within ``REUSE_S``), and the DAG run and task that the hook writes into the
+client's User-Agent (``AIRFLOW_CTX_*``): a task process builds its own, but under ``dag.test()`` a later task's
+calls carry the first one's in CloudTrail.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ _clients: dict[tuple[Any, ...], tuple[float, Any]] = {}
 
 
 def _configuring_environment() -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "AIRFLOW_CONN_"))))
+    return tuple(sorted((k, v) for k, v in list(os.environ.items())
+                        if k == "HOME" or k.startswith(("AWS_", "AIRFLOW_CONN_", "AIRFLOW__SECRETS__"))))
 
 
 def client(service: str, region: str, aws_conn_id: str | None) -> Any:

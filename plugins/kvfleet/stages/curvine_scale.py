@@ -142,8 +142,9 @@ def spare_node_warning(ctx: StageContext, change: str) -> str | None:
     shown = ", ".join(spare[:5]) + (f" and {len(spare) - 5} more" if len(spare) > 5 else "")
     return (f"{len(spare)} eligible GPU node(s) run no Curvine worker ({shown}): a worker the {change} restarts "
             "may be scheduled on one of them and start without the KV blocks on its own node's NVMe (the post-check "
-            "then finds L2 files missing: the change fails, and rolls back when asked to). One worker per eligible "
-            "node (kvfleet_curvine_scale_out with all_eligible) leaves each restarted worker only its own node.")
+            "then finds L2 files missing: the change fails, and rolls back unless told not to). One worker per "
+            "eligible node (kvfleet_curvine_scale_out with all_eligible) leaves each restarted worker only its "
+            "own node.")
 
 
 def check_nvme_host_path(ctx: StageContext, values: Mapping[str, Any]) -> list[str]:

@@ -107,8 +107,8 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # TCP_NODELAY, as the real API server's connections have it (Go's net package sets it on every TCP connection
     # by default: pkg.go.dev/net, TCPConn.SetNoDelay, "The default is true (no delay)"). Without it, the handler's
-    # two writes per response (headers, then body) meet the client's delayed ACK on a keep-alive connection: each
-    # request stalls about 40 ms, which no real cluster adds (tests/conformance/test_kube_wire.py).
+    # two writes per response (headers, then body) meet the client's delayed ACK on a keep-alive connection: a
+    # request stalls up to 40 ms, which a real API server does not add (tests/conformance/test_kube_wire.py).
     disable_nagle_algorithm = True
     server: _Server
     received = 0.0  # time.monotonic() when this request's line was read off the socket (``parse_request``)

@@ -15,15 +15,13 @@ from kvfleet.clients.kube import K8S_AWS_ID_HEADER, eks_token
 
 
 @pytest.fixture(autouse=True)
-def no_connection(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """boto3's own credential chain (aws_conn_id None), static keys, nothing reused from another test."""
+def no_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """boto3's own credential chain (aws_conn_id None), static keys (tests/conftest.py drops the reused clients
+    after every test)."""
     for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    aws.forget()
-    yield
-    aws.forget()
 
 
 def test_a_client_is_reused_for_the_same_service_region_connection_and_environment() -> None:

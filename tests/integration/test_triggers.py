@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -394,6 +395,58 @@ def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: An
     assert [c.cluster for c in trigger.children] == ["ml-prod-use1", "ml-stage-usw2"]
     assert event["status"] == "changed" and event["cluster"] == PROD, event
     assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
+
+
+def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
+        fleet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's watch that raises (here: resumed after a triggerer restart while the API server answers 5xx,
+    so its re-list fails) is one ``error`` event naming the cluster, not a silent end, and not one per retry;
+    once the API server answers again the cluster is watched again: a change made by hand fires."""
+    from kvfleet.airflow.triggers import FleetWatchTrigger
+
+    monkeypatch.setattr(FleetWatchTrigger, "RETRY_BASE_S", 0.05)
+    ep = _ep(fleet, "payments-disputes")
+    first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
+    _first_event(first, _patch_env(fleet, ep, "before-the-outage"), ready=first.ready)
+    store = _AssetStore()  # the watermark a previous triggerer saved: the restarted watch resumes, so it re-lists
+    store.values[f"{PROD}/resource_versions"] = first.checkpoint()[1]["resource_versions"]
+    trigger = _roundtrip(FleetWatchTrigger(str(ROOT / "fleet.example.yaml"), aws_conn_id=None, quiet_s=0.5,
+                                           watch_timeout_s=30))
+    trigger.asset_state_store = store
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        agen: AsyncIterator[Any] = trigger.run()
+        fleet.admin.fault({"cluster": PROD, "kind": "api_error_rate", "rate": 1.0, "target": "kube"})
+        try:
+            failed = dict((await asyncio.wait_for(agen.__anext__(), 60)).payload)
+            # still failing: retried after 0.05, 0.1, 0.2 and 0.4 s, each retry logged, none an event
+            deadline = time.monotonic() + 60
+            while trigger.restarts.get(PROD, 0) < 4:
+                assert time.monotonic() < deadline, f"the failed watch was retried {trigger.restarts} in 60 s"
+                await asyncio.sleep(0.05)
+        finally:
+            fleet.admin.fault({"cluster": PROD, "kind": "clear"})
+        deadline = time.monotonic() + 60
+        while not trigger.ready():
+            assert time.monotonic() < deadline, "the failed cluster was not watched again within 60 s"
+            await asyncio.sleep(0.05)
+        nxt = asyncio.ensure_future(agen.__anext__())
+        try:
+            await asyncio.to_thread(_patch_env(fleet, ep, "after-the-outage"))
+            return failed, dict((await asyncio.wait_for(nxt, 60)).payload)
+        finally:
+            if not nxt.done():
+                nxt.cancel()
+                await asyncio.gather(nxt, return_exceptions=True)
+            await agen.aclose()  # type: ignore[attr-defined]
+
+    failed, changed = asyncio.run(scenario())
+    assert failed["status"] == "error" and failed["cluster"] == PROD and failed["kind"] == "watch", failed
+    assert re.search(r"HTTP 5\d\d ", failed["message"]), failed  # what failed, for the drift check's record
+    assert trigger.restarts.get(PROD, 0) >= 4 and not trigger.restarts.get("ml-stage-usw2"), trigger.restarts
+    # the next event after the failure is the change: the retries that failed too were not passed on
+    assert changed["status"] == "changed" and changed["cluster"] == PROD, changed
+    assert f"Deployment:{ep.namespace}/{ep.name}" in changed["objects"], changed
 
 
 def test_watch_reports_a_resync_when_its_resource_version_is_gone(fleet: Any) -> None:

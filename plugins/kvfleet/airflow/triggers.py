@@ -726,6 +726,14 @@ def inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
             for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
 
 
+def _failure(exc: BaseException) -> str:
+    """An exception in one line: an API error as its status and reason (the client's text carries the headers)."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"{type(exc).__name__}: HTTP {status} {getattr(exc, 'reason', '') or ''}".rstrip()
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
 class _ClusterStore:
     """One cluster's share of the fleet watch's asset state store (its keys prefixed with the cluster)."""
 
@@ -742,9 +750,18 @@ class _ClusterStore:
 class FleetWatchTrigger(BaseEventTrigger):
     """The drift watch of every inventory cluster, for one ``AssetWatcher``: reads the inventory at ``fleet`` in
     the triggerer (so the DAG file does no I/O at parse time, ARCHITECTURE principle 5) and runs one
-    ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster). A cluster whose watch
-    ends (refused: an ``error`` event) leaves the others watching. Each cluster's watermark is kept in the asset's
-    state store under ``<cluster>/resource_versions``."""
+    ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster). Each cluster's
+    watermark is kept in the asset's state store under ``<cluster>/resource_versions``.
+
+    A cluster whose watch ends leaves the others watching, and is watched again after a back-off
+    (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``): whether it was refused (the child's ``error`` event, say
+    RBAC) or it raised (the cluster unreachable, its API server answering 5xx while a resumed watch re-lists). The
+    first failure of a run of failures is passed on as an ``error`` event naming the cluster, so that the drift
+    check records why it cannot see it; the retries after it are logged only (no storm of drift runs). A watch
+    that stayed up for ``RETRY_MAX_S`` starts the count again."""
+
+    RETRY_BASE_S: float = 5.0
+    RETRY_MAX_S: float = 300.0
 
     def __init__(self, fleet: str, *, aws_conn_id: str | None = "aws_default", quiet_s: float = 15.0,
                  max_burst_s: float = 120.0, watch_timeout_s: int = 300) -> None:
@@ -752,6 +769,7 @@ class FleetWatchTrigger(BaseEventTrigger):
         self.fleet, self.aws_conn_id = fleet, aws_conn_id
         self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
         self.children: list[KubeWatchTrigger] = []
+        self.restarts: dict[str, int] = {}  # cluster -> times its watch was started again after it ended
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return _classpath(self), {"fleet": self.fleet, "aws_conn_id": self.aws_conn_id, "quiet_s": self.quiet_s,
@@ -771,11 +789,8 @@ class FleetWatchTrigger(BaseEventTrigger):
             child.asset_state_store = _ClusterStore(store, name) if store is not None else None  # type: ignore[assignment]
             self.children.append(child)
 
-        async def pump(child: KubeWatchTrigger) -> None:
-            async for event in child.run():
-                await queue.put(event)
-
-        tasks = [asyncio.create_task(pump(c), name=f"kvfleet-watch-{c.cluster}") for c in self.children]
+        tasks = [asyncio.create_task(self._pump(c, queue), name=f"kvfleet-watch-{c.cluster}")
+                 for c in self.children]
         try:
             while True:
                 yield await queue.get()
@@ -783,3 +798,33 @@ class FleetWatchTrigger(BaseEventTrigger):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _pump(self, child: KubeWatchTrigger, queue: asyncio.Queue[TriggerEvent]) -> None:
+        """Pass on one cluster's events; when its watch ends, report it (once a run of failures) and watch it
+        again after the back-off. Ends only when cancelled."""
+        failures = 0
+        while True:
+            started, failed = time.monotonic(), None
+            try:
+                async for event in child.run():
+                    if event.payload.get("status") == ERROR:
+                        failed = event  # refused (the child ends after it): passed on below
+                    else:
+                        await queue.put(event)
+            except Exception as exc:  # any failure of one cluster's watch: retried, never the fleet watch's end
+                self.log.exception("[%s] the drift watch failed", child.cluster)
+                failed = _event({"status": ERROR, "cluster": child.cluster, "kind": "watch",
+                                 "message": f"watching {child.cluster} failed: {_failure(exc)}; "
+                                            "watching it again after a back-off"})
+            if time.monotonic() - started >= self.RETRY_MAX_S:
+                failures = 0  # it stayed up: a new run of failures
+            if failed is not None and failures == 0:
+                await queue.put(failed)
+            elif failed is not None:  # the same trouble again: the drift check has recorded it already
+                self.log.warning("[%s] %s", child.cluster, failed.payload.get("message"))
+            failures += 1
+            delay = min(self.RETRY_MAX_S, self.RETRY_BASE_S * 2 ** min(failures - 1, 20))
+            self.log.warning("[%s] the drift watch ended; watching it again in %.3g s (attempt %d)",
+                             child.cluster, delay, failures + 1)
+            await asyncio.sleep(delay)
+            self.restarts[child.cluster] = self.restarts.get(child.cluster, 0) + 1

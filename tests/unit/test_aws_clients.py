@@ -3,6 +3,7 @@ made on one shared STS client from several threads each carry their own cluster'
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from typing import Any
@@ -61,16 +62,20 @@ def test_the_reused_clients_are_bounded_and_the_oldest_goes_first(monkeypatch) -
 
 
 def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() -> None:
-    """The cluster header reaches the request through the STS client's event hooks. A slow signer widens the
-    window in which another thread's hook could also be registered: each signed request must still carry only
-    its own thread's cluster."""
+    """The cluster header reaches the request through the STS client's event hooks, which the threads share.
+    Slow hooks before and after kvfleet's widen the window in which another thread's token could be under way:
+    each signed request must still carry only its own thread's cluster."""
     sts = boto3.client("sts", region_name="us-east-1")
     seen: list[tuple[str, str]] = []
 
-    def slow_signer(request: Any, **_: Any) -> None:  # after kvfleet's hook (it registers first)
+    def slow(request: Any, **_: Any) -> None:  # registered first, so it runs before kvfleet's hook
+        time.sleep(0.002)
+
+    def slow_signer(request: Any, **_: Any) -> None:  # after kvfleet's hook
         time.sleep(0.002)
         seen.append((threading.current_thread().name, request.headers[K8S_AWS_ID_HEADER]))
 
+    sts.meta.events.register_first("before-sign.sts.GetCallerIdentity", slow)
     sts.meta.events.register("before-sign.sts.GetCallerIdentity", slow_signer)
     threads = [threading.Thread(target=lambda c=c: [eks_token(sts, c) for _ in range(15)], name=c)
                for c in ("cluster-a", "cluster-b", "cluster-c")]
@@ -80,3 +85,19 @@ def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() 
         t.join()
     assert len(seen) == 45
     assert [(name, header) for name, header in seen if name != header] == []
+
+
+def test_the_cluster_header_is_added_to_kvfleets_tokens_only() -> None:
+    """The hook stays on the shared client: another presigned GetCallerIdentity made on it carries no cluster."""
+    from urllib.parse import parse_qs, urlsplit
+
+    sts = boto3.client("sts", region_name="us-east-1")
+
+    def signed_headers(url: str) -> str:
+        return parse_qs(urlsplit(url).query)["X-Amz-SignedHeaders"][0]
+
+    token = eks_token(sts, "cluster-a")
+    url = base64.urlsafe_b64decode(token.removeprefix("k8s-aws-v1.") + "==").decode()
+    assert K8S_AWS_ID_HEADER in signed_headers(url).split(";")
+    other = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
+    assert K8S_AWS_ID_HEADER not in signed_headers(other).split(";")

@@ -12,6 +12,7 @@ asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` 
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import logging
 import os
@@ -33,25 +34,29 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
 K8S_AWS_ID_HEADER = "x-k8s-aws-id"
-_TOKEN_LOCK = threading.Lock()
+# The cluster whose token is being signed, read by one hook per STS client: the hook is shared by every thread
+# using the client (``kvfleet.clients.aws`` reuses clients), each thread's context holds its own cluster.
+_SIGNING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvfleet_eks_cluster", default=None)
+_HEADER_HOOK_ID = "kvfleet-eks-cluster-header"
+
+
+def _add_cluster_header(request: Any, **_: Any) -> None:
+    cluster = _SIGNING_FOR.get()
+    if cluster is not None:  # another caller's presigned GetCallerIdentity on the same client: left alone
+        request.headers[K8S_AWS_ID_HEADER] = cluster
 
 
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
     """An EKS bearer token: ``k8s-aws-v1.`` + base64url(presigned GetCallerIdentity URL), no padding."""
-
-    def add_cluster_header(request: Any, **_: Any) -> None:
-        request.headers[K8S_AWS_ID_HEADER] = eks_cluster_name
-
-    # The header goes in through the client's event hooks, which every thread using the client shares
-    # (``kvfleet.clients.aws`` reuses clients): one token at a time, or one cluster's header could sign another's.
-    events = sts_client.meta.events
-    with _TOKEN_LOCK:
-        events.register_first("before-sign.sts.GetCallerIdentity", add_cluster_header)
-        try:
-            url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60,
-                                                    HttpMethod="GET")
-        finally:
-            events.unregister("before-sign.sts.GetCallerIdentity", add_cluster_header)
+    # Registered once per client: botocore ignores a second registration with the same unique id (two threads
+    # racing here could both register it; the hook is idempotent, so that is harmless).
+    sts_client.meta.events.register_first("before-sign.sts.GetCallerIdentity", _add_cluster_header,
+                                          unique_id=_HEADER_HOOK_ID)
+    token = _SIGNING_FOR.set(eks_cluster_name)
+    try:
+        url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
+    finally:
+        _SIGNING_FOR.reset(token)
     return "k8s-aws-v1." + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 

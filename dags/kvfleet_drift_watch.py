@@ -57,10 +57,10 @@ def kvfleet_drift_watch() -> None:
     @task
     def scope(params=None, triggering_asset_events=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import drift
-        from kvfleet.airflow.triggers import clusters_of_events
+        from kvfleet.airflow.triggers import clusters_of_events, watch_errors_of_events
 
         changed = clusters_of_events(triggering_asset_events) or list(params.get("clusters") or [])
-        return drift.open_run({**params, "clusters": changed})
+        return drift.open_run({**params, "clusters": changed}, watch_errors_of_events(triggering_asset_events))
 
     @task(max_active_tis_per_dagrun=16)
     def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events, inventory_clusters
+from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events, inventory_clusters, watch_errors_of_events
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +44,13 @@ def test_the_clusters_of_a_run_are_those_its_asset_events_name() -> None:
               "a3": [SimpleNamespace(extra={})]}
     assert clusters_of_events(events) == ["c1", "c2", "c3"]
     assert clusters_of_events(None) == []
+    # the failures among them, each once (a second event with the same failure adds nothing)
+    events["a4"] = [event({"status": "error", "cluster": "c3", "message": "watch refused"}),
+                    event({"status": "error", "cluster": "c1", "kind": "watch", "message": "x" * 5000})]
+    assert watch_errors_of_events(events) == [
+        {"cluster": "c1", "kind": "watch", "message": "x" * 1000},
+        {"cluster": "c3", "kind": "watch", "message": "watch refused"}]
+    assert watch_errors_of_events(None) == []
     assert KubeWatchTrigger("c1", "us-east-1").serialize()[1]["cluster"] == "c1"
 
 
@@ -66,3 +73,29 @@ def test_a_run_checks_only_the_changed_cluster(dagbag: Any, history: Any, exampl
     assert run is not None and run["status"] == "success"
     assert run["summary"]["clusters"] == ["ml-prod-use1"]
     assert {r["cluster"] for r in history.query("open_drift")} == {"ml-prod-use1"}
+
+
+def test_the_watch_failures_that_triggered_a_run_are_recorded_per_cluster(history: Any) -> None:
+    """A failed watch is in the history, not only in Airflow's asset events: one ``drift_watch:<cluster>`` step
+    per cluster, with every reported error, and an audit-log line."""
+    from kvfleet.airflow.drift import record_watch_errors
+    from kvfleet.history.repo import StepKey
+
+    run_key = "kvfleet_drift_watch/asset_triggered__t1"
+    history.start_run(run_key, dag_id="kvfleet_drift_watch", run_id="asset_triggered__t1", trigger="asset",
+                      triggered_by=None, params={})
+    errors = [{"cluster": "c1", "kind": "watch", "message": "watching c1 failed: ApiException: HTTP 503"},
+              {"cluster": "c1", "kind": "Deployment", "message": "watching Deployment on c1 refused: HTTP 403"},
+              {"cluster": "c2", "kind": "watch", "message": "watching c2 failed: EndpointConnectionError"}]
+    record_watch_errors(history, StepKey(run_key, "scope"), "kvfleet", errors)
+    steps = {s["step"]: s for s in history.steps(run_key)}
+    assert set(steps) == {"drift_watch:c1", "drift_watch:c2"}
+    assert steps["drift_watch:c1"]["outcome"] == "watch_failed" and steps["drift_watch:c1"]["cluster"] == "c1"
+    assert [e["message"] for e in steps["drift_watch:c1"]["detail"]["errors"]] == [errors[0]["message"],
+                                                                                    errors[1]["message"]]
+    from sqlalchemy import text
+
+    with history.engine.connect() as conn:
+        audited = conn.execute(text("SELECT cluster, action FROM audit_log WHERE run_key = :k ORDER BY cluster"),
+                               {"k": run_key}).all()
+    assert [tuple(r) for r in audited] == [("c1", "drift:watch_failed"), ("c2", "drift:watch_failed")]

@@ -269,16 +269,22 @@ CHAT_REQUESTS = 3000
 
 def _wait_for_requests(fleet: Path, needed: dict[str, int]) -> None:
     """Wait until ``kvfleet advise`` observes at least ``needed[endpoint]`` requests on each endpoint of the swept
-    cluster (the twin's counters grow with the pods' wall age); never is a failure, after 120 s."""
-    deadline, counts = time.monotonic() + 120, {}
-    while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-m", "kvfleet.cli", "advise", "--fleet", str(fleet), "--cluster",
-                              SWEPT[0], "--json"], check=True, text=True, capture_output=True, timeout=120)
-        counts = {e["endpoint"]: e["requests"] for c in json.loads(out.stdout)["clusters"] for e in c["endpoints"]}
-        if all(counts.get(ep, 0) >= n for ep, n in needed.items()):
-            return
+    cluster (the twin's counters grow with the pods' wall age); never is a failure, after 120 s in all."""
+    deadline, counts, last = time.monotonic() + 120, {}, ""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            out = subprocess.run([sys.executable, "-m", "kvfleet.cli", "advise", "--fleet", str(fleet), "--cluster",
+                                  SWEPT[0], "--json"], text=True, capture_output=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            break
+        if out.returncode == 0:
+            counts = {e["endpoint"]: e["requests"] for c in json.loads(out.stdout)["clusters"]
+                      for e in c["endpoints"]}
+            if all(counts.get(ep, 0) >= n for ep, n in needed.items()):
+                return
+        last = f"; the last advise exited {out.returncode}: {out.stderr[-500:]}" if out.returncode else ""
         time.sleep(1)
-    pytest.fail(f"the twin's traffic did not reach {needed} requests within 120 s: {counts}")
+    pytest.fail(f"the twin's traffic did not reach {needed} requests within 120 s: {counts}{last}")
 
 
 @pytest.fixture(scope="module")

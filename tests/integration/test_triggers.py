@@ -397,19 +397,22 @@ def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: An
     assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
 
 
+@pytest.mark.parametrize("resumed", [False, True], ids=["fresh", "resumed"])
 def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
-        fleet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cluster's watch that raises (here: resumed after a triggerer restart while the API server answers 5xx,
-    so its re-list fails) is one ``error`` event naming the cluster, not a silent end, and not one per retry;
-    once the API server answers again the cluster is watched again: a change made by hand fires."""
+        fleet: Any, monkeypatch: pytest.MonkeyPatch, resumed: bool) -> None:
+    """A cluster's watch whose start fails (its API server answers 5xx to the first list, whether the watch starts
+    fresh or resumes a watermark a previous triggerer saved) is one ``error`` event naming the cluster, not a
+    silent end and not one per retry; once the API server answers again the cluster is watched again: a change
+    made by hand fires."""
     from kvfleet.airflow.triggers import FleetWatchTrigger
 
     monkeypatch.setattr(FleetWatchTrigger, "RETRY_BASE_S", 0.05)
     ep = _ep(fleet, "payments-disputes")
-    first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
-    _first_event(first, _patch_env(fleet, ep, "before-the-outage"), ready=first.ready)
-    store = _AssetStore()  # the watermark a previous triggerer saved: the restarted watch resumes, so it re-lists
-    store.values[f"{PROD}/resource_versions"] = first.checkpoint()[1]["resource_versions"]
+    store = _AssetStore()
+    if resumed:
+        first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
+        _first_event(first, _patch_env(fleet, ep, "before-the-outage"), ready=first.ready)
+        store.values[f"{PROD}/resource_versions"] = first.checkpoint()[1]["resource_versions"]
     trigger = _roundtrip(FleetWatchTrigger(str(ROOT / "fleet.example.yaml"), aws_conn_id=None, quiet_s=0.5,
                                            watch_timeout_s=30))
     trigger.asset_state_store = store
@@ -442,7 +445,7 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
 
     failed, changed = asyncio.run(scenario())
     assert failed["status"] == "error" and failed["cluster"] == PROD and failed["kind"] == "watch", failed
-    assert re.search(r"HTTP 5\d\d ", failed["message"]), failed  # what failed, for the drift check's record
+    assert re.search(r"HTTP 5\d\d\b", failed["message"]), failed  # what failed: the run records it (drift_watch:<cluster>)
     assert trigger.restarts.get(PROD, 0) >= 4 and not trigger.restarts.get("ml-stage-usw2"), trigger.restarts
     # the next event after the failure is the change: the retries that failed too were not passed on
     assert changed["status"] == "changed" and changed["cluster"] == PROD, changed
@@ -513,3 +516,18 @@ def test_own_change_is_told_by_field_manager_or_a_new_change_id() -> None:
     assert triggers.is_own_change(obj(change="r1"), obj(change="r2"))
     # A later hand edit keeps kvfleet's old change id: it is not kvfleet's.
     assert not triggers.is_own_change(obj(change="r1"), obj(change="r1"))
+
+
+def test_two_failures_are_the_same_trouble_when_their_type_and_status_class_match() -> None:
+    """What the fleet watch reports once per run of failures: an outage answering 500 then 503 is one cause; a
+    refusal after it, or an unreachable endpoint, is another (and so is reported)."""
+    from kubernetes.client.exceptions import ApiException
+
+    key = triggers._cause_key
+    assert key(ApiException(status=500, reason="Internal Server Error")) == key(
+        ApiException(status=503, reason="Service Unavailable"))
+    assert key(ApiException(status=503)) != key(ApiException(status=403))
+    assert key(ConnectionError("connect to 10.0.0.1:443 failed")) == key(ConnectionError("connect to 10.0.0.2:443 failed"))
+    assert key(ConnectionError("refused")) != key(TimeoutError("refused"))
+    assert triggers._failure(ApiException(status=503, reason="Service Unavailable")) == (
+        "ApiException: HTTP 503 Service Unavailable")

@@ -101,3 +101,14 @@ def test_the_cluster_header_is_added_to_kvfleets_tokens_only() -> None:
     assert K8S_AWS_ID_HEADER in signed_headers(url).split(";")
     other = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
     assert K8S_AWS_ID_HEADER not in signed_headers(other).split(";")
+
+
+def test_a_reused_sts_client_has_the_cluster_header_hook_before_it_is_shared() -> None:
+    """Registered when the client is built, not on first use: a thread signing on the shared client cannot race
+    the registration (botocore's handler cache could then keep a list without the hook)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    sts = aws.client("sts", "us-east-1", None)
+    with aws.signing_for_eks("cluster-b"):  # not through eks_token: the hook is there already
+        url = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
+    assert K8S_AWS_ID_HEADER in parse_qs(urlsplit(url).query)["X-Amz-SignedHeaders"][0].split(";")

@@ -16,7 +16,7 @@ from typing import Any
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
-from kvfleet.history.repo import History, StepEvent
+from kvfleet.history.repo import History, StepEvent, StepKey
 from kvfleet.stages import drift
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ def _params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 @task_boundary
-def open_run(params: dict[str, Any]) -> list[str]:
+def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None = None) -> list[str]:
+    """Start the run in the history and return the clusters to check. ``watch_errors``: the drift watch's
+    ``error`` events that triggered a ``kvfleet_drift_watch`` run (``triggers.watch_errors_of_events``)."""
     info = run_info()
     inv = scoped_inventory(_params(params))
     history = History()
@@ -39,7 +41,21 @@ def open_run(params: dict[str, Any]) -> list[str]:
     history.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
         "clusters": [c.name for c in inv.clusters], "endpoints": len(inv.endpoints),
         "remediate": bool(params.get("remediate"))}), actor=info.actor)
+    record_watch_errors(history, info.step_key, info.actor, watch_errors or [])
     return [c.name for c in inv.clusters]
+
+
+def record_watch_errors(history: History, step_key: StepKey, actor: str, errors: list[dict[str, str]]) -> None:
+    """One ``drift_watch:<cluster>`` step (outcome ``watch_failed``, in the audit log too) per cluster the drift
+    watch reported a failure of: its changes are not being watched until the watch is up again (the 10-minute
+    drift check still runs), and why (``detail.errors``: each error's kind and message)."""
+    by_cluster: dict[str, list[dict[str, str]]] = {}
+    for e in errors:
+        log.warning("[%s] the drift watch reported: %s", e["cluster"], e["message"])
+        by_cluster.setdefault(e["cluster"], []).append({"kind": e["kind"], "message": e["message"]})
+    for cluster, found in sorted(by_cluster.items()):
+        history.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", "watch_failed", cluster=cluster,
+                                                detail={"errors": found}), actor=actor)
 
 
 @task_boundary

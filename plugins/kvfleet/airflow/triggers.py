@@ -39,7 +39,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -499,6 +499,22 @@ class _Watcher:
                 log.warning("[%s] watch interrupted (%s), resuming from %s", self.stream.kind, exc, self.rv)
                 self.stop.wait(1.0)
 
+    def first_list(self) -> bool:
+        """The stream's list before its watch thread starts, fresh or resumed: False when the stream is not to
+        be watched (404: not served; 401/403: refused, reported as a ``FAILED`` item). Any other failure (5xx,
+        network) raises, so that the watch's start fails and the fleet watch reports it and starts it again
+        later, rather than a thread retrying unseen."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.relist()
+        except ApiException as exc:
+            if exc.status in (401, 403, 404):
+                self._failed(exc)
+                return False
+            raise
+        return True
+
     def _failed(self, exc: Any) -> bool:
         if exc.status == 410:  # too old resource version: the history moved on; re-list
             log.info("[%s] 410 Gone at resourceVersion %s: re-listing", self.stream.kind, self.rv)
@@ -608,11 +624,13 @@ class KubeWatchTrigger(BaseEventTrigger):
 
         for stream in streams(self.curvine_namespace):
             watcher = _Watcher(stream, self._access, saved.get(stream.kind), put, self.watch_timeout_s)
-            if watcher.rv is not None:  # resuming: the current state first, to compare replayed versions with
-                await asyncio.to_thread(watcher.relist)
-                watcher.rv = saved[stream.kind]
             self._watchers.append(watcher)
-            watcher.thread.start()
+            # The current state first: the watch starts from the list's version, or, resuming, from the saved
+            # one, its replayed versions compared with the list.
+            if await asyncio.to_thread(watcher.first_list):
+                if stream.kind in saved:
+                    watcher.rv = saved[stream.kind]
+                watcher.thread.start()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
@@ -690,21 +708,34 @@ class KubeWatchTrigger(BaseEventTrigger):
             await asyncio.to_thread(access.close)
 
 
-def clusters_of_events(events: Mapping[Any, Any] | None) -> list[str]:
-    """The clusters named by the watch events that triggered a ``kvfleet_drift_watch`` run.
-
-    ``events`` is the run's ``triggering_asset_events`` (asset -> asset events). An asset event made from a
-    trigger event carries ``extra = {"from_trigger": True, "payload": <TriggerEvent.payload>}``
-    (``airflow/models/trigger.py``, ``Trigger.submit_event``); the payload names the cluster. An ``error``
-    payload (a watch refused) still names its cluster: the drift check then records why it cannot see it."""
-    found: set[str] = set()
+def _payloads(events: Mapping[Any, Any] | None) -> Iterator[Mapping[str, Any]]:
+    """The trigger payloads of a run's ``triggering_asset_events`` (asset -> asset events). An asset event made
+    from a trigger event carries ``extra = {"from_trigger": True, "payload": <TriggerEvent.payload>}``
+    (``airflow/models/trigger.py``, ``Trigger.submit_event``)."""
     for asset_events in (events or {}).values():
         for event in asset_events or []:
             extra = getattr(event, "extra", None) or (event.get("extra") if isinstance(event, Mapping) else None)
-            cluster = ((extra or {}).get("payload") or {}).get("cluster")
-            if cluster:
-                found.add(str(cluster))
-    return sorted(found)
+            payload = (extra or {}).get("payload") if isinstance(extra, Mapping) else None
+            if isinstance(payload, Mapping):
+                yield payload
+
+
+def clusters_of_events(events: Mapping[Any, Any] | None) -> list[str]:
+    """The clusters named by the watch events that triggered a ``kvfleet_drift_watch`` run. An ``error``
+    payload (a watch refused or failed) names its cluster too: the run checks it, and records the watch's
+    failure (``watch_errors_of_events``)."""
+    return sorted({str(p["cluster"]) for p in _payloads(events) if p.get("cluster")})
+
+
+def watch_errors_of_events(events: Mapping[Any, Any] | None) -> list[dict[str, str]]:
+    """The ``error`` payloads among a run's triggering events: the cluster, what failed and why, each once."""
+    found: dict[tuple[str, str, str], dict[str, str]] = {}
+    for p in _payloads(events):
+        if p.get("status") == ERROR and p.get("cluster"):
+            error = {"cluster": str(p["cluster"])[:200], "kind": str(p.get("kind") or "watch")[:100],
+                     "message": str(p.get("message") or "no message")[:1000]}
+            found.setdefault((error["cluster"], error["kind"], error["message"]), error)
+    return sorted(found.values(), key=lambda e: (e["cluster"], e["kind"], e["message"]))
 
 
 def inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
@@ -724,6 +755,15 @@ def inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
     return [(str(c["name"]), str(c.get("region") or "us-east-1"),
              str((c.get("curvine") or {}).get("namespace") or CURVINE_NAMESPACE))
             for c in doc.get("clusters") or [] if isinstance(c, dict) and c.get("name")]
+
+
+def _cause_key(exc: BaseException) -> str:
+    """What makes two failures the same trouble: the exception's type and, for an API error, its status class (a
+    500 and a 503 of an API server that is down are one outage), else its text without the words with digits."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int):
+        return f"{type(exc).__name__}: HTTP {status // 100}xx"
+    return f"{type(exc).__name__}: " + " ".join(w for w in str(exc).split() if not any(c.isdigit() for c in w))[:200]
 
 
 def _failure(exc: BaseException) -> str:
@@ -755,10 +795,14 @@ class FleetWatchTrigger(BaseEventTrigger):
 
     A cluster whose watch ends leaves the others watching, and is watched again after a back-off
     (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``): whether it was refused (the child's ``error`` event, say
-    RBAC) or it raised (the cluster unreachable, its API server answering 5xx while a resumed watch re-lists). The
-    first failure of a run of failures is passed on as an ``error`` event naming the cluster, so that the drift
-    check records why it cannot see it; the retries after it are logged only (no storm of drift runs). A watch
-    that stayed up for ``RETRY_MAX_S`` starts the count again."""
+    RBAC) or its start failed (the cluster unreachable, or its API server answering 5xx to the first list). The
+    failure is passed on as an ``error`` event naming the cluster, which the ``kvfleet_drift_watch`` run records
+    in the history (``kvfleet.airflow.drift.record_watch_errors``) beside the drift check of that cluster. The
+    same cause again (the same exception type and HTTP status class, or the same refusal) is only logged, so a
+    cluster that stays down makes one drift run, not one per retry; a watch that stayed up ``RETRY_MAX_S`` starts
+    both the back-off and the reporting afresh. Once a stream is watching, a dropped connection or a 5xx is
+    retried by its thread every second and resumes from its last version (``_Watcher``); the 10-minute
+    ``kvfleet_drift_check`` is the safety net for what a watch misses meanwhile."""
 
     RETRY_BASE_S: float = 5.0
     RETRY_MAX_S: float = 300.0
@@ -800,28 +844,34 @@ class FleetWatchTrigger(BaseEventTrigger):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _pump(self, child: KubeWatchTrigger, queue: asyncio.Queue[TriggerEvent]) -> None:
-        """Pass on one cluster's events; when its watch ends, report it (once a run of failures) and watch it
-        again after the back-off. Ends only when cancelled."""
-        failures = 0
+        """Pass on one cluster's events; when its watch ends, report why (unless it is the reason reported last)
+        and watch it again after the back-off. Ends only when cancelled."""
+        failures, reported = 0, None  # attempts failed in a row; the cause last passed on as an event
         while True:
-            started, failed = time.monotonic(), None
+            started, failed, cause, error = time.monotonic(), None, None, None
             try:
                 async for event in child.run():
-                    if event.payload.get("status") == ERROR:
-                        failed = event  # refused (the child ends after it): passed on below
+                    if event.payload.get("status") == ERROR:  # refused: the child ends after it
+                        failed, cause = event, f"refused: {event.payload.get('kind')}"
                     else:
                         await queue.put(event)
-            except Exception as exc:  # any failure of one cluster's watch: retried, never the fleet watch's end
-                self.log.exception("[%s] the drift watch failed", child.cluster)
+            except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # cancelled while the watch's cleanup failed: end, as asked
+                cause, error = _cause_key(exc), exc
                 failed = _event({"status": ERROR, "cluster": child.cluster, "kind": "watch",
-                                 "message": f"watching {child.cluster} failed: {_failure(exc)}; "
-                                            "watching it again after a back-off"})
+                                 "message": f"watching {child.cluster} failed: {_failure(exc)}; watching it again "
+                                            "after a back-off"})
             if time.monotonic() - started >= self.RETRY_MAX_S:
-                failures = 0  # it stayed up: a new run of failures
-            if failed is not None and failures == 0:
+                failures, reported = 0, None  # it stayed up: a new run of failures, and a new report
+            message = str((failed.payload if failed is not None else {}).get("message") or "")[:1000]
+            if failed is not None and cause != reported:
+                reported = cause
+                self.log.error("[%s] %s", child.cluster, message, exc_info=error)  # the traceback once
                 await queue.put(failed)
-            elif failed is not None:  # the same trouble again: the drift check has recorded it already
-                self.log.warning("[%s] %s", child.cluster, failed.payload.get("message"))
+            elif failed is not None:  # the same trouble again: passed on already
+                self.log.warning("[%s] %s (again)", child.cluster, message)
             failures += 1
             delay = min(self.RETRY_MAX_S, self.RETRY_BASE_S * 2 ** min(failures - 1, 20))
             self.log.warning("[%s] the drift watch ended; watching it again in %.3g s (attempt %d)",

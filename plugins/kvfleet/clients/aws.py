@@ -15,8 +15,10 @@ is the same:
   a secrets backend or the metadata database takes effect within that time).
 
 boto3 clients are safe to share between threads for their calls (boto3's documentation, "Multithreading or
-multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks: the one place kvfleet
-registers a hook, ``kube.eks_token``, does it under a lock. Credentials that expire (an assumed role) are
+multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks. The one hook kvfleet uses,
+the EKS cluster header of ``kube.eks_token``, is registered on an STS client here, before the client is shared
+(``with_eks_cluster_header``), and reads its cluster from a context variable that ``eks_token`` sets in the
+signing thread. Credentials that expire (an assumed role) are
 refreshed by botocore itself, whatever the age of the client. What the users of one reused client share: its
 connection pool (``max_pool_connections``, 10 by default: more concurrent calls open and drop extra connections,
 with a warning) and, in botocore's standard retry mode, its retry quota (a throttled or failing service drains it
@@ -28,9 +30,12 @@ calls carry the first one's in CloudTrail.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 REUSE_S = 300.0
@@ -57,6 +62,8 @@ def client(service: str, region: str, aws_conn_id: str | None) -> Any:
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
     built = AwsBaseHook(aws_conn_id=aws_conn_id, client_type=service, region_name=region).conn
+    if service == "sts":
+        with_eks_cluster_header(built)  # before another thread can use it (the module docstring)
     with _lock:
         for stale in [k for k, (at, _) in _clients.items() if now - at >= REUSE_S or k[3] != key[3]]:
             del _clients[stale]
@@ -64,6 +71,37 @@ def client(service: str, region: str, aws_conn_id: str | None) -> Any:
             del _clients[min(_clients, key=lambda k: _clients[k][0])]
         _clients[key] = (now, built)
     return built
+
+
+# The EKS cluster a presigned GetCallerIdentity is being made for (``kube.eks_token``), per thread and task.
+EKS_CLUSTER_HEADER = "x-k8s-aws-id"
+_EKS_CLUSTER: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvfleet_eks_cluster", default=None)
+_EKS_HOOK_ID = "kvfleet-eks-cluster-header"
+
+
+def _add_eks_cluster_header(request: Any, **_: Any) -> None:
+    cluster = _EKS_CLUSTER.get()
+    if cluster is not None:  # any other presigned GetCallerIdentity on the client: left alone
+        request.headers[EKS_CLUSTER_HEADER] = cluster
+
+
+def with_eks_cluster_header(sts_client: Any) -> Any:
+    """``sts_client`` with the hook that signs the EKS cluster header into a presigned GetCallerIdentity made
+    inside ``signing_for_eks``. Registered once: botocore ignores a second registration with the same unique id,
+    so calling it again on a client already shared changes nothing."""
+    sts_client.meta.events.register_first("before-sign.sts.GetCallerIdentity", _add_eks_cluster_header,
+                                          unique_id=_EKS_HOOK_ID)
+    return sts_client
+
+
+@contextlib.contextmanager
+def signing_for_eks(cluster: str) -> Iterator[None]:
+    """Within it, this thread's (or task's) presigned GetCallerIdentity calls carry ``cluster``'s header."""
+    token = _EKS_CLUSTER.set(cluster)
+    try:
+        yield
+    finally:
+        _EKS_CLUSTER.reset(token)
 
 
 def forget() -> None:

@@ -12,7 +12,6 @@ asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` 
 from __future__ import annotations
 
 import base64
-import contextvars
 import json
 import logging
 import os
@@ -28,35 +27,22 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from kvfleet.clients import aws
 from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
-K8S_AWS_ID_HEADER = "x-k8s-aws-id"
-# The cluster whose token is being signed, read by one hook per STS client: the hook is shared by every thread
-# using the client (``kvfleet.clients.aws`` reuses clients), each thread's context holds its own cluster.
-_SIGNING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvfleet_eks_cluster", default=None)
-_HEADER_HOOK_ID = "kvfleet-eks-cluster-header"
-
-
-def _add_cluster_header(request: Any, **_: Any) -> None:
-    cluster = _SIGNING_FOR.get()
-    if cluster is not None:  # another caller's presigned GetCallerIdentity on the same client: left alone
-        request.headers[K8S_AWS_ID_HEADER] = cluster
+K8S_AWS_ID_HEADER = aws.EKS_CLUSTER_HEADER
 
 
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
-    """An EKS bearer token: ``k8s-aws-v1.`` + base64url(presigned GetCallerIdentity URL), no padding."""
-    # Registered once per client: botocore ignores a second registration with the same unique id (two threads
-    # racing here could both register it; the hook is idempotent, so that is harmless).
-    sts_client.meta.events.register_first("before-sign.sts.GetCallerIdentity", _add_cluster_header,
-                                          unique_id=_HEADER_HOOK_ID)
-    token = _SIGNING_FOR.set(eks_cluster_name)
-    try:
-        url = sts_client.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
-    finally:
-        _SIGNING_FOR.reset(token)
+    """An EKS bearer token: ``k8s-aws-v1.`` + base64url(presigned GetCallerIdentity URL), no padding. The cluster
+    header goes in through the client's hook (``aws.with_eks_cluster_header``: registered when
+    ``aws.client`` built the client, or here, once, for a client built elsewhere)."""
+    with aws.signing_for_eks(eks_cluster_name):
+        url = aws.with_eks_cluster_header(sts_client).generate_presigned_url(
+            "get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
     return "k8s-aws-v1." + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 

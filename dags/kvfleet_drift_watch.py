@@ -59,8 +59,9 @@ def kvfleet_drift_watch() -> None:
         from kvfleet.airflow import drift
         from kvfleet.airflow.triggers import clusters_of_events, watch_errors_of_events
 
-        changed = clusters_of_events(triggering_asset_events) or list(params.get("clusters") or [])
-        return drift.open_run({**params, "clusters": changed}, watch_errors_of_events(triggering_asset_events))
+        # the clusters the events name (the Params' scope when there are none: a run triggered by hand)
+        return drift.open_run(dict(params), watch_errors_of_events(triggering_asset_events),
+                              clusters_of_events(triggering_asset_events))
 
     @task(max_active_tis_per_dagrun=16)
     def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]

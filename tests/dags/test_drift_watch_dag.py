@@ -99,3 +99,35 @@ def test_the_watch_failures_that_triggered_a_run_are_recorded_per_cluster(histor
         audited = conn.execute(text("SELECT cluster, action FROM audit_log WHERE run_key = :k ORDER BY cluster"),
                                {"k": run_key}).all()
     assert [tuple(r) for r in audited] == [("c1", "drift:watch_failed"), ("c2", "drift:watch_failed")]
+
+
+def test_a_watch_triggered_run_checks_the_clusters_its_events_name_and_records_the_watch_failures(
+        dagbag: Any, history: Any, example_fleet: Any) -> None:
+    """The DAG's own ``scope`` task, given asset events as the triggerer's would make them (``dag.test()`` carries
+    none): it checks the clusters they name, skips one the inventory no longer has (the watch read the inventory
+    when it started), and records the watch's failure in the history."""
+    from airflow.sdk.execution_time.context import set_current_context
+
+    def event(payload: dict[str, Any]) -> Any:
+        return SimpleNamespace(extra={"from_trigger": True, "payload": payload})
+
+    failure = "watching ml-prod-use1 failed: ApiException: HTTP 503 Service Unavailable"
+    events = {"kvfleet_fleet_changed": [
+        event({"status": "changed", "cluster": "ml-stage-usw2"}),
+        event({"status": "error", "cluster": "ml-prod-use1", "kind": "watch", "message": failure}),
+        event({"status": "changed", "cluster": "ml-removed-since"})]}
+    run_id = "asset_triggered__2026-12-02T00:00:00+00:00"
+    context = {"dag_run": SimpleNamespace(dag_id="kvfleet_drift_watch", run_id=run_id, run_type="asset_triggered",
+                                          triggering_user_name=None),
+               "ti": SimpleNamespace(task_id="scope", map_index=-1)}
+    scope = dagbag.get_dag("kvfleet_drift_watch").get_task("scope")
+    with set_current_context(context):  # type: ignore[arg-type]
+        clusters = scope.python_callable(params={"fleet": str(example_fleet), "clusters": [], "remediate": False,
+                                                 "aws_conn_id": None}, triggering_asset_events=events)
+    assert sorted(clusters) == ["ml-prod-use1", "ml-stage-usw2"]
+    steps = {s["step"]: s for s in history.steps(f"kvfleet_drift_watch/{run_id}")}
+    assert steps["scope"]["detail"]["not_in_inventory"] == ["ml-removed-since"]
+    assert sorted(steps["scope"]["detail"]["clusters"]) == ["ml-prod-use1", "ml-stage-usw2"]
+    assert steps["drift_watch:ml-prod-use1"]["outcome"] == "watch_failed"
+    assert steps["drift_watch:ml-prod-use1"]["detail"]["errors"] == [{"kind": "watch", "message": failure}]
+    assert "drift_watch:ml-stage-usw2" not in steps

@@ -397,16 +397,25 @@ def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: An
     assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
 
 
-@pytest.mark.parametrize("resumed", [False, True], ids=["fresh", "resumed"])
+OUTAGES = {  # the sandbox fault on the cluster's API server, and what the reported failure says
+    "5xx": ({"kind": "api_error_rate", "rate": 1.0, "target": "kube"}, r"HTTP 5\d\d\b"),
+    "stall": ({"kind": "api_latency", "seconds": 3.0, "target": "kube"}, r"(?i)timed? ?out"),
+}
+
+
+@pytest.mark.parametrize(("resumed", "outage"), [(False, "5xx"), (True, "5xx"), (False, "stall")],
+                         ids=["fresh-5xx", "resumed-5xx", "fresh-stall"])
 def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
-        fleet: Any, monkeypatch: pytest.MonkeyPatch, resumed: bool) -> None:
-    """A cluster's watch whose start fails (its API server answers 5xx to the first list, whether the watch starts
-    fresh or resumes a watermark a previous triggerer saved) is one ``error`` event naming the cluster, not a
-    silent end and not one per retry; once the API server answers again the cluster is watched again: a change
-    made by hand fires."""
+        fleet: Any, monkeypatch: pytest.MonkeyPatch, resumed: bool, outage: str) -> None:
+    """A cluster's watch whose start fails (its API server answers 5xx to the first list, or does not answer
+    within the list's timeout; whether the watch starts fresh or resumes a watermark a previous triggerer saved)
+    is one ``error`` event naming the cluster, not a silent end and not one per retry; once the API server answers
+    again the cluster is watched again: a change made by hand fires."""
     from kvfleet.airflow.triggers import FleetWatchTrigger
 
     monkeypatch.setattr(FleetWatchTrigger, "RETRY_BASE_S", 0.05)
+    monkeypatch.setattr(triggers, "LIST_TIMEOUT_S", 0.5)  # below the stall's 3 s
+    fault, says = OUTAGES[outage]
     ep = _ep(fleet, "payments-disputes")
     store = _AssetStore()
     if resumed:
@@ -419,7 +428,7 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         agen: AsyncIterator[Any] = trigger.run()
-        fleet.admin.fault({"cluster": PROD, "kind": "api_error_rate", "rate": 1.0, "target": "kube"})
+        fleet.admin.fault({"cluster": PROD, **fault})
         try:
             failed = dict((await asyncio.wait_for(agen.__anext__(), 60)).payload)
             # still failing: retried after 0.05, 0.1, 0.2 and 0.4 s, each retry logged, none an event
@@ -445,7 +454,7 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
 
     failed, changed = asyncio.run(scenario())
     assert failed["status"] == "error" and failed["cluster"] == PROD and failed["kind"] == "watch", failed
-    assert re.search(r"HTTP 5\d\d\b", failed["message"]), failed  # what failed: the run records it (drift_watch:<cluster>)
+    assert re.search(says, failed["message"]), failed  # what failed: the run records it (drift_watch:<cluster>)
     assert trigger.restarts.get(PROD, 0) >= 4 and not trigger.restarts.get("ml-stage-usw2"), trigger.restarts
     # the next event after the failure is the change: the retries that failed too were not passed on
     assert changed["status"] == "changed" and changed["cluster"] == PROD, changed

@@ -30,19 +30,32 @@ def _params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 @task_boundary
-def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None = None) -> list[str]:
-    """Start the run in the history and return the clusters to check. ``watch_errors``: the drift watch's
-    ``error`` events that triggered a ``kvfleet_drift_watch`` run (``triggers.watch_errors_of_events``)."""
+def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None = None,
+             event_clusters: list[str] | None = None) -> list[str]:
+    """Start the run in the history and return the clusters to check: the Params' scope, or ``event_clusters``,
+    those the drift watch's events named (``kvfleet_drift_watch``), less any the inventory no longer has (the
+    watch read it when it started; such a cluster is logged and skipped, not an error of the whole run).
+    ``watch_errors``: the watch's ``error`` events among them, recorded last (``record_watch_errors``)."""
     info = run_info()
-    inv = scoped_inventory(_params(params))
+    gone: list[str] = []
+    if event_clusters:
+        known = {c.name for c in scoped_inventory(_params({**params, "clusters": []})).clusters}
+        gone = sorted(set(event_clusters) - known)
+        if gone:
+            log.warning("the drift watch named cluster(s) no longer in the inventory, not checked: %s",
+                        ", ".join(gone))
+        params = {**params, "clusters": [c for c in event_clusters if c in known]}
+    inv = scoped_inventory(_params(params)) if params.get("clusters") or not event_clusters else None
+    clusters = [c.name for c in inv.clusters] if inv is not None else []
     history = History()
     history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params)
     history.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
-        "clusters": [c.name for c in inv.clusters], "endpoints": len(inv.endpoints),
-        "remediate": bool(params.get("remediate"))}), actor=info.actor)
+        "clusters": clusters, "endpoints": len(inv.endpoints) if inv is not None else 0,
+        "remediate": bool(params.get("remediate")), **({"not_in_inventory": gone} if gone else {})}),
+        actor=info.actor)
     record_watch_errors(history, info.step_key, info.actor, watch_errors or [])
-    return [c.name for c in inv.clusters]
+    return clusters
 
 
 def record_watch_errors(history: History, step_key: StepKey, actor: str, errors: list[dict[str, str]]) -> None:

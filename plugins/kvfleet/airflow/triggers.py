@@ -446,14 +446,19 @@ class Burst:
         return bool(self.changes) and (now - self.last_at >= quiet_s or now - self.first_at >= max_burst_s)
 
 
+LIST_TIMEOUT_S = 60.0  # a stream's first list: an API server that accepts and never answers fails the start
+
+
 class _Watcher:
-    """One stream's list + watch loop in a daemon thread (the official client's watch is blocking), feeding
-    ``(kind, type, object)`` items to the trigger's queue. Resumes from ``rv``; a 410 Gone re-lists."""
+    """One stream: its first list (``first_list``, called by the trigger's start), then its watch loop in a daemon
+    thread (the official client's watch is blocking), feeding ``(kind, type, object)`` items to the trigger's
+    queue. Resumes from ``rv``; a 410 Gone re-lists, in the thread."""
 
     def __init__(self, stream: Stream, access: Any, rv: str | None, put: Callable[[tuple[str, str, Any]], None],
                  timeout_s: int) -> None:
         self.stream, self.access, self.rv, self.put, self.timeout_s = stream, access, rv, put, timeout_s
         self.stop = threading.Event()
+        self.refused = False  # its first list was refused (401/403): a FAILED item is queued
         self.watch: Any = None
         self.thread = threading.Thread(target=self._run, name=f"kvfleet-watch-{stream.kind}", daemon=True)
 
@@ -463,8 +468,9 @@ class _Watcher:
     def _kwargs(self) -> dict[str, Any]:
         return {"label_selector": self.stream.selector} if self.stream.selector else {}
 
-    def relist(self) -> None:
-        resp = self._fn()(*self.stream.args, _preload_content=False, **self._kwargs())
+    def relist(self, timeout_s: float | None = None) -> None:
+        timeout = {} if timeout_s is None else {"_request_timeout": (min(10.0, timeout_s), timeout_s)}
+        resp = self._fn()(*self.stream.args, _preload_content=False, **timeout, **self._kwargs())
         try:
             raw = json.loads(resp.data or b"{}")
         finally:
@@ -500,15 +506,18 @@ class _Watcher:
                 self.stop.wait(1.0)
 
     def first_list(self) -> bool:
-        """The stream's list before its watch thread starts, fresh or resumed: False when the stream is not to
-        be watched (404: not served; 401/403: refused, reported as a ``FAILED`` item). Any other failure (5xx,
-        network) raises, so that the watch's start fails and the fleet watch reports it and starts it again
-        later, rather than a thread retrying unseen."""
+        """The stream's list before its watch thread starts, fresh or resumed, within ``LIST_TIMEOUT_S``: False
+        when the stream is not to be watched (404: not served; 401/403: refused, reported as a ``FAILED`` item,
+        and ``refused`` set). Any other failure (5xx, network, an API server that does not answer) raises, so that
+        the watch's start fails and the fleet watch reports it and starts it again later, rather than a thread
+        retrying unseen."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.relist()
+            self.relist(timeout_s=LIST_TIMEOUT_S)
         except ApiException as exc:
+            if exc.status in (401, 403):
+                self.refused = True
             if exc.status in (401, 403, 404):
                 self._failed(exc)
                 return False
@@ -631,6 +640,8 @@ class KubeWatchTrigger(BaseEventTrigger):
                 if stream.kind in saved:
                     watcher.rv = saved[stream.kind]
                 watcher.thread.start()
+            elif watcher.refused:  # the FAILED item ends the run: the other streams are not started
+                return
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
@@ -656,7 +667,7 @@ class KubeWatchTrigger(BaseEventTrigger):
                seen: dict[tuple[str, str], tuple[str, Mapping[str, Any]]], burst: Burst) -> TriggerEvent | None:
         kind, etype, obj = item
         if etype == "FAILED":
-            return _event({"status": ERROR, "cluster": self.cluster, "kind": kind,
+            return _event({"status": ERROR, "cluster": self.cluster, "kind": kind, "http_status": obj["status"],
                                  "message": f"watching {kind} on {self.cluster} refused: HTTP {obj['status']} "
                                             f"{obj['reason']}; check kvfleet's RBAC (k8s/rbac) for list/watch"})
         if etype == "RESYNC":
@@ -759,11 +770,9 @@ def inventory_clusters(fleet: str) -> list[tuple[str, str, str]]:
 
 def _cause_key(exc: BaseException) -> str:
     """What makes two failures the same trouble: the exception's type and, for an API error, its status class (a
-    500 and a 503 of an API server that is down are one outage), else its text without the words with digits."""
+    500 and a 503 of an API server that is down are one outage)."""
     status = getattr(exc, "status", None)
-    if isinstance(status, int):
-        return f"{type(exc).__name__}: HTTP {status // 100}xx"
-    return f"{type(exc).__name__}: " + " ".join(w for w in str(exc).split() if not any(c.isdigit() for c in w))[:200]
+    return f"{type(exc).__name__}: HTTP {status // 100}xx" if isinstance(status, int) else type(exc).__name__
 
 
 def _failure(exc: BaseException) -> str:
@@ -797,10 +806,11 @@ class FleetWatchTrigger(BaseEventTrigger):
     (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``): whether it was refused (the child's ``error`` event, say
     RBAC) or its start failed (the cluster unreachable, or its API server answering 5xx to the first list). The
     failure is passed on as an ``error`` event naming the cluster, which the ``kvfleet_drift_watch`` run records
-    in the history (``kvfleet.airflow.drift.record_watch_errors``) beside the drift check of that cluster. The
-    same cause again (the same exception type and HTTP status class, or the same refusal) is only logged, so a
-    cluster that stays down makes one drift run, not one per retry; a watch that stayed up ``RETRY_MAX_S`` starts
-    both the back-off and the reporting afresh. Once a stream is watching, a dropped connection or a 5xx is
+    in the history (``kvfleet.airflow.drift.record_watch_errors``) beside the drift check of that cluster; the
+    run's status stays that of its checks. A cause reported already since the watch was last up (the same
+    exception type and HTTP status class, or the same refusal: stream and status) is only logged, so a cluster
+    that stays down makes one drift run per cause, not one per retry; a watch that stayed up ``RETRY_MAX_S``
+    starts both the back-off and the reporting afresh. Once a stream is watching, a dropped connection or a 5xx is
     retried by its thread every second and resumes from its last version (``_Watcher``); the 10-minute
     ``kvfleet_drift_check`` is the safety net for what a watch misses meanwhile."""
 
@@ -846,13 +856,15 @@ class FleetWatchTrigger(BaseEventTrigger):
     async def _pump(self, child: KubeWatchTrigger, queue: asyncio.Queue[TriggerEvent]) -> None:
         """Pass on one cluster's events; when its watch ends, report why (unless it is the reason reported last)
         and watch it again after the back-off. Ends only when cancelled."""
-        failures, reported = 0, None  # attempts failed in a row; the cause last passed on as an event
+        failures = 0  # attempts failed in a row
+        reported: set[str | None] = set()  # the causes passed on as events since the watch was last up
         while True:
             started, failed, cause, error = time.monotonic(), None, None, None
             try:
                 async for event in child.run():
                     if event.payload.get("status") == ERROR:  # refused: the child ends after it
-                        failed, cause = event, f"refused: {event.payload.get('kind')}"
+                        failed = event
+                        cause = f"refused: {event.payload.get('kind')} HTTP {event.payload.get('http_status')}"
                     else:
                         await queue.put(event)
             except Exception as exc:
@@ -864,10 +876,10 @@ class FleetWatchTrigger(BaseEventTrigger):
                                  "message": f"watching {child.cluster} failed: {_failure(exc)}; watching it again "
                                             "after a back-off"})
             if time.monotonic() - started >= self.RETRY_MAX_S:
-                failures, reported = 0, None  # it stayed up: a new run of failures, and a new report
+                failures, reported = 0, set()  # it stayed up: a new run of failures, reported afresh
             message = str((failed.payload if failed is not None else {}).get("message") or "")[:1000]
-            if failed is not None and cause != reported:
-                reported = cause
+            if failed is not None and cause not in reported:
+                reported.add(cause)
                 self.log.error("[%s] %s", child.cluster, message, exc_info=error)  # the traceback once
                 await queue.put(failed)
             elif failed is not None:  # the same trouble again: passed on already

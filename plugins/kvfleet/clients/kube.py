@@ -39,7 +39,8 @@ K8S_AWS_ID_HEADER = aws.EKS_CLUSTER_HEADER
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
     """An EKS bearer token: ``k8s-aws-v1.`` + base64url(presigned GetCallerIdentity URL), no padding. The cluster
     header goes in through the client's hook (``aws.with_eks_cluster_header``: registered when
-    ``aws.client`` built the client, or here, once, for a client built elsewhere)."""
+    ``aws.client`` built the client, or here for a client built elsewhere; two threads racing on such a client's
+    first token may both register it, which the idempotent hook makes harmless)."""
     with aws.signing_for_eks(eks_cluster_name):
         url = aws.with_eks_cluster_header(sts_client).generate_presigned_url(
             "get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")

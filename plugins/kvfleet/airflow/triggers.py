@@ -446,7 +446,9 @@ class Burst:
         return bool(self.changes) and (now - self.last_at >= quiet_s or now - self.first_at >= max_burst_s)
 
 
-LIST_TIMEOUT_S = 60.0  # a stream's first list: an API server that accepts and never answers fails the start
+# A stream's first list: an API server that accepts and never answers fails the start. Per try: the client's
+# urllib3 retries a timed-out GET up to 3 times (its default), so a stalled server fails it after about 4 minutes.
+LIST_TIMEOUT_S = 60.0
 
 
 class _Watcher:
@@ -506,7 +508,7 @@ class _Watcher:
                 self.stop.wait(1.0)
 
     def first_list(self) -> bool:
-        """The stream's list before its watch thread starts, fresh or resumed, within ``LIST_TIMEOUT_S``: False
+        """The stream's list before its watch thread starts, fresh or resumed, ``LIST_TIMEOUT_S`` a try: False
         when the stream is not to be watched (404: not served; 401/403: refused, reported as a ``FAILED`` item,
         and ``refused`` set). Any other failure (5xx, network, an API server that does not answer) raises, so that
         the watch's start fails and the fleet watch reports it and starts it again later, rather than a thread
@@ -854,8 +856,8 @@ class FleetWatchTrigger(BaseEventTrigger):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _pump(self, child: KubeWatchTrigger, queue: asyncio.Queue[TriggerEvent]) -> None:
-        """Pass on one cluster's events; when its watch ends, report why (unless it is the reason reported last)
-        and watch it again after the back-off. Ends only when cancelled."""
+        """Pass on one cluster's events; when its watch ends, report why (unless that cause was reported since the
+        watch was last up) and watch it again after the back-off. Ends only when cancelled."""
         failures = 0  # attempts failed in a row
         reported: set[str | None] = set()  # the causes passed on as events since the watch was last up
         while True:

@@ -18,7 +18,8 @@ demo: install tools
 
 # The suite waits on simulated clusters, subprocesses (helm, kubectl, the sandbox) and PostgreSQL as well as it
 # computes: three pytest-xdist workers (each with its own embedded PostgreSQL and Airflow home) keep 2 cores about
-# 87 % busy (vmstat): before the twin's TCP_NODELAY fix, 18 minutes against 27 for two; since, 11-14 minutes.
+# 87 % busy (vmstat): before the twin's TCP_NODELAY fix, 18 minutes against 27 for two; since, 10-12 minutes
+# (four workers: no faster).
 # A module's tests stay on one worker.
 TEST_WORKERS ?= 3
 

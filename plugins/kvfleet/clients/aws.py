@@ -18,14 +18,15 @@ boto3 clients are safe to share between threads for their calls (boto3's documen
 multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks. The one hook kvfleet uses,
 the EKS cluster header of ``kube.eks_token``, is registered on an STS client here, before the client is shared
 (``with_eks_cluster_header``), and reads its cluster from a context variable that ``eks_token`` sets in the
-signing thread. Credentials that expire (an assumed role) are
-refreshed by botocore itself, whatever the age of the client. What the users of one reused client share: its
-connection pool (``max_pool_connections``, 10 by default: more concurrent calls open and drop extra connections,
-with a warning) and, in botocore's standard retry mode, its retry quota (a throttled or failing service drains it
-for all of them, as it would for one long-lived client). Not in the key: the files under ``HOME`` (a changed
-``~/.aws/credentials`` takes effect within ``REUSE_S``), and the DAG run and task that the hook writes into the
-client's User-Agent (``AIRFLOW_CTX_*``): a task process builds its own, but under ``dag.test()`` a later task's
-calls carry the first one's in CloudTrail.
+signing thread.
+
+Credentials that expire (an assumed role) are refreshed by botocore itself, whatever the age of the client. What the
+users of one reused client share: its connection pool (``max_pool_connections``, 10 by default: more concurrent
+calls open and drop extra connections, with a warning) and, in botocore's standard retry mode, its retry quota (a
+throttled or failing service drains it for all of them, as it would for one long-lived client). Not in the key: the
+files under ``HOME`` (a changed ``~/.aws/credentials`` takes effect within ``REUSE_S``), and the DAG run and task
+that the hook writes into the client's User-Agent (``AIRFLOW_CTX_*``): a task process builds its own, but under
+``dag.test()`` a later task's calls carry the first one's in CloudTrail.
 """
 
 from __future__ import annotations

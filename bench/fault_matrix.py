@@ -1,4 +1,4 @@
-"""Benchmark: issue 14's fault matrix as a table, steps x faults -> invariants held.
+"""Benchmark: the fault matrix as a table, steps x faults -> invariants held.
 
 Runs tests/faults (the whole matrix with KVFLEET_FAULTS=1, or only the always-run slice with ``--slice``) in a
 pytest subprocess against a fresh sandbox; every case appends its result (invariants, evidence, wall time) to a

@@ -1,5 +1,4 @@
-"""Benchmark: worker slots held while a rollout waits, and what the waits cost the triggerer, as the fleet grows
-(issue 19, "fleet_scale.py").
+"""Benchmark: worker slots held while a rollout waits, and what the waits cost the triggerer, as the fleet grows.
 
 Part 1 — a gated, baked rollout with contended leases, at N twin clusters (``--sizes``, default 1 2):
 

@@ -1,4 +1,4 @@
-"""Parse time of each DAG file over ``import airflow.sdk`` (issue 19): target < 50 ms. Two measures.
+"""Parse time of each DAG file over ``import airflow.sdk``: target < 50 ms. Two measures.
 
 **As Airflow's DAG processor pays it** (the gate). Airflow 3.3.2 (apache-airflow-core 3.3.2, apache-airflow-task-sdk
 1.3.2) does not parse a DAG file in a fresh interpreter. The DAG processor *manager*, a long-lived process

@@ -3,7 +3,7 @@
 Run directly: ``python bench/probe_footprint.py [--json] [--days 30] [--endpoints 1000] ...``. Importable:
 ``main(argv) -> int`` (0 when the pooled footprint stops growing between pod generations, else 1).
 
-What it counts (issue 22 §7; sources in tests/conformance/facts/probe_l2_footprint.yaml): every probe document
+What it counts (sources in tests/conformance/facts/probe_l2_footprint.yaml): every probe document
 LMCache has not seen is written to Curvine once, as ``prompt_tokens x bytes per token`` (the fs:// connector keeps
 one file per chunk and evicts nothing). The documents are the product's own: the nonce of a probe comes from
 ``kvfleet.stages.verify.ProbePool.nonce`` (hourly DAG) or is fresh every time (``uuid4``, what every probe did

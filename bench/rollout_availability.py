@@ -1,4 +1,4 @@
-"""Benchmark: availability of every endpoint while the L2 overlay rolls out, once per update strategy (issue 15 §3).
+"""Benchmark: availability of every endpoint while the L2 overlay rolls out, once per update strategy.
 
 For each strategy (``auto``, ``rolling``, ``surge``, ``scale-to-zero``) it:
 
@@ -17,7 +17,7 @@ For each strategy (``auto``, ``rolling``, ``surge``, ``scale-to-zero``) it:
     python bench/rollout_availability.py [--json] [--strategy auto ...] [--cluster NAME ...] [--rate 4]
 
 ``--json`` prints only a JSON summary on stdout (logs go to stderr). Exit status 0 when, under ``auto``, every
-endpoint with at least 2 replicas on a patch-mode cluster failed no request (issue 15's acceptance); 1 otherwise;
+endpoint with at least 2 replicas on a patch-mode cluster failed no request (the acceptance); 1 otherwise;
 2 on bad arguments. The strategy only changes what happens on ``l2_injection: patch`` clusters; on ``kyverno``
 clusters the operator's own re-render rolls the pods, whatever the strategy.
 """
@@ -229,7 +229,7 @@ def run_strategy(source: Path, strategy: str, clusters: list[str] | None, *, rat
 
 
 def acceptance(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Issue 15: under auto, 0 failed requests for every endpoint with >= 2 replicas (patch-mode clusters)."""
+    """Under auto, 0 failed requests for every endpoint with >= 2 replicas (patch-mode clusters)."""
     auto = next((r for r in results if r["strategy"] == "auto"), None)
     if auto is None:
         return {"auto_zero_failures": None}

@@ -1,4 +1,5 @@
-"""Reproduce DOMAIN.md's published TTFT table and 4-turn conversation against the sandbox's vLLM pods.
+"""Reproduce the published TTFT table and 4-turn conversation (docs/reference/vllm.md#published-figures) against
+the sandbox's vLLM pods.
 
 Run by ``make bench`` (through ``bench/run.py``) or directly: ``python bench/ttft_table.py``. Importable:
 ``main(argv) -> int`` (0 when every published point is within ±10 %, else 1).

@@ -1,4 +1,4 @@
-"""kvfleet_drift_watch: the drift check of one cluster, run within a minute of a change to it (issue 19).
+"""kvfleet_drift_watch: the drift check of one cluster, run within a minute of a change to it.
 
 A ``KubeWatchTrigger`` per inventory cluster (run by one ``FleetWatchTrigger``, which reads the inventory in the
 triggerer) watches what the drift check compares: the managed InferenceEndpointConfigs, Deployments and Pods, the

@@ -134,7 +134,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         inv = load_inventory(args.fleet)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
-    # warnings (issue 22): patch on a production cluster, fewer Curvine workers than GPU nodes, routing against the
+    # warnings: patch on a production cluster, fewer Curvine workers than GPU nodes, routing against the
     # workload, a model kvfleet cannot size; refusals (a model that does not fit, hash_seed) raised above, exit 2
     noted = f"; {len(caught)} warning(s) on stderr" if caught else ""
     _out(f"{args.fleet}: valid — {len(inv.lobs)} LOBs, {len(inv.clusters)} clusters, "

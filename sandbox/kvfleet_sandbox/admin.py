@@ -41,7 +41,7 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   A hook whose controller has not registered its service answers 409 with the reason. The AWS emulator is
   shared by every cluster, so an AWS fault applies fleet-wide whatever ``cluster`` says.
 
-Hostile requests are answered 4xx with a message, before anything changes (issue 17): a field of the wrong type
+Hostile requests are answered 4xx with a message, before anything changes: a field of the wrong type
 (a boolean is not a number), an unknown field, an unknown node → 400/404; a body over ``MAX_BODY_BYTES`` or a
 ``Content-Length`` over it → 413 without reading it; a ``Content-Length`` that is not a non-negative integer, or
 chunked encoding → 400/411; JSON nested deeper than ``MAX_JSON_DEPTH`` → 400; a client that stops sending is

@@ -3,7 +3,7 @@
 Called from ``kvfleet sandbox up`` (which seeds the fleet with :meth:`AwsEmulator.add_eks_cluster` and
 :meth:`AwsEmulator.add_hyperpod_cluster`), from the simulated controllers (through the ``on_*`` hooks) and
 from integration tests. Product code never imports it: it reaches the emulator only through boto3 with
-``endpoint_url`` set, exactly as it reaches AWS ("simulate at the wire", ARCHITECTURE.md).
+``endpoint_url`` set, exactly as it reaches AWS ("simulate at the wire", docs/architecture.md).
 
 One endpoint serves every service. The service and region are read from the SigV4 credential scope
 (``Credential=AKID/<date>/<region>/<service>/aws4_request``), so one URL works for SageMaker (JSON 1.1), EKS
@@ -18,7 +18,7 @@ Two emulators alive at once with the same account therefore share IAM/S3/SNS, as
 do. moto's AWS managed policies (e.g. ``AmazonEBSCSIDriverPolicy``) are loaded, so attaching one works.
 What moto covers for the calls kvfleet makes: ``tests/conformance/facts/moto_coverage.yaml``.
 
-Why not moto: moto 5.2.5 was weighed (FACTS.md §1.6) and falls short of what stages 1 and 2 need. It has no
+Why not moto: moto 5.2.5 was weighed (docs/reference/aws.md#moto) and falls short of what stages 1 and 2 need. It has no
 SageMaker ``UpdateCluster`` and no EKS add-on calls; its ``CreateCluster`` silently drops ``Orchestrator``,
 ``NodeRecovery`` and ``TieredStorageConfig``, always reports ``InService``, and refuses ``ml.g6e.4xlarge``.
 Mixing it in for the remaining calls (``DescribeCluster``, ``ListClusterNodes``) would have split one

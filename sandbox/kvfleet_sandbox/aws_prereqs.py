@@ -2,8 +2,8 @@
 
 Called from the sandbox's start-up (``kvfleet_sandbox.runtime``, one line after the clusters are registered) and
 from tests that need a cluster that passes ``kvfleet preflight``. Per inventory cluster it creates what the
-source documents ask for before stage 3 (../shared/seeds, "Estágio 3") and what the operator add-on's
-configuration names (FACTS.md §2.5):
+source documents ask for before stage 3 (docs/reference/hyperpod.md#prerequisites) and what the operator add-on's
+configuration names (docs/reference/hyperpod.md#add-on-configuration-values):
 
 - the EKS add-ons ``vpc-cni`` and ``aws-ebs-csi-driver``, ACTIVE, at the versions the twin's kube-system
   workloads run (``aws-node`` v1.19.2, ``ebs-csi-controller`` v1.41.0), the EBS CSI one with its IRSA role;

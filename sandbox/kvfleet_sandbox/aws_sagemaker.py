@@ -6,9 +6,10 @@ which also seeds clusters directly for ``kvfleet sandbox up``.
 
 It exists because kvfleet's stage 1 (tiered storage) depends on behaviour no stock fake has: the
 ``TieredStorageConfig``, ``NodeRecovery`` and ``Orchestrator`` settings kept and returned, ``UpdateCluster``
-going ``Updating`` → ``InService``, and the service-side rules the sources give (DOMAIN.md, FACTS.md §1.5):
-``TieredStorageConfig`` alone is refused with ``ValidationException``, the memory percentage must be 20..100,
-and ``Mode`` must be ``Enable`` or ``Disable`` (botocore checks neither the maximum nor the enum client-side).
+going ``Updating`` → ``InService``, and the service-side rules the sources give
+(docs/reference/hyperpod.md#noderecovery-rule): ``TieredStorageConfig`` alone is refused with ``ValidationException``,
+the memory percentage must be 20..100, and ``Mode`` must be ``Enable`` or ``Disable`` (botocore checks neither the
+maximum nor the enum client-side).
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def check_update_request(params: dict[str, Any]) -> None:
     check_tiered_storage(params.get("TieredStorageConfig"))
     check_node_recovery(params.get("NodeRecovery"))
     if "TieredStorageConfig" in params and not ("NodeRecovery" in params or "InstanceGroups" in params):
-        # BLOG-only rule (FACTS.md §1.5): observed service behaviour, not in the API model.
+        # Blog-only rule (docs/reference/hyperpod.md#noderecovery-rule): observed service behaviour, not in the API
+        # model.
         raise AwsError(
             "ValidationException",
             "UpdateCluster with TieredStorageConfig alone is not supported: also pass NodeRecovery "

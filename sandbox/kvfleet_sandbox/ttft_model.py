@@ -2,8 +2,9 @@
 
 Called by the simulated vLLM pods (``kvfleet_sandbox.controllers.vllm``), which sleep the times computed here in
 *real* seconds so that what kvfleet measures through the API-server pod proxy is comparable with the published
-figures; by ``bench/ttft_table.py``; and by the unit tests that hold the model to DOMAIN.md's published points.
-Pure: no I/O, no clock; noise comes from a caller's seeded ``random.Random``.
+figures; by ``bench/ttft_table.py``; and by the unit tests that hold the model to the published points
+(docs/reference/vllm.md#published-figures). Pure: no I/O, no clock; noise comes from a caller's seeded
+``random.Random``.
 
 What a request costs (all milliseconds; ``n`` prompt tokens):
 
@@ -23,7 +24,7 @@ costs about as much as an L2 fetch of it, while 2,500 tokens cost only 3.4× tha
 contradict them. ``l2_hit_overhead`` is what the published warm TTFT leaves after the read itself: 287 ms at
 2,500 tokens, of which only ~73 ms is the 1.84 GB/s read.
 
-Calibration (ml.g5.4xlarge, Qwen2-7B, two pods on two nodes; DOMAIN.md):
+Calibration (ml.g5.4xlarge, Qwen2-7B, two pods on two nodes; docs/reference/vllm.md#published-figures):
   cold 2,500 tokens 774 ms; warm after a full cross-pod L2 hit 287 ms (2.7×); 0.99× at 500; 1.7× at 1,000;
   L2 read of 1,925 tokens 55.75 ms (1.84 GB/s); L2 write 10.71 ms (9.60 GB/s, 0.1028 GB → 53.4 kB per token).
 Calibration (ml.g6e.4xlarge and ml.g6.16xlarge, the 4-turn conversation, ``conversation()``):
@@ -56,8 +57,8 @@ class TtftProfile:
     prefill_knots: tuple[tuple[int, float], ...]  # (prompt tokens, cumulative prefill ms), increasing
     prefill_tail_ms_per_token: float
     l2_hit_overhead_ms: float
-    l2_read_gbps: float = 1.84  # cross-node read through the Curvine FUSE mount (DOMAIN.md)
-    store_gbps: float = 9.60  # LMCache store: GPU → CPU offload + put to local NVMe (DOMAIN.md)
+    l2_read_gbps: float = 1.84  # cross-node read through the Curvine FUSE mount (the blog)
+    store_gbps: float = 9.60  # LMCache store: GPU → CPU offload + put to local NVMe (the blog)
     offload_share: float = 0.4  # share of the store cost logged as offload_time (the rest is put_time)
     l1_read_gbps: float = 20.0  # pinned host memory → GPU
     inter_token_ms: float = 25.0

@@ -1,10 +1,10 @@
-"""The sandbox's stand-in Curvine charts create the same kinds of object as the real ones (issue 13 §2, §4).
+"""The sandbox's stand-in Curvine charts create the same kinds of object as the real ones.
 
 Real `helm template` of sandbox/kvfleet_sandbox/charts/{curvine,curvine-csi} is checked against the recorded facts
 (tests/conformance/facts/curvine_charts.yaml): the runtime chart's ServiceAccount, Role and RoleBinding and its
 pre-upgrade hook Job, the CSI chart's ServiceAccounts and ClusterRoles/ClusterRoleBindings with upstream's rules,
 upstream's worker placement (no node selector, preferred anti-affinity unless `required`) and no format_journal.
-When the real charts are present (../shared/reference/upstream/curvine-helm, or KVFLEET_UPSTREAM_CURVINE_HELM),
+When the real charts are present (a local copy of CurvineIO/curvine-helm, ``DEFAULT_UPSTREAM`` or KVFLEET_UPSTREAM_CURVINE_HELM),
 they are rendered too and compared with the stand-ins directly; otherwise that part skips, saying why.
 """
 
@@ -39,7 +39,7 @@ def _helm() -> str:
 def _upstream() -> Path:
     path = Path(os.environ.get("KVFLEET_UPSTREAM_CURVINE_HELM") or DEFAULT_UPSTREAM)
     if not (path / "curvine-runtime" / "Chart.yaml").is_file() or not (path / "curvine-csi" / "Chart.yaml").is_file():
-        reason = (f"the real charts are not at {path} (a clean clone has no ../shared/reference); set "
+        reason = (f"the real charts are not at {path} (a clean clone has no copy of the upstream charts); set "
                   "KVFLEET_UPSTREAM_CURVINE_HELM to a copy of CurvineIO/curvine-helm to compare them directly")
         print(f"SKIP: {reason}")
         pytest.skip(reason)

@@ -1,8 +1,8 @@
-"""kvfleet's Curvine install values against the REAL curvine runtime chart (issue 13 §2, worker placement): real
+"""kvfleet's Curvine install values against the REAL curvine runtime chart (worker placement): real
 `helm template` of CurvineIO/curvine-helm's curvine-runtime with the values kvfleet installs gives workers pinned to
 HyperPod GPU nodes with a REQUIRED anti-affinity on the hostname, and after the flip the format flags render false.
 
-The chart is read from ../shared/reference/upstream/curvine-helm/curvine-runtime (override with
+The chart is read from a local copy of CurvineIO/curvine-helm's curvine-runtime (``DEFAULT_CHART``, override with
 KVFLEET_UPSTREAM_CURVINE_CHART); a clean CI clone may not have it, so the tests skip with the reason then.
 The facts are in tests/conformance/facts/curvine_chart_values.yaml."""
 
@@ -37,7 +37,7 @@ clusters:
 def _chart() -> Path:
     path = Path(os.environ.get("KVFLEET_UPSTREAM_CURVINE_CHART") or DEFAULT_CHART)
     if not (path / "Chart.yaml").is_file():
-        reason = (f"the real curvine-runtime chart is not at {path} (a clean clone has no ../shared/reference); "
+        reason = (f"the real curvine-runtime chart is not at {path} (a clean clone has no copy of the upstream charts); "
                   "set KVFLEET_UPSTREAM_CURVINE_CHART to a copy of CurvineIO/curvine-helm/curvine-runtime")
         print(f"SKIP: {reason}")
         pytest.skip(reason)

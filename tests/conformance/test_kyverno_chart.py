@@ -1,4 +1,4 @@
-"""Kyverno as kvfleet installs it (issue 22 §1): the pinned chart, repository, values and names in
+"""Kyverno as kvfleet installs it: the pinned chart, repository, values and names in
 plugins/kvfleet/stages/kyverno.py and in the sandbox's stand-in chart and simulation are those recorded with their
 upstream sources in tests/conformance/facts/kyverno_chart.yaml; the stand-in renders with real `helm template`."""
 

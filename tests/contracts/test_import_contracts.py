@@ -1,4 +1,4 @@
-"""Import contracts (ARCHITECTURE.md, "Layout and the direction of imports"), checked on every import statement,
+"""Import contracts (docs/architecture.md, "Direction of imports"), checked on every import statement,
 including the ones inside functions, which import-linter's static graph also sees.
 
 - ``fleet`` imports no other kvfleet layer (only ``kvfleet.errors``, the shared error model);

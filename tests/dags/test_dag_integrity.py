@@ -47,7 +47,7 @@ def test_every_dag_file_is_in_the_dagbag(dagbag) -> None:  # type: ignore[no-unt
         assert dagbag.get_dag(dag_id).tags == ["kvfleet"] or "kvfleet" in dagbag.get_dag(dag_id).tags
 
 
-# Parsing a DAG file must not import these (issue 19): the task bodies import them when they run.
+# Parsing a DAG file must not import these: the task bodies import them when they run.
 HEAVY_ROOTS = ("kubernetes", "botocore", "boto3", "sqlalchemy", "psycopg", "psycopg2")
 HEAVY_KVFLEET = ("kvfleet.stages", "kvfleet.clients", "kvfleet.history")
 

@@ -362,7 +362,7 @@ def twin_history(tmp_path_factory: pytest.TempPathFactory, dagbag: Any, history_
         sandbox.admin("/fault", {"cluster": "c-patch", "kind": "operator_rerender"})
         drift = dagbag.get_dag("kvfleet_drift_check").test(run_conf={"fleet": str(fleet), "remediate": True})
         # The re-render can leave a surge pod unschedulable on full GPU nodes (DeploymentFailed): the remediation is
-        # then refused and, since issue 16, the drift run ends red. Either way the findings and the remediation's
+        # then refused and the drift run ends red. Either way the findings and the remediation's
         # outcome are recorded, which is what the drift view must show; this test is about the page.
         assert drift.state in ("success", "failed")
         yield {"url": history_db, "fleet": fleet, "rollout": f"kvfleet_rollout/{rollout.run_id}",

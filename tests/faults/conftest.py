@@ -1,4 +1,4 @@
-"""The fault matrix (issue 14): every marked case runs only with ``KVFLEET_FAULTS=1`` (``make faults``); the
+"""The fault matrix: every marked case runs only with ``KVFLEET_FAULTS=1`` (``make faults``); the
 unmarked slice (one case per fault kind and per step) runs in every ``make test``. One sandbox and one history
 database per module: the expensive part is converging the clusters once."""
 

@@ -1,4 +1,4 @@
-"""The fault matrix's cases (issue 14): a mutating step, a fault injected through the sandbox's admin API while it
+"""The fault matrix's cases: a mutating step, a fault injected through the sandbox's admin API while it
 runs, then the four promises checked. Used by tests/faults/test_fault_matrix.py and bench/fault_matrix.py.
 
 A case: make the step have work (a flipped inventory value, a deleted object, an operator re-render), count the

@@ -1,4 +1,4 @@
-"""Issue 14's fault matrix: every (step, fault) case against the twin, then the promises checked: no L2 file
+"""The fault matrix: every (step, fault) case against the twin, then the promises checked: no L2 file
 lost, the operator running, every endpoint at its declared ready replicas, no lease held by a dead holder, the
 history showing the run with a terminal status, a second run converging and a third making no mutating call.
 

@@ -245,7 +245,7 @@ def _with(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The independent check: written from the README / FACTS rules, not from kvfleet's code.
+# The independent check: written from the README / docs/reference rules, not from kvfleet's code.
 # ------------------------------------------------------------------------------------------------------------
 
 GPUS = {"ml.g5.4xlarge": 1, "ml.g5.12xlarge": 4, "ml.g6e.4xlarge": 1, "ml.g6e.12xlarge": 4, "ml.p5.48xlarge": 8}

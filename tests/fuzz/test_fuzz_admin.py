@@ -1,4 +1,4 @@
-"""Issue 17: hostile requests to the sandbox admin API answer 4xx with a message and change nothing.
+"""Hostile requests to the sandbox admin API answer 4xx with a message and change nothing.
 
 A real sandbox (workloads and vLLM controllers) on 127.0.0.1. Per case the oracle compares a snapshot of every
 setting a fault could change (API error rate and latency on kube and AWS, the L2 read penalty, node taints and

@@ -1,4 +1,4 @@
-"""Issue 17: hostile inventories and argument vectors through the real `kvfleet validate`, each in its own fork
+"""Hostile inventories and argument vectors through the real `kvfleet validate`, each in its own fork
 with a 1 GiB address-space cap and a CPU cap (tests/fuzz/fuzz_driver.py).
 
 Oracle per case: exit 0 or 2, never a traceback; peak RSS under 200 MB; a case invalid by construction is refused;

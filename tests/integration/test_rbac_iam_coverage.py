@@ -409,6 +409,6 @@ def test_iam_policy_lists_exactly_the_aws_actions_kvfleet_called(replay: Replay)
             "eks:CreateAddon", "eks:UpdateAddon"} <= replay.aws_actions
     if replay.drift_ran:
         assert "eks:ListAddons" in replay.aws_actions
-    # kvfleet preflight (issue 22 §4): the IAM and S3 reads it makes.
+    # kvfleet preflight: the IAM and S3 reads it makes.
     assert {"iam:GetRole", "iam:ListAttachedRolePolicies", "iam:GetPolicy", "iam:GetPolicyVersion",
             "iam:ListRolePolicies", "iam:GetRolePolicy", "s3:ListBucket"} <= replay.aws_actions

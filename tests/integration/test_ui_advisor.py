@@ -1,4 +1,4 @@
-"""The kvfleet page's L2 advisor panel (issue 20) on a real history: the newest ``advise:<cluster>`` step per
+"""The kvfleet page's L2 advisor panel on a real history: the newest ``advise:<cluster>`` step per
 cluster, each endpoint's prompt-length distribution plotted (server-rendered SVG) with the payoff threshold marked
 and the same figures in a table, the verdict with its arithmetic, LOB colours as on every other view; a step that
 recorded verdicts only degrades to them."""

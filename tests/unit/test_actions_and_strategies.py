@@ -1,4 +1,4 @@
-"""The pure parts of issue 21's typed actions and issue 15 §2's update strategies: the patch wave's action
+"""The pure parts of the typed actions and the update strategies: the patch wave's action
 sequence, the strategy judge, the GPU room, the inventory field and what the plan says."""
 
 from __future__ import annotations

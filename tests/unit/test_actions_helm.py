@@ -1,4 +1,4 @@
-"""Stage 3's typed actions (issue 21): helm installs and upgrades carry their values and the digest of the values
+"""Stage 3's typed actions: helm installs and upgrades carry their values and the digest of the values
 file helm gets; they render as marked helm equivalents with ``-f``, never ``--set``; and the executor refuses to
 run helm when the file it would hand helm is not the one the action (and so the dry run) names."""
 

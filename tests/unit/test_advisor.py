@@ -107,7 +107,7 @@ def test_every_sweep_length_is_long_enough_to_verify() -> None:
         verify.check_prompt_length(n, 256)  # raises for a length that cannot write L2
 
 
-# --- issue 20 acceptance points, one test each -------------------------------------------------------------------
+# --- the advisor's acceptance points, one test each ---------------------------------------------------------
 
 def test_no_sweep_uses_the_published_curve_and_agrees_with_it_within_the_ttft_tolerance() -> None:
     """At each published length the saved share is 1 - 1/speedup of the blog's curve (0.99x at 500, 1.7x at 1,000,

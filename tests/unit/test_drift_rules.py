@@ -233,7 +233,7 @@ def test_remediation_plan_groups_by_action() -> None:
 
 
 def test_overloaded_kinds_are_split_so_a_query_by_kind_tells_the_truth(inv: Any) -> None:
-    """Issue 21: one kind per condition (a missing add-on, a wrong version, a missing operator, a missing
+    """One kind per condition (a missing add-on, a wrong version, a missing operator, a missing
     release, an unreadable master, a changed policy are each their own kind)."""
     cl = inv.cluster(PROD)
     addons: dict[str, dict[str, Any] | None] = {n: {"status": "ACTIVE", "version": "v1", "diffs": []}

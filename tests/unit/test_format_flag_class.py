@@ -1,4 +1,4 @@
-"""The format-flag bypass class (issue 14 item 1): no override key, override value, values file or rendered object
+"""The format-flag bypass class: no override key, override value, values file or rendered object
 may carry a Curvine format flag past kvfleet. Pure checks only; the twin tests are in
 tests/integration/curvine_ops/test_format_flag_class.py."""
 

@@ -1,4 +1,4 @@
-"""Issue 22's inventory fields: per-LOB notify targets, instance prices, and the sources' defaults and checks."""
+"""Inventory fields from the sources: per-LOB notify targets, instance prices, and the sources' defaults and checks."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _warned(text: str) -> tuple[object, list[str]]:
     return inv, [str(w.message) for w in caught]
 
 
-# --- §1 l2_injection: auto ------------------------------------------------------------------------------------
+# --- l2_injection: auto --------------------------------------------------------------------------------------
 
 def test_auto_is_the_default_kyverno_on_production_patch_elsewhere() -> None:
     inv, _ = _warned(_with(lambda d: d["clusters"][0].update(production=True)))
@@ -152,7 +152,7 @@ def test_unknown_l2_mode_names_auto_too() -> None:
     assert "clusters.c1.l2_injection" in msg and "auto, kyverno, patch" in msg
 
 
-# --- §2 one Curvine worker per GPU node ------------------------------------------------------------------------
+# --- one Curvine worker per GPU node -------------------------------------------------------------------------
 
 def test_workers_default_to_the_gpu_node_count() -> None:
     inv = _parse(_with(lambda d: d["clusters"][0]["gpu_nodes"].update(count=5)))
@@ -175,7 +175,7 @@ def test_an_explicit_worker_count_is_an_override_warned_when_it_differs(workers:
     assert not [m for m in quiet if "worker.replicas" in m]
 
 
-# --- §3 node_recovery -----------------------------------------------------------------------------------------
+# --- node_recovery -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["Automatic", "None"])
 def test_node_recovery_declared(value: str) -> None:
@@ -202,7 +202,7 @@ def test_node_recovery_refused(value: object, words: str) -> None:
     assert "remove the key to keep the cluster's live value" in msg
 
 
-# --- §5 models that fit, and hash_seed ------------------------------------------------------------------------
+# --- models that fit, and hash_seed --------------------------------------------------------------------------
 
 G6E = {"name": "c1", "region": "us-east-1", "gpu_nodes": {"count": 2, "instance_type": "ml.g6e.4xlarge"}}
 
@@ -291,7 +291,7 @@ def test_hash_seed_bounds_accepted() -> None:
     assert _parse(_with(lambda d: d.update(settings={"hash_seed": 0}))).settings.hash_seed == "0"
 
 
-# --- §6 routing that matches the workload ---------------------------------------------------------------------
+# --- routing that matches the workload -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("workload, good, bad", [
     ("multi-turn", "prefixaware", "session"),
@@ -315,7 +315,7 @@ def test_unknown_workload_is_refused() -> None:
     assert "endpoints[0](chat).workload" in msg and "multi-turn" in msg and "long-document" in msg
 
 
-# --- the plan records the reasons -----------------------------------------------------------------------------
+# --- the plan records the reasons ----------------------------------------------------------------------------
 
 def test_a_production_cluster_plans_kyverno_with_the_reason() -> None:
     from kvfleet.fleet.plan import make_plan, render_plan_text
@@ -347,7 +347,7 @@ def test_the_example_fleet_follows_the_sources() -> None:
     assert inv.lob("support").notify_sns_topic_arn and inv.prices
 
 
-# --- acceptance through the real CLI --------------------------------------------------------------------------
+# --- acceptance through the real CLI -------------------------------------------------------------------------
 
 def _validate(tmp_path, doc: dict) -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg,no-untyped-def]
     fleet = tmp_path / "fleet.yaml"

@@ -38,7 +38,7 @@ def test_example_fleet_is_valid(example_fleet) -> None:  # type: ignore[no-untyp
 def test_defaults_follow_the_sources() -> None:
     inv = parse_inventory(yaml.safe_dump(BASE))
     c = inv.clusters[0]
-    # node_recovery not declared: None, so stage 1 keeps the cluster's live value (issue 22 §3)
+    # node_recovery not declared: None, so stage 1 keeps the cluster's live value
     assert (c.memory_percent, c.node_recovery, c.tiered_storage_mode) == (20, None, "Enable")
     assert c.node_recovery_declared is False
     s = inv.settings

@@ -1,4 +1,4 @@
-"""NodeRecovery in drift (issue 22 §3): a declared value the cluster does not have is a finding; an undeclared one
+"""NodeRecovery in drift: a declared value the cluster does not have is a finding; an undeclared one
 is never judged. Both inventory shapes are read: a ``node_recovery_declared`` flag beside a defaulted value, and
 ``node_recovery`` None when not declared."""
 

@@ -1,4 +1,4 @@
-"""Property tests of the one L2 overlay value (issue 15 §1): over generated live Deployments,
+"""Property tests of the one L2 overlay value: over generated live Deployments,
 ``violations(apply(patch(x))) == []`` and ``patch(x) == []`` exactly when ``violations(x) == []``.
 
 hypothesis is not in the venv, so the generator is hand-rolled and seeded (every case is reproducible from its
@@ -243,7 +243,7 @@ def test_an_operator_rendered_deployment_gets_the_whole_overlay() -> None:
 
 
 def test_the_wrong_claim_is_flagged_and_patched_the_reproduced_bug() -> None:
-    """Issue 15: an L2 volume pointing at the wrong claim was flagged by l2_violations, but l2_patch returned no
+    """An L2 volume pointing at the wrong claim was flagged by l2_violations, but l2_patch returned no
     operation, so patch_wave paused the operator, scaled to 0, applied nothing and raised."""
     dep = apply_patch(operator_rendered(), l2_patch(operator_rendered(), S))
     _template(dep)["volumes"][1]["persistentVolumeClaim"]["claimName"] = "someone-elses-pvc"

@@ -1,4 +1,4 @@
-"""Issue 22 §7, pure parts: the bounded rotating pool of probe documents (``verify.ProbePool``) and the endpoint's
+"""The probe pool, pure parts: the bounded rotating pool of probe documents (``verify.ProbePool``) and the endpoint's
 own speed baseline (``verdict.baseline_from_rows`` / ``baseline_speedup`` / ``verdict_of``)."""
 
 from __future__ import annotations

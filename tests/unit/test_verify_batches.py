@@ -1,4 +1,4 @@
-"""The hourly sweep's batch plan (issue 19, ``fleet.verify_batches``): endpoints whose pods share no node in one
+"""The hourly sweep's batch plan (``fleet.verify_batches``): endpoints whose pods share no node in one
 batch, greedy in inventory order, unknown nodes alone; and the ``max_parallel`` Param's range.
 
 hypothesis is not in the venv (tests/unit/test_overlay_properties.py), so the property test draws its cases from a

@@ -11,7 +11,7 @@ Settings (environment; see docs/notifications.md):
 - ``KVFLEET_AIRFLOW_URL`` (default Airflow's ``[api] base_url``): for the links to the gate and the kvfleet page;
   ``KVFLEET_RUNBOOK_URL``: the runbook's URL, linked from the messages.
 
-Per LOB (issue 18 §3): a LOB of the inventory may name its own destinations (``lobs[].notify.sns_topic_arn``,
+Per LOB: a LOB of the inventory may name its own destinations (``lobs[].notify.sns_topic_arn``,
 ``lobs[].notify.webhook_url``). An event is routed to the LOBs it concerns (a gate: its wave's endpoints; a
 run: the LOBs of its scope; drift: the LOBs of the new findings, or of the cluster's endpoints for a finding on
 the cluster itself): each of them gets it at its own destinations, or at the global ones above when it names

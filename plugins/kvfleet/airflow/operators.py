@@ -1,4 +1,5 @@
-"""kvfleet's operators: the deferrable task (``deferrable_task``, issue 19) and the wave gate.
+"""kvfleet's operators: the deferrable task (``deferrable_task``, docs/reference/airflow.md#deferral) and the wave
+gate.
 
 ``deferrable_task`` is ``@task`` whose body may wait in the triggerer instead of a worker slot: the body (the
 task bodies in ``kvfleet.airflow.rollout``) raises Airflow's ``TaskDeferred`` naming ``resume``, with what it had

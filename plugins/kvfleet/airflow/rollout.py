@@ -5,7 +5,7 @@ Task structure (one run): ``plan`` -> a mapped task group per cluster -> ``finis
 -> ``gate_0`` -> ``wave_1`` -> ``gate_1`` -> ... -> ``wave_{SLOTS-1}`` -> ``release`` (teardown: restore the
 operator if this run paused it, release lease and slot).
 
-What each exit path does with the lease and the slot (issue 14):
+What each exit path does with the lease and the slot:
 - a task that ends normally with more of its run to come **parks** the lease (``ClusterLock.park``: no
   heartbeat, the gate's ttl; free at once when Airflow says the run is no longer running);
 - a task that fails (any exception, a permanent error, SIGTERM) **releases** the lease, and ``cluster_stages``
@@ -21,8 +21,8 @@ are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs e
 verification; a later run resumes). Mapping is per cluster only, so 1,000 endpoints on 10 clusters is 10
 instances per task, far below ``max_map_length`` (1024).
 
-Waits give their worker slot back (issue 19): a task that must wait **defers** (``TaskDeferred``, resumed in
-``kvfleet.airflow.operators.DeferrableTaskOperator.resume``) instead of sleeping:
+Waits give their worker slot back (docs/reference/airflow.md#deferral): a task that must wait **defers**
+(``TaskDeferred``, resumed in ``kvfleet.airflow.operators.DeferrableTaskOperator.resume``) instead of sleeping:
 - the cluster lease held by another run, and every parallelism slot taken: ``LeaseFreeTrigger`` (the patience
   ``lock_wait_minutes`` counts from the first try, across deferrals; running out is ``LeaseWaitTimeout``,
   permanent, naming the holder);

@@ -1,7 +1,7 @@
 """Task bodies of the hourly `kvfleet_hit_verification` DAG: stage 5 on every managed endpoint, per cluster.
 
 Called from ``dags/kvfleet_hit_verification.py``. Each mapped task verifies the endpoints of one cluster, in
-batches (issue 19): one read of the cluster's pods gives each endpoint's nodes, ``fleet.verify_batches`` puts
+batches: one read of the cluster's pods gives each endpoint's nodes, ``fleet.verify_batches`` puts
 endpoints whose pods share no node in the same batch, the endpoints of a batch are verified at the same time (a
 thread pool of at most ``max_parallel``), and the batches run one after another — endpoints that share a node are
 never probed together, since one probe's prefill would disturb the TTFT the other measures. Every result is

@@ -1,5 +1,6 @@
 """Curvine's master web API (``/api/overview``, ``/api/workers``, ``/api/browse``), through the API-server pod
-proxy of the master pod, so no Service or port-forward is needed (FACTS.md §3.5: web port 9000 in the chart).
+proxy of the master pod, so no Service or port-forward is needed (docs/reference/curvine.md#master-api: web port 9000 in
+the chart).
 
 Called by the Curvine stage (capacity verification), the upgrade workflow (snapshots, metadata preserved)
 and scale-out (new workers live).

@@ -6,9 +6,9 @@ from a repository URL (``--repo``): the inventory's ``curvine.repo_url``, which 
 the sandbox). Every command kvfleet would run can be rendered as text for dry runs (``render``).
 
 Values reach helm only as YAML files kvfleet writes (``-f``, ``values_file``), never ``--set``: helm's strvals
-parser splits a ``--set`` value on commas and reads backslash escapes (FACTS.md §7.5), so a user's value
-``INFO,cluster.formatMaster=true`` would set a second key. A YAML string stays one string. ``set_args`` remains
-only to print kvfleet's own constant flag flips in messages a person may copy.
+parser splits a ``--set`` value on commas and reads backslash escapes (docs/reference/kubernetes.md#helm-set-parsing),
+so a user's value ``INFO,cluster.formatMaster=true`` would set a second key. A YAML string stays one string.
+``set_args`` remains only to print kvfleet's own constant flag flips in messages a person may copy.
 
 What an upgrade would deploy is rendered with the same command and ``--dry-run=server -o json``
 (``upgrade_render``: the manifest and the hooks, with helm's own value merge); what a rollback would deploy is the

@@ -132,7 +132,8 @@ class HyperPodClient:
 
     def update_tiered_storage(self, name: str, mode: str, percent: int | None, node_recovery: str) -> None:
         """UpdateCluster with TieredStorageConfig, always sending NodeRecovery back: the service rejects
-        tiered storage alone with ValidationException (observed behaviour, DOMAIN.md stage 1)."""
+        tiered storage alone with ValidationException (observed behaviour,
+        docs/reference/hyperpod.md#noderecovery-rule)."""
         validate_tiered_storage(mode, percent)
         if node_recovery not in C.NODE_RECOVERY_VALUES:
             raise PermanentError(f"NodeRecovery: {node_recovery!r} is not one of Automatic, None")

@@ -1,6 +1,7 @@
 """The vLLM OpenAI-compatible API of one pod, through the API-server pod proxy, measured like vLLM's own
-benchmark (FACTS.md §5): streaming with ``include_usage``, TTFT = time from before the POST to the first SSE
-message carrying ``choices``. Also reads the pod's container log since a given time (``sinceTime``).
+benchmark (docs/reference/vllm.md#ttft-from-the-openai-api): streaming with ``include_usage``, TTFT = time from before
+the POST to the first SSE message carrying ``choices``. Also reads the pod's container log since a given time
+(``sinceTime``).
 
 Called by stage 5 (cross-pod hit verification) and the benchmarks. Going through the pod proxy (not the
 endpoint's load balancer) is what lets kvfleet choose pod A and pod B on two different nodes.

@@ -1,5 +1,5 @@
 """What "ready", "failed" and "keep waiting" mean for a HyperPod cluster and an EKS add-on: botocore waiter
-models (issue 19: waits are data, not loops, as the amazon provider keeps its own in ``aws/waiters/*.json``).
+models (waits are data, not loops, as the amazon provider keeps its own in ``aws/waiters/*.json``).
 
 Both the in-worker waits (``HyperPodClient.wait_cluster``/``wait_addon``) and the triggerer's
 ``ClusterReadyTrigger`` judge a ``DescribeCluster``/``DescribeAddon`` response with the same acceptors

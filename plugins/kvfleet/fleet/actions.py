@@ -4,8 +4,8 @@ Called from the stages (``stages.tiered_storage``, ``stages.addons``, ``stages.c
 ``stages.operator_pause``), which compute a list of actions from what they observed, and from
 ``stages.executor``, which either applies each action through the clients (with its write-ahead record) or renders
 it for the dry run (`kvfleet plan --diff`). One list serves both, so the dry run shows exactly the calls the
-rollout makes (issue 21, "Reconcilers return actions"; controller-runtime's dry run runs the same path up to the
-write).
+rollout makes (docs/architecture.md, "One desired state, typed actions"; controller-runtime's dry run runs the same path
+up to the write).
 
 Pure: no I/O. Each action renders the ``kubectl``/``aws``/``helm`` command that would have the same effect, marked as an
 equivalent (kvfleet itself calls the Kubernetes and AWS APIs, not those commands). Two actions are equal when
@@ -617,7 +617,8 @@ class WaveItem:
 
 
 def patch_wave_actions(controller: str, holder: str, items: list[WaveItem]) -> list[Action]:
-    """The patch mode's sequence for one wave, one operator pause for all (DOMAIN.md stage 4, issue 15 §2):
+    """The patch mode's sequence for one wave, one operator pause for all
+    (docs/reference/hyperpod.md#what-the-operator-renders):
 
     pause the operator -> rolling/surge endpoints get their temporary strategy -> scale-to-zero endpoints go to
     0 and their pods are gone -> one JSON patch per endpoint, read back -> scale-to-zero endpoints back to their

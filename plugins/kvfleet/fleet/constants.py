@@ -1,4 +1,4 @@
-"""Domain constants: every fixed name and default the sources give (DOMAIN.md, FACTS.md).
+"""Domain constants: every fixed name and default the sources give (docs/reference/).
 
 Pure module: fleet/, clients/, stages/ and sandbox/ all import from here so that a name such as the
 operator's controller Deployment exists exactly once.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-# The L2 overlay's names and defaults are defined once, in fleet.overlay (the one desired value of issue 15);
+# The L2 overlay's names and defaults are defined once, in fleet.overlay (the one desired value);
 # they are re-exported here for the twin (which may import only this module) and for older callers.
 from kvfleet.fleet.overlay import CURVINE_PVC as CURVINE_PVC
 from kvfleet.fleet.overlay import ENV_CHUNK_SIZE as ENV_CHUNK_SIZE

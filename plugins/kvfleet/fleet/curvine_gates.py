@@ -3,8 +3,9 @@
 Called by ``kvfleet.stages.curvine`` (stage 3), ``kvfleet.stages.curvine_upgrade`` and
 ``kvfleet.stages.curvine_scale``, which do the I/O (helm, the master API) and the sequencing, and by the Curvine
 DAGs' task bodies (an override touching a format flag is refused before any cluster is touched). Each gate
-raises ``GateRefused`` with what was wrong and what to do; the rules behind them are FACTS.md §3.3 (a Curvine
-pod started with a format flag wipes the L2 metadata or cache) and §7.5 (helm's ``--set`` parser).
+raises ``GateRefused`` with what was wrong and what to do; the rules behind them are in
+docs/reference/curvine.md#format-flags (a Curvine pod started with a format flag wipes the L2 metadata or cache)
+and docs/reference/kubernetes.md#helm-set-parsing (helm's ``--set`` parser).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def refuse_rendered_flags(cluster: str, docs: Sequence[Mapping[str, Any]], actio
         raise GateRefused(
             f"{action} refused on {cluster} before any change: {what} would deploy a Curvine format flag "
             f"that is not false — {'; '.join(findings)}. A pod starting with it wipes the L2 metadata or cache "
-            "(FACTS.md §3.3). Find what sets it (an override, the chart's defaults, the stored values) and remove it.")
+            "(docs/reference/curvine.md#format-flags). Find what sets it (an override, the chart's defaults, the "
+            "stored values) and remove it.")
     kinds = sorted({f"{d.get('kind')}/{(d.get('metadata') or {}).get('name')}" for d in docs})
     return {"rendered": what, "objects": len(docs), "kinds": kinds, "format_findings": []}
 

@@ -3,9 +3,9 @@
 Pure. Used by the Curvine stage (install, flip, hazard fix), the upgrade and scale-out workflows (gates,
 rollback target) and the drift check (``format_flag_set``).
 
-Why it matters (FACTS.md §3.3): a Curvine master that *starts* with ``cluster.formatMaster`` wipes its metadata
-and journal; a worker that starts with ``formatWorker`` deletes its cache dirs. The flags must be true for the
-very first start only, and false for every start after it.
+Why it matters (docs/reference/curvine.md#format-flags): a Curvine master that *starts* with ``cluster.formatMaster``
+wipes its metadata and journal; a worker that starts with ``formatWorker`` deletes its cache dirs. The flags must be
+true for the very first start only, and false for every start after it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet.inventory import Cluster, CurvineSpec
 
 FLAG_KEYS = tuple(f"cluster.{f}" for f in C.FORMAT_FLAGS)
-# Worker placement (issue 13): the real chart's worker StatefulSet has no nodeSelector and only a *preferred*
-# pod anti-affinity by default (curvine-helm curvine-runtime/templates/worker-statefulset.yaml and
-# _helpers.tpl "curvine.workerAntiAffinity", chart 0.2.0). kvfleet sets both: workers on HyperPod GPU nodes only
+# Worker placement (docs/reference/curvine.md#worker-placement): the real chart's worker StatefulSet has no nodeSelector
+# and only a *preferred* pod anti-affinity by default (curvine-helm curvine-runtime/templates/worker-statefulset.yaml
+# and _helpers.tpl "curvine.workerAntiAffinity", chart 0.2.0). kvfleet sets both: workers on HyperPod GPU nodes only
 # (where /opt/dlami/nvme is the instance NVMe), and at most one worker per node (two workers on one node would
 # share its hostPath). Facts: tests/conformance/facts/curvine_chart_values.yaml.
 COMPUTE_TYPE_LABEL = "sagemaker.amazonaws.com/compute-type"
@@ -57,7 +57,7 @@ def safe_flags() -> dict[str, bool]:
 
 
 def install_values(cluster: Cluster) -> dict[str, Any]:
-    """Values of the first install (DOMAIN.md stage 3): format flags true for the first start."""
+    """Values of the first install (docs/reference/curvine.md#format-flags): format flags true for the first start."""
     spec: CurvineSpec = cluster.curvine
     values: dict[str, Any] = {k: True for k in FLAG_KEYS}
     values.update(sizing_values(spec))
@@ -169,12 +169,13 @@ def newest_safe_revision(revisions: Iterable[tuple[int, Mapping[str, Any]]], bef
     return max(safe) if safe else None
 
 
-# ---- the format-flag class: no path may set a flag (issue 14 item 1) ---------------------------------------------
+# ---- the format-flag class: no path may set a flag --------------------------------------------------------------
 #
 # Three layers, each enough on its own for the cases it sees:
 # 1. user overrides reach helm only as a YAML values file kvfleet writes (``-f``), never ``--set``: helm's strvals
-#    parser splits a ``--set`` value on commas and reads backslash escapes (FACTS.md §7.5), so
-#    ``config.log.level=INFO,cluster.formatMaster=true`` would set two keys; a YAML string is one string;
+#    parser splits a ``--set`` value on commas and reads backslash escapes
+#    (docs/reference/kubernetes.md#helm-set-parsing), so ``config.log.level=INFO,cluster.formatMaster=true`` would
+#    set two keys; a YAML string is one string;
 # 2. an override is refused when any key on its path or any text in its value mentions a format flag
 #    (``refuse_format_overrides`` below: case-insensitive, at any depth, dotted or nested);
 # 3. before an upgrade, scale-out or rollback, what helm would deploy is rendered and its flags are read from the

@@ -5,14 +5,14 @@ with a fixed number of LIST calls per cluster and hands it here; unit-tested wit
 
 The endpoint rules are stage 4's own (``fleet.endpoint_spec``: ``l2_violations`` for the Deployment template,
 ``cr_differences`` for the CR), so "correct" is written once. The rest comes from the issue that asked for the
-check (issue 8) and from the sources: a format flag left true wipes Curvine on the next pod start (FACTS.md §3.3);
-pods that do not agree on ``PYTHONHASHSEED`` compute different LMCache keys, so cross-pod sharing fails silently
-(DOMAIN.md stage 4); an operator left paused stops rendering every endpoint of the cluster, and one whose pauser
-is dead will never be restored by it; fewer Curvine files or less capacity than at the last snapshot is L2 data
-lost (``curvine_data_loss``, issue 14); a NodeRecovery the inventory declares and the cluster does not have is
-``node_recovery_mismatch`` (issue 22 §3; an undeclared one is never judged).
+check and from the sources: a format flag left true wipes Curvine on the next pod start
+(docs/reference/curvine.md#format-flags); pods that do not agree on ``PYTHONHASHSEED`` compute different LMCache keys,
+so cross-pod sharing fails silently (docs/reference/hyperpod.md#what-the-operator-renders); an operator left paused
+stops rendering every endpoint of the cluster, and one whose pauser is dead will never be restored by it; fewer Curvine
+files or less capacity than at the last snapshot is L2 data lost (``curvine_data_loss``); a NodeRecovery the inventory
+declares and the cluster does not have is ``node_recovery_mismatch`` (an undeclared one is never judged).
 
-One kind per condition, so that an audit query by kind tells the truth (issue 21): a missing add-on
+One kind per condition, so that an audit query by kind tells the truth: a missing add-on
 (``addon_missing``), a status other than ACTIVE (``addon_not_active``), a wrong version or configuration
 (``addon_version_mismatch``, ``addon_config_mismatch``), a missing operator controller (``operator_missing``), a
 missing Curvine release (``curvine_release_missing``), an unreadable master (``curvine_master_unreadable``), a
@@ -292,7 +292,7 @@ def declared_node_recovery(cl: Cluster) -> str | None:
 
 
 def node_recovery_findings(cl: Cluster, live: str | None) -> list[Finding]:
-    """A declared NodeRecovery that the cluster does not have (issue 22 §3); nothing when it is not declared, nor
+    """A declared NodeRecovery that the cluster does not have; nothing when it is not declared, nor
     when DescribeCluster did not return one (``live`` None: nothing to compare)."""
     want = declared_node_recovery(cl)
     if want is None or live is None or live == want:

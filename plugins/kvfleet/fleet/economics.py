@@ -1,4 +1,5 @@
-"""L2 economics: the expected TTFT speedup for a prompt length, from the published curve (DOMAIN.md).
+"""L2 economics: the expected TTFT speedup for a prompt length, from the published curve
+(docs/reference/vllm.md#published-figures).
 
 Pure. Stage 5 compares a measured speedup with ``expected_speedup``; a cross-pod hit that is full but slower
 than the curve minus a tolerance is ``degraded``. Profiles per instance type are configurable; the default is

@@ -6,8 +6,8 @@ written once. The L2 overlay of the rendered Deployment (URL, serde, seed, volum
 ``fleet.overlay.desired_overlay``; ``l2_violations``, ``overlay_violations``, ``l2_patch`` and ``kyverno_policy``
 here are thin derivations of it, kept under their names for stage 4's callers.
 
-Sources: DOMAIN.md stage 4 and FACTS.md §2.3. The L2 URL is kept out of the CR: declaring it there produces a
-duplicate entry beside the one the operator injects.
+Sources: docs/reference/hyperpod.md#what-the-operator-renders. The L2 URL is kept out of the CR: declaring it there
+produces a duplicate entry beside the one the operator injects.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def immutable_changes(live_spec: Mapping[str, Any], desired_spec: Mapping[str, A
 
 
 def vllm_container_index(deployment: Mapping[str, Any]) -> int:
-    """The operator names the vLLM container after the Deployment and puts it first (FACTS.md §2.3)."""
+    """The operator names the vLLM container after the Deployment and puts it first
+    (docs/reference/hyperpod.md#what-the-operator-renders)."""
     return ov.find_container(_get(deployment, "spec.template.spec") or {}, str(_get(deployment, "metadata.name")))[0]
 
 

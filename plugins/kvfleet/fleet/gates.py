@@ -1,6 +1,6 @@
 """Wave gates of a rollout: what a wave's verification results mean for the waves after it.
 
-Pure. Used by the rollout's wave tasks and by the gate operator between them. The rules (issue 7):
+Pure. Used by the rollout's wave tasks and by the gate operator between them. The rules:
 - every endpoint ``pass`` -> go on (unless a human approval is asked for: ``after_canary``, ``every_wave``);
 - any ``fail`` -> stop that cluster's later waves (``skipped_by_gate``); endpoints that already moved stay;
 - ``degraded`` or ``unverifiable`` (inconclusive) -> pause for a human: approve, skip the endpoint, or abort.

@@ -1,7 +1,7 @@
 """GPU hardware of the SageMaker instance types kvfleet knows: GPUs per node and memory per GPU, with sources.
 
 Pure. Used by the inventory's GPU-capacity check (``kvfleet validate``), by stage 4's choice of an update
-strategy (``spare_gpus``: is there room for one more pod?), and by the model-fit check (issue 22 §5,
+strategy (``spare_gpus``: is there room for one more pod?), and by the model-fit check (
 ``fleet.models.fit``: a model's weights against the GPU memory of one replica, refused when they do not fit; the KV
 room left is shown in the plan).
 
@@ -21,7 +21,7 @@ Sources (one per family; the SageMaker ``ml.`` type has the hardware of the EC2 
 - All of them: https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html (accelerated computing
   specifications: "GPUs" and "GPU memory (GiB)" per size).
 
-Issue 22 §5 names the per-GPU figures g5 24 GB, g6e 48 GB, p5 80 GB; they agree with the table below.
+The per-GPU figures g5 24 GB, g6e 48 GB and p5 80 GB agree with the table below.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ GPUS_PER_REPLICA: Final = 1
 
 # Extra GPUs the L2 injection strategy needs while it changes a wave, beyond the endpoints' replicas. `patch`
 # mode never asks for GPUs that are not spare: scale-to-zero and rolling (maxSurge 0) free a GPU before a new
-# pod needs it (FACTS §2.3, "maxSurge deadlock"), and stage 4 picks surge only when the live nodes have a spare
-# GPU for each surging endpoint (``spare_gpus``; issue 15 §2). `kyverno` lets the operator re-render with its
+# pod needs it (docs/reference/hyperpod.md#maxsurge-deadlock), and stage 4 picks surge only when the live nodes have a
+# spare GPU for each surging endpoint (``spare_gpus``). `kyverno` lets the operator re-render with its
 # own Deployment strategy. So the headroom declared here stays 0 for both.
 PATCH_HEADROOM_GPUS: Final = {"patch": 0, "kyverno": 0}
 GPU_RESOURCE: Final = "nvidia.com/gpu"

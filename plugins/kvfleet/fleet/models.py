@@ -1,4 +1,4 @@
-"""A small catalogue of the models the sources name, and whether a model fits the GPUs of one replica (issue 22 §5).
+"""A small catalogue of the models the sources name, and whether a model fits the GPUs of one replica.
 
 Pure. Used by the inventory (``kvfleet validate`` refuses an endpoint whose model's weights do not fit the GPU
 memory one replica gets) and by the plan (the KV room left after the weights, per endpoint).

@@ -1,7 +1,7 @@
 """The L2 overlay of an endpoint's vLLM Deployment: ONE value, ``desired_overlay``, and everything derived from it.
 
 The overlay is what kvfleet puts on top of the Deployment the HyperPod Inference Operator renders, so that every
-replica reads and writes the same Curvine L2 (DOMAIN.md stage 4, FACTS.md §2.3):
+replica reads and writes the same Curvine L2 (docs/reference/hyperpod.md#what-the-operator-renders):
 
 - env of the vLLM container: exactly one ``LMCACHE_REMOTE_URL``, the fs:// path under the Curvine mount (the
   operator injects its own ``sagemaker-hyperpod://`` entry, at an index that varies by operator version; host
@@ -144,8 +144,8 @@ VIOLATION_KINDS: Final = frozenset({DUPLICATE_URL, OPERATOR_URL, PATCH_LOST, SEE
 
 
 def find_container(pod_spec: Mapping[str, Any], name: str) -> tuple[int, Mapping[str, Any]]:
-    """The vLLM container: the one named after the Deployment, else the first (FACTS.md §2.3: the operator puts
-    it first). Init containers are never it."""
+    """The vLLM container: the one named after the Deployment, else the first
+    (docs/reference/hyperpod.md#what-the-operator-renders: the operator puts it first). Init containers are never it."""
     containers = list(pod_spec.get("containers") or [])
     for i, c in enumerate(containers):
         if c.get("name") == name:

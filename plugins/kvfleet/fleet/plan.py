@@ -7,9 +7,9 @@ Shape of a plan, per cluster (clusters sorted by name):
 - the cluster stages 1–3 (tiered storage, operator add-ons, Curvine);
 - wave 0, the *canary*: one endpoint per line of business on that cluster (the first by namespace/name);
 - then waves of at most ``wave_size`` endpoints, in (LOB, namespace, name) order.
-Waves are per cluster because the operator pause they need is cluster-wide (ARCHITECTURE.md).
+Waves are per cluster because the operator pause they need is cluster-wide (docs/architecture.md).
 
-Each endpoint of a wave also gets its update strategy (issue 15 §2) and the reason, from
+Each endpoint of a wave also gets its update strategy and the reason, from
 :func:`choose_strategy`, the one judge used here (GPU room from the inventory: declared nodes × GPUs per node
 minus every endpoint's replicas) and by stage 4 (GPU room observed live: the nodes' allocatable GPUs minus what
 pods request). ``auto`` is ``rolling`` with 2 or more replicas (maxSurge 0, maxUnavailable 1 while the operator is
@@ -18,7 +18,7 @@ replica when a GPU is spare (maxSurge 1, maxUnavailable 0), else ``scale-to-zero
 strategy that would take an endpoint to 0 replicas (rolling with one) or wait for a GPU that is not there (surge
 without a spare one) is refused, never silently changed.
 
-Each cluster also records what issue 22 made defaults, and why: its L2 injection mode (``auto``: kyverno on a
+Each cluster also records what the inventory's defaults gave it, and why: its L2 injection mode (``auto``: kyverno on a
 production cluster, patch elsewhere), its Curvine workers (one per GPU node unless ``worker.replicas`` overrides it)
 and the L2 capacity as the sources state it (worker size × N); each endpoint the KV room its model leaves on the GPU
 memory of one replica (``fleet.models``).
@@ -57,7 +57,7 @@ class StrategyChoice:
 
 
 def choose_strategy(asked: str, replicas: int, spare_gpus: int, where: str = "endpoint") -> StrategyChoice:
-    """The one judge of issue 15 §2. ``asked``: auto | rolling | surge | scale-to-zero (``where`` it is set, for
+    """The one judge of the update strategy. ``asked``: auto | rolling | surge | scale-to-zero (``where`` it is set, for
     the reason); ``spare_gpus``: GPUs the scheduler could still place a pod on (each replica asks for one)."""
     if asked == "scale-to-zero":
         return StrategyChoice("scale-to-zero", f"asked ({where} update_strategy)")

@@ -4,12 +4,12 @@ and the diagnosis of a failed one.
 Called by ``stages.verify`` (which does the I/O: listing pods, sending prompts, reading logs) and unit-tested
 without a cluster (tests/unit/test_verify_judges.py). Pods are plain JSON dicts, as the API returns them.
 
-Sources: DOMAIN.md stage 5 — two pods on two different nodes (one node cannot show cross-node reuse), a prompt
-past LMCache's 256-token chunk, 100 % cross-pod hits on the published run; the speedup curve is
-``fleet.economics.expected_speedup``. The env two pods must agree on is the L2 overlay's
+Sources: the blog's stage 5 (docs/reference/vllm.md#published-figures) — two pods on two different nodes (one node
+cannot show cross-node reuse), a prompt past LMCache's 256-token chunk, 100 % cross-pod hits on the published run; the
+speedup curve is ``fleet.economics.expected_speedup``. The env two pods must agree on is the L2 overlay's
 (``fleet.overlay.Overlay.agree_env``).
 
-Own baseline (issue 22 §7): the g6e "expected" curve reuses the blog's end-to-end multi-turn figures (1.22x at
+Own baseline: the g6e "expected" curve reuses the blog's end-to-end multi-turn figures (1.22x at
 530 tokens, 1.34x at 2,114), so judging g6e on it hardly tests speed. An endpoint's first sweep after its last
 rollout (stage 4 changed it) becomes its recorded baseline; ``degraded`` then also means "slower than its own
 baseline by the tolerance". The published curve stays in force where one was measured (``PUBLISHED_SPEED_TYPES``,
@@ -28,8 +28,9 @@ from kvfleet.fleet.endpoint_spec import pod_is_live
 PASS_HIT_RATIO: Final = 0.99
 # Relative: TTFT through the API-server proxy is noisy; 25 % below the curve still passes.
 SPEEDUP_TOLERANCE: Final = 0.25
-# Instance types whose expected curve is a published TTFT-vs-prompt-length measurement (DOMAIN.md: ml.g5.4xlarge,
-# 500-3,000 tokens). Elsewhere the expected curve is a stand-in and the endpoint's own baseline is the real test.
+# Instance types whose expected curve is a published TTFT-vs-prompt-length measurement
+# (docs/reference/vllm.md#published-figures: ml.g5.4xlarge, 500-3,000 tokens). Elsewhere the expected curve is a
+# stand-in and the endpoint's own baseline is the real test.
 PUBLISHED_SPEED_TYPES: Final = frozenset({"ml.g5.4xlarge"})
 MIN_BASELINE_POINTS: Final = 2  # a baseline needs two full-hit sweep lengths to interpolate between
 

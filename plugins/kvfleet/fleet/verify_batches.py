@@ -1,4 +1,4 @@
-"""Batches of the hourly verification sweep (issue 19): endpoints whose pods share no node are verified at the
+"""Batches of the hourly verification sweep: endpoints whose pods share no node are verified at the
 same time within a cluster; endpoints that share a node are not, so that one probe's prefill does not disturb the
 TTFT the other measures.
 

@@ -8,18 +8,18 @@ fail at once with the add-on's health issues.
 
 resolveConflicts policy:
 - on **create**, ``OVERWRITE``: a cluster that had the operator installed by Helm before has objects the add-on
-  must take over (FACTS.md §2.4, helm_to_addon.sh);
+  must take over (docs/reference/hyperpod.md#inference-operator-controller);
 - on **update**, ``PRESERVE``: a platform team's own changes to add-on resources survive a version or config
   change kvfleet makes.
 Then verify that the operator's controller Deployment is Ready and that the InferenceEndpointConfig CRD is served.
-On a kyverno-mode cluster, last, Kyverno itself (``stages.kyverno``, issue 22 §1): installed with helm at a
+On a kyverno-mode cluster, last, Kyverno itself (``stages.kyverno``): installed with helm at a
 pinned chart version when missing (or refused with the exact command), and its admission webhook verified ready,
 before stage 4 applies the ClusterPolicy.
 
 Each create or update is a typed action (``fleet.actions.CreateAddon``/``UpdateAddon``) that ``stages.executor``
 applies with its write-ahead record, or renders in a dry run. The stage is split (``base.Pending``): ``act`` makes
 the next add-on's change and hands the wait for ACTIVE to its caller, then the wait for the operator's controller
-when it is not ready yet (the rollout defers them to Airflow's triggerer, issue 19); ``finish`` reconciles
+when it is not ready yet (the rollout defers them to Airflow's triggerer); ``finish`` reconciles
 Kyverno and records. ``reconcile`` runs both, waiting
 in the worker.
 """

@@ -114,7 +114,7 @@ class Pending:
     Stages 1 and 2 are split into ``act(ctx, progress) -> Pending | None`` and ``finish(ctx, progress) ->
     Outcome``: ``act`` makes the next change and returns what must be waited for; the caller waits — in the
     worker (``stages.converge``: the CLI, the drift remediation, the tests) or in Airflow's triggerer
-    (``kvfleet.airflow.rollout``, issue 19: the worker slot is given back) — and calls ``act`` again with the same
+    (``kvfleet.airflow.rollout``: the worker slot is given back) — and calls ``act`` again with the same
     ``progress`` (a JSON-able dict the stage keeps its decisions in, so it travels in a deferral's kwargs) until
     it returns None; then ``finish`` verifies and records. ``wait`` names the wait (a deferral's patience counts
     from the first try of the same wait); a terminal state ends it at once (PermanentError, the service's

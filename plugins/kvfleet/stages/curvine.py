@@ -4,8 +4,8 @@
   exist; the VPC CNI and EBS CSI driver are reported when they cannot be observed.
 - First install: curvine-csi, the Curvine StorageClass, then the Curvine chart with the three format flags
   **true** (the very first start must format) — and, as soon as every Curvine pod is Running, **immediately**
-  ``helm upgrade --reuse-values`` with all three false (DOMAIN.md stage 3). The flip runs in a ``finally``:
-  an error inside the window still attempts it, and the task fails loudly if it did not happen.
+  ``helm upgrade --reuse-values`` with all three false (docs/reference/curvine.md#format-flags). The flip runs in a
+  ``finally``: an error inside the window still attempts it, and the task fails loudly if it did not happen.
 - Existing release: never installs again and never passes a flag true. A deployed release with a flag true is a
   hazard: it is flipped to false with --reuse-values, recorded, and warned about. Differences in chart version,
   worker count or dataDirs are *reported* and left to kvfleet_curvine_upgrade / kvfleet_curvine_scale_out.

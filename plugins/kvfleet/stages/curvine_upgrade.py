@@ -2,9 +2,9 @@
 
 Called by the ``kvfleet_curvine_upgrade`` DAG (``kvfleet.airflow.curvine``), once per cluster. Why it exists:
 a Curvine pod that *starts* with ``cluster.formatMaster``/``formatWorker``/``formatJournal`` wipes the L2
-metadata or cache (FACTS.md §3.3), and helm makes that easy to do by accident — an upgrade without
-``--reuse-values``, a ``--set cluster.formatMaster=true`` left in a script, or a ``helm rollback`` to the install
-revision, whose stored values carry all three flags true.
+metadata or cache (docs/reference/curvine.md#format-flags), and helm makes that easy to do by accident — an upgrade
+without ``--reuse-values``, a ``--set cluster.formatMaster=true`` left in a script, or a ``helm rollback`` to the
+install revision, whose stored values carry all three flags true.
 
 Order of work (``upgrade``):
 1. **Gates**, all before any change, each a ``GateRefused`` with the reason: no override sets a format flag (even

@@ -4,7 +4,7 @@ and, when asked, remediate with the rollout's own reconcilers under the same clu
 Called by the ``kvfleet_drift_check`` DAG (``kvfleet.airflow.drift``, one mapped task per cluster), by the
 benchmark (``bench/drift_check.py``) and by the tests.
 
-Observation cost is constant per cluster, whatever the number of endpoints (issue 8): four cluster-wide LISTs
+Observation cost is constant per cluster, whatever the number of endpoints: four cluster-wide LISTs
 with the ``app.kubernetes.io/managed-by=kvfleet`` label selector (InferenceEndpointConfigs, Deployments, Pods,
 PVCs — the operator copies the CR's labels onto the Deployment and its pod template, and stage 3 labels the
 PVCs), one LIST of the operator's namespace (its controller, under the add-on's or the Helm chart's name), in

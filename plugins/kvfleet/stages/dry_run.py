@@ -4,7 +4,7 @@ without Airflow — the same reconcilers as the DAG, in dry-run mode (observe, d
 Output, in plan order: the typed actions the stages computed (``fleet.actions``; the very list
 ``stages.executor`` applies in a real run, each printed as its kubectl/aws/helm equivalent and marked so — the
 Curvine stage's helm installs and upgrades with the digest of the values file helm would get), with the CR and
-ClusterPolicy diffs; and per endpoint the update strategy it gets and why (issue 15 §2). A change the rollout
+ClusterPolicy diffs; and per endpoint the update strategy it gets and why. A change the rollout
 would refuse (stage 4's ``immutable_changes``: an immutable CR field changed, or intelligentRoutingSpec added to
 an existing endpoint, which the operator rejects; an update strategy unsafe on the live cluster) is printed as
 REFUSED with the reason and how to proceed, and the command exits 2.

@@ -5,7 +5,7 @@
    ``DeploymentComplete``.
 2. Put the L2 overlay on the rendered Deployments:
    - ``patch`` mode — batched per wave because the operator is one controller per cluster: pause the operator
-     once, change every Deployment of the wave with its update strategy (issue 15 §2, chosen by
+     once, change every Deployment of the wave with its update strategy (chosen by
      ``fleet.plan.choose_strategy`` on the live GPU room):
        * ``rolling`` (2+ replicas): strategy maxSurge 0 / maxUnavailable 1 -> the JSON patch -> the Deployment
          controller replaces the pods one at a time, N-1 keep serving -> the original strategy back;

@@ -1,4 +1,5 @@
-"""Kyverno for kyverno-mode clusters (issue 22 §1): present and its admission webhook ready before the ClusterPolicy.
+"""Kyverno for kyverno-mode clusters (docs/reference/kyverno.md#webhooks): present and its admission webhook ready
+before the ClusterPolicy.
 
 Called by stage 2 (``stages.addons.reconcile``) once the operator is verified, on a cluster whose
 ``l2_injection`` is ``kyverno``; stage 4 (``stages.endpoints.ensure_kyverno_policy``) then applies the

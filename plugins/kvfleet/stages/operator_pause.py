@@ -10,11 +10,11 @@ controller Deployment itself (annotations: who, when, the replica count to resto
 - a pause by the same run (a retried task: the holder is the run key, never the task try) is recognised as its
   own and carried on, not refused.
 
-The controller is found wherever it is installed (issue 13 §3): the EKS add-on names it
-``hyperpod-inference-controller-manager``, the Helm chart ``hyperpod-inference-operator-controller-manager``
-(both in ``hyperpod-inference-system``). Lookup: one LIST of that namespace, then either name, else the chart's
-labels (``control-plane`` = either name, or ``app.kubernetes.io/name=hyperpod-inference-operator``); the name
-found is remembered for the context.
+The controller is found wherever it is installed (docs/reference/hyperpod.md#inference-operator-controller): the EKS
+add-on names it ``hyperpod-inference-controller-manager``, the Helm chart
+``hyperpod-inference-operator-controller-manager`` (both in ``hyperpod-inference-system``). Lookup: one LIST of that
+namespace, then either name, else the chart's labels (``control-plane`` = either name, or
+``app.kubernetes.io/name=hyperpod-inference-operator``); the name found is remembered for the context.
 
 A wave's pause and restore are typed actions (``fleet.actions.PauseOperator``/``RestoreOperator``, built by
 :func:`pause_action`/:func:`restore_action`) that ``stages.executor`` applies through :func:`apply_pause` and

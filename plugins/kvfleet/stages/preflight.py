@@ -4,7 +4,8 @@ Called by ``kvfleet preflight [--fleet] [--cluster] [--json]`` (:func:`cmd_prefl
 at the head of ``kvfleet_rollout`` (:func:`refuse_if_missing`). Read-only: DescribeCluster, DescribeAddon,
 IAM Get/List, S3 HeadBucket, Kubernetes get/list — it never creates or updates anything.
 
-What is checked (../shared/seeds, "Estágio 3", and issue 22 §4), each missing item with its exact fix:
+What is checked (docs/reference/hyperpod.md#prerequisites; tests/conformance/facts/preflight_minimums.yaml), each
+missing item with its exact fix:
 
 1. the EBS CSI driver add-on ``aws-ebs-csi-driver`` is installed and ACTIVE, with an IRSA role;
 2. that role exists (the sources name ``aws-ebs-csi-dri-role``) and its policies allow ``ec2:AttachVolume``

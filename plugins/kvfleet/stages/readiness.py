@@ -1,5 +1,5 @@
 """Read-only readiness checks of Kubernetes objects that stages 1 and 2 wait for, by name, so that a wait can run
-in the worker (``kvfleet.clients.kube.wait_for``) or in Airflow's triggerer (``KubeReadyTrigger``, issue 19) with
+in the worker (``kvfleet.clients.kube.wait_for``) or in Airflow's triggerer (``KubeReadyTrigger``) with
 the same judgement: a check is ``(ClusterAccess, **args) -> (ready, observed state)``, ``args`` plain JSON.
 
 - ``ai_toolkit``: after a tiered storage change, the HyperPod ``aws-hyperpod/ai-toolkit`` DaemonSet has a ready pod

@@ -2,11 +2,11 @@
 
 Observe ``DescribeCluster``; if ``TieredStorageConfig`` already matches the inventory (and NodeRecovery too,
 when the inventory declares it), record "unchanged" and make no call. Otherwise ``UpdateCluster`` with the config
-**and a NodeRecovery** (the service refuses tiered storage alone — DOMAIN.md stage 1), wait for InService
-(failing at once with the FailureMessage on a terminal state), then verify DaemonSet ``aws-hyperpod/ai-toolkit``
-has a ready pod per node.
+**and a NodeRecovery** (the service refuses tiered storage alone — docs/reference/hyperpod.md#noderecovery-rule), wait
+for InService (failing at once with the FailureMessage on a terminal state), then verify DaemonSet
+``aws-hyperpod/ai-toolkit`` has a ready pod per node.
 
-NodeRecovery (issue 22 §3):
+NodeRecovery:
 - **declared** in the inventory (``node_recovery:`` present; read by ``fleet.drift.declared_node_recovery``):
   kvfleet reconciles the cluster to it. A difference alone is an ``UpdateCluster`` with NodeRecovery only (no
   TieredStorageConfig, so the ai-toolkit daemon is left alone); the change is recorded with the value before.
@@ -17,7 +17,7 @@ NodeRecovery (issue 22 §3):
 The change is one typed action (``fleet.actions.UpdateCluster``) that ``stages.executor`` applies, or renders in a
 dry run. The stage is split (``base.Pending``): ``act`` observes and makes the change, and hands the waits to its
 caller (InService, then the ai-toolkit daemon ready on every node; the rollout defers them to Airflow's
-triggerer, issue 19), checking in between what the service applied; ``finish`` records. ``reconcile`` runs both,
+triggerer), checking in between what the service applied; ``finish`` records. ``reconcile`` runs both,
 waiting in the worker.
 """
 

@@ -16,7 +16,7 @@ The judges (``pick_pods``, ``env_mismatches``, ``verdict_of``, ``diagnose``) are
 module keeps the I/O and the sequencing. B is asked only once A's log shows the ``Stored`` line of the request
 (LMCache stores after prefill), with a bounded wait: no fixed sleep.
 
-Bounded L2 footprint (issue 22 §7; sources in tests/conformance/facts/probe_l2_footprint.yaml). A fresh nonce
+Bounded L2 footprint (sources in tests/conformance/facts/probe_l2_footprint.yaml). A fresh nonce
 per probe writes ~0.1 GB of never-reused chunks each time (2,000 tokens x 57,344 B), and nothing removes them:
 LMCache's fs:// connector has no eviction (``FSConnector.remove_sync`` deletes one key's file, reachable only
 in-process through ``LMCacheEngine.clear(tokens)``), and a Curvine TTL is mtime-based and set per file at

@@ -2,8 +2,9 @@
 the exact log line formats. Private to the vLLM simulation (``controllers/vllm``); pure except for ``resolve_l2``
 (which reads the store).
 
-Everything here follows FACTS.md §4: env names and defaults (§4.1), the fs:// URL and file layout (§4.2), the
-PYTHONHASHSEED-rooted hash chain (§4.3) and the verbatim format strings of 0.3.9 and 0.5.6 (§4.4).
+Everything here follows docs/reference/lmcache.md: env names and defaults (#configuration-and-environment-variables),
+the fs:// URL and file layout (#fs-connector), the PYTHONHASHSEED-rooted hash chain (#pythonhashseed) and the verbatim
+format strings of 0.3.9 and 0.5.6 (#log-formats).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from kvfleet_sandbox.kube.store import KubeStore
 
 VERSIONS = ("0.3.9", "0.5.6")
 CURVINE_CSI_DRIVER = "curvine"
-# save_unfull_chunk defaults (FACTS §4.1): True in 0.3.9, False in 0.5.6.
+# save_unfull_chunk defaults (docs/reference/lmcache.md#configuration-and-environment-variables): True in 0.3.9, False
+# in 0.5.6.
 SAVE_UNFULL_DEFAULT = {"0.3.9": True, "0.5.6": False}
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -121,7 +123,7 @@ class Chunk:
 
 def hash_root(seed: str | None, random_bits: int) -> bytes:
     """The root of the chunk-hash chain: from PYTHONHASHSEED when pinned, else the process's own random draw
-    (vLLM's ``init_none_hash`` uses ``os.urandom(32)`` then; FACTS §4.3)."""
+    (vLLM's ``init_none_hash`` uses ``os.urandom(32)`` then; docs/reference/lmcache.md#pythonhashseed)."""
     if seed is not None:
         return hashlib.sha256(f"PYTHONHASHSEED={seed}".encode()).digest()
     return random_bits.to_bytes(32, "big")
@@ -147,8 +149,9 @@ def chunk_keys(tokens: Sequence[str], root: bytes, *, chunk_size: int, model_nam
 
 
 def storable(chunks: list[Chunk], total: int, config: LmcacheConfig) -> list[Chunk]:
-    """The chunks LMCache writes after prefill. A prompt shorter than one chunk writes nothing (DOMAIN.md stage 5:
-    "LMCache stores a block only past its 256-token chunk"); past that, the trailing partial chunk is written only
+    """The chunks LMCache writes after prefill. A prompt shorter than one chunk writes nothing
+    (docs/reference/lmcache.md#chunk-size-and-short-prompts: "LMCache stores a block only past its 256-token
+    chunk"); past that, the trailing partial chunk is written only
     with ``save_unfull_chunk`` (0.3.9 default True, which is how the blog's "Stored 1925 out of total 1925"
     arises; 0.5.6 default False, so a 2,000-token prompt stores 1,792)."""
     if total < config.chunk_size:
@@ -183,8 +186,9 @@ def _under(path: str, mount: str) -> str | None:
 
 
 def curvine_path_of_pv(pv: dict[str, Any]) -> str | None:
-    """The Curvine directory of a PV of the Curvine CSI driver: ``{fs-path}/{pv-name}`` (FACTS §3.4: volume handle
-    ``{cluster-id}@{fs-path}@{pv-name}``); an explicit ``curvine-path``/``path`` attribute wins."""
+    """The Curvine directory of a PV of the Curvine CSI driver: ``{fs-path}/{pv-name}``
+    (docs/reference/curvine.md#pv-path: volume handle ``{cluster-id}@{fs-path}@{pv-name}``); an explicit
+    ``curvine-path``/``path`` attribute wins."""
     csi = (pv.get("spec") or {}).get("csi") or {}
     if csi.get("driver") != CURVINE_CSI_DRIVER:
         return None
@@ -245,7 +249,7 @@ def resolve_l2(store: KubeStore, pod: dict[str, Any], container: dict[str, Any],
         port = parsed.port
     except ValueError:
         port = None
-    if not parsed.hostname or port is None:  # parse_remote_url asserts both (FACTS §4.2)
+    if not parsed.hostname or port is None:  # parse_remote_url asserts both (docs/reference/lmcache.md#fs-connector)
         return L2Target("none", reason=f"Invalid URL {config.remote_url}: missing host or port")
     # Several comma-separated base dirs are allowed; the simulation uses the first.
     url_path = posixpath.normpath("/" + parsed.path.split(",")[0].strip("/"))
@@ -263,7 +267,7 @@ def resolve_l2(store: KubeStore, pod: dict[str, Any], container: dict[str, Any],
                     reason=f"{url_path} is not under a Curvine volumeMount of the vLLM container")
 
 
-# --- log lines (FACTS §4.4, §7.1, §7.2; tests/conformance/facts/lmcache_vllm_logs.yaml) ------------------------
+# --- log lines (docs/reference/lmcache.md#log-formats; tests/conformance/facts/lmcache_vllm_logs.yaml) ------------
 
 # LMCache's CustomFormatter (lmcache/logging.py, identical in 0.3.9.post2 and 0.5.6): the level colour, then
 # "[%(asctime)s] LMCache %(levelname)s:" and a reset, the message, then the italic "(%(filename)s:%(lineno)d:%(name)s)".

@@ -2,8 +2,8 @@
 none fits.
 
 Called from :mod:`kvfleet_sandbox.controllers.workloads` once per pass with a snapshot of the nodes. Kept apart
-because these rules are what make the DOMAIN.md traps real: a pod asking for ``nvidia.com/gpu`` fits only a
-node with a free GPU, so a surge pod with every GPU taken stays Pending for ever.
+because these rules are what make the traps real (docs/reference/hyperpod.md#maxsurge-deadlock): a pod asking for
+``nvidia.com/gpu`` fits only a node with a free GPU, so a surge pod with every GPU taken stays Pending for ever.
 
 Pod anti-affinity (kube-scheduler's InterPodAffinity plugin, reduced): a *required* term excludes every node
 whose topology domain (the value of ``topologyKey`` on the node; ``kubernetes.io/hostname`` is the node) already

@@ -3,7 +3,7 @@ InferenceEndpointConfig into a Deployment and Service, a reconcile loop that ove
 conversion webhook that fails while the controller is scaled to 0.
 
 Attached by ``kvfleet_sandbox.runtime`` to every cluster twin, after ``workloads`` (whose pods it waits on). It
-exists so that stage 2 and stage 4 of a rollout meet the same traps as on AWS (DOMAIN.md, FACTS.md §2):
+exists so that stage 2 and stage 4 of a rollout meet the same traps as on AWS (docs/reference/hyperpod.md):
 
 **Controller name.** The EKS add-on names the controller ``hyperpod-inference-controller-manager``; the
 Helm chart of aws/sagemaker-hyperpod-cli ``hyperpod-inference-operator-controller-manager`` (same namespace,
@@ -43,8 +43,9 @@ re-render at its next reconcile (the blog: "upgrading the Operator" drops patche
   then ``worker.environmentVariables`` as given. With ``enableL2Cache`` the operator inserts
   ``LMCACHE_REMOTE_URL=sagemaker-hyperpod://$(NODE_IP):9200`` (``l2CacheLocalUrl`` for the redis backend) at an
   index in the middle of that list that depends on the operator version (never first, so ``$(NODE_IP)`` resolves,
-  and never last) — FACTS.md §2.3: the index "varies between Operator versions". An L2 URL in the worker's own
-  env is *not* deduplicated: the rendered Deployment then has two entries, as the blog warns.
+  and never last) — docs/reference/hyperpod.md#what-the-operator-renders: the index "varies between Operator versions".
+  An L2 URL in the worker's own env is *not* deduplicated: the rendered Deployment then has two entries, as the blog
+  warns.
 - sidecars ``reverse-proxy`` and ``otel-collector``.
 - Service ``<name>``: ClusterIP, port ``http`` 8000 → the vLLM port, selector ``app=<name>``. That a Service is
   rendered is stated by the blog; its name and port are an *assumption* no public source confirms

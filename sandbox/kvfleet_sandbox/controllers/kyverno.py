@@ -21,9 +21,9 @@ controller does at run time (the chart does not ship them; kyverno/kyverno ``pkg
 Every CREATE or UPDATE of a namespaced workload object (Deployment,
 StatefulSet, DaemonSet, ReplicaSet, Pod, ...) — including the Inference Operator's re-renders, which are full
 replaces through the store — passes through every matching rule, which is why a policy's injection survives a
-reconcile while a ``kubectl patch`` does not (DOMAIN.md stage 4, FACTS.md §6).
+reconcile while a ``kubectl patch`` does not (docs/reference/kyverno.md).
 
-What is supported, i.e. what the policies in FACTS.md §6 and the project's ``k8s/`` manifests use:
+What is supported, i.e. what the policies in docs/reference/kyverno.md and the project's ``k8s/`` manifests use:
 
 - ``match.any[].resources`` / ``match.all[].resources`` / legacy ``match.resources``, and ``exclude`` alike: ``kinds``
   (``Deployment``, ``apps/v1/Deployment``, ``*``), ``names`` and ``namespaces`` (wildcards ``*``/``?``),

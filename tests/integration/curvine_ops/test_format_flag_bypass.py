@@ -1,4 +1,4 @@
-"""The format-flag bypass class against the sandbox (issue 14 item 1): the comma case is refused before any change,
+"""The format-flag bypass class against the sandbox: the comma case is refused before any change,
 and a flag that reaches the rendered objects another way (here an env var from a hand-applied values file, with
 every stored ``cluster.format*`` value false) is caught in what helm would deploy, before a scale-out or upgrade."""
 

@@ -1,4 +1,4 @@
-"""Issue 19, deferrable waits: a rollout that must wait gives its worker slot back.
+"""Deferrable waits: a rollout that must wait gives its worker slot back.
 
 A gated, baked rollout of ``c-patch`` while another run holds the cluster's lease: ``cluster.stages`` defers on
 ``LeaseFreeTrigger`` (it is not running while the other run holds the cluster), takes the lease once it is freed

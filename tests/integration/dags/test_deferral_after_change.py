@@ -1,4 +1,4 @@
-"""Issue 19: the waits after a change kvfleet itself just made give the worker slot back.
+"""The waits after a change kvfleet itself just made give the worker slot back.
 
 A rollout of a fresh ``c-patch`` (tiered storage off, no add-on): stage 1 sends ``UpdateCluster`` and stage 2
 creates the five add-ons. Each of those changes is followed by a wait (InService, ACTIVE) that ``cluster.stages``

@@ -1,4 +1,4 @@
-"""Issue 16 (gate decisions are queryable) and issue 18 §4 (`kvfleet gate` through Airflow's REST API), on one
+"""Gate decisions are queryable, and `kvfleet gate` goes through Airflow's REST API, on one
 kvfleet_rollout run under dag.test() against the twin, with a real `airflow api-server` on 127.0.0.1 sharing the
 test session's Airflow metadata database (SimpleAuthManager, two users with known passwords):
 

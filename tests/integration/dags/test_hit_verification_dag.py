@@ -1,4 +1,4 @@
-"""kvfleet_hit_verification end to end through dag.test() against a sandbox fleet in its own process (issue 19):
+"""kvfleet_hit_verification end to end through dag.test() against a sandbox fleet in its own process:
 within a cluster, endpoints whose pods share no node are verified in the same batch, batches one after another.
 
 The cluster has 4 GPU nodes of 4 GPUs (ml.g5.12xlarge) and 5 endpoints of 2 replicas (one GPU each): 10 pods on

@@ -1,4 +1,4 @@
-"""Issue 14, "failed stages free the lease": every exit path of a rollout releases the cluster lease and the
+"""Failed stages free the lease: every exit path of a rollout releases the cluster lease and the
 parallelism slot it took — here the worst one: ``cluster.stages`` failing on every try (its teardown used to be
 skipped because its setup failed, and the lease stayed for 3 h). Also the abort path (a human rejects at a gate)."""
 

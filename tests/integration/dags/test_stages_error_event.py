@@ -1,4 +1,4 @@
-"""Issue 19 with issue 14's promise: ``cluster.stages`` resumed with a trigger's ``error`` event (a lease wait out
+"""Deferral keeps the lease promise: ``cluster.stages`` resumed with a trigger's ``error`` event (a lease wait out
 of patience, a cluster that did not converge in time, a terminal state) frees the cluster lease and the run's
 parallelism slot it holds before it fails, like any other failure of the task, and fails in the error model's
 terms: a lease wait's timeout is ``LeaseWaitTimeout`` (permanent: Airflow fails the task without a retry), a

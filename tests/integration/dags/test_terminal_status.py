@@ -1,4 +1,4 @@
-"""Issue 16, terminal status: the history's status of a DAG run matches Airflow's when the run fails, through
+"""Terminal status: the history's status of a DAG run matches Airflow's when the run fails, through
 dag.test() against the twin in its own process, failures injected through the twin's admin fault API.
 
 Two DAG runs back these assertions:

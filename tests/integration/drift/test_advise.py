@@ -1,7 +1,7 @@
 """The L2 advisor against the twin: the vLLM simulation serves ``vllm:request_prompt_tokens`` and LMCache's hit
 counters for a traffic mix per endpoint; `kvfleet advise` reads them through the pod proxy and judges.
 
-The same rolled-out cluster also carries issue 22 §7's probe checks (they need the same rollout, which is the
+The same rolled-out cluster also carries the probe checks (they need the same rollout, which is the
 slow part): the hourly DAG's bounded probe pool against the twin's Curvine files, and the endpoint's own baseline
 read back from the history store."""
 
@@ -186,7 +186,7 @@ def test_the_cli_prints_json_alone(rolled_out, tmp_path) -> None:  # type: ignor
     verdicts = {e["endpoint"]: e["verdict"] for c in out_doc["clusters"] for e in c["endpoints"]}
     # the CLI judges at the wall clock, while the twin's pods carry model-time start stamps (ahead of it) and the
     # CLI has no previous observation: the rate is unknown, but the verdicts depend on the lengths and the reuse
-    # only (issue 20's acceptance: the long-prompt endpoint pays off, the short-prompt one does not)
+    # only (the long-prompt endpoint pays off, the short-prompt one does not)
     assert verdicts["retail/retail-search-rag"] == "pays_off", verdicts
     assert verdicts["support/support-chat"] == "does_not_pay_off", verdicts
     assert set(verdicts.values()) <= {"pays_off", "marginal", "does_not_pay_off", "insufficient_data"}

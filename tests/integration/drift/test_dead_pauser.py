@@ -1,4 +1,4 @@
-"""Issue 14, "the SIGKILL case": a worker killed with SIGKILL while the operator is paused. The wave's patch
+"""The SIGKILL case: a worker killed with SIGKILL while the operator is paused. The wave's patch
 sequence runs in a subprocess (as an Airflow worker would run the task), under the cluster lease; it is killed
 once the operator's pause annotation names it. Then the drift check with remediation, judged "three minutes
 later" through its ``now`` (no real waiting), restores the operator, records whom it restored it from, and a new
@@ -168,7 +168,7 @@ RBAC = (HERE.parents[2] / "k8s" / "rbac" / "cluster.yaml")
 
 @pytest.mark.skipif(C.OPERATOR_HELM_DEPLOYMENT not in (RBAC.read_text() if RBAC.exists() else ""),
                     reason="k8s/rbac/cluster.yaml does not grant get/patch on the Helm-installed controller "
-                           f"{C.OPERATOR_HELM_DEPLOYMENT} yet (issue 13 §3)")
+                           f"{C.OPERATOR_HELM_DEPLOYMENT} yet")
 def test_the_operator_is_found_under_the_helm_charts_name(converged, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
     twin = converged.twin(PROD)
     operator = twin.services["operator"]

@@ -152,7 +152,7 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
     mutated = _mutating(converged, PROD)["k8s"]
     assert ("patch", "deployments", ep.namespace, ep.name) in mutated
     assert not any(v == "delete" for v, *_ in mutated)  # a patch, never a rollback or a re-create
-    # the run observed again after remediating and resolved what it fixed (issue 16): nothing stays open
+    # the run observed again after remediating and resolved what it fixed: nothing stays open
     assert _open(drift_history) == []
     resolved = [r for r in drift_history.query("drift_since", cutoff=datetime.now(UTC) - timedelta(hours=1))
                 if r["endpoint"] == ep.key]
@@ -353,7 +353,7 @@ def test_an_unreachable_cluster_is_recorded_without_hiding_the_others(converged:
 
 def test_an_l2_volume_on_the_wrong_claim_converges_in_one_remediation(
         converged: Any, drift_ctx: Any, drift_history: Any, kube_api: Any) -> None:
-    """Issue 15: the volume named curvine-l2 points at another claim. It used to be flagged with no patch
+    """The volume named curvine-l2 points at another claim. It used to be flagged with no patch
     operation, so the wave paused the operator, scaled to 0, patched nothing and raised, on every check."""
     from kubernetes import client
 

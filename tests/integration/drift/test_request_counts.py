@@ -1,4 +1,4 @@
-"""Observation cost is constant per cluster: the same API calls for 10 endpoints as for 200 (issue 8).
+"""Observation cost is constant per cluster: the same API calls for 10 endpoints as for 200.
 
 The endpoints are seeded as InferenceEndpointConfigs straight into the twin's store (the simulated operator
 renders their Deployments, the workloads controller their pods); the drift check observes them through the real

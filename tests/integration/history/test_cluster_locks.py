@@ -30,7 +30,7 @@ def test_second_holder_waits_then_fails_naming_the_holder(history) -> None:  # t
     ClusterLock(history, "c1", "kvfleet_curvine_upgrade/run-b", "curvine upgrade", wait_s=0).acquire().release()
 
 
-# ---- lease liveness (issue 14): an injected clock, never a long sleep -------------------------------------------
+# ---- lease liveness: an injected clock, never a long sleep ----------------------------------------------------
 
 T0 = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 

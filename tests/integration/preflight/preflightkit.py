@@ -19,8 +19,8 @@ def aws_client(sandbox, service: str, region: str = "us-west-2"):  # type: ignor
 
 @dataclasses.dataclass(frozen=True)
 class DeclaringCluster(Cluster):
-    """A Cluster that says whether its ``node_recovery`` was written in the inventory (the field issue 22 §3
-    asks the inventory to carry; until it does, this subclass stands in for a loaded one)."""
+    """A Cluster that says whether its ``node_recovery`` was written in the inventory (the field the
+    inventory is to carry; until it does, this subclass stands in for a loaded one)."""
 
     node_recovery_declared: bool = False
 

@@ -1,4 +1,4 @@
-"""NodeRecovery and the drift check against the twin (issue 22 §3): a declared value the cluster does not have is
+"""NodeRecovery and the drift check against the twin: a declared value the cluster does not have is
 ``node_recovery_mismatch`` until stage 1 reconciles it; an undeclared one is never reported, whatever the cluster
 has."""
 

@@ -1,4 +1,4 @@
-"""Stage 1 and NodeRecovery (issue 22 §3) against the twin: a declared value is reconciled and the change
+"""Stage 1 and NodeRecovery against the twin: a declared value is reconciled and the change
 recorded; an undeclared one keeps whatever the cluster has."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`kvfleet preflight` on a twin whose start-up created the fleet without the operator's execution role and TLS
-certificate bucket (``SandboxSettings(omit_prerequisites=...)``; issue 22 acceptance): the command exits 1 and
+certificate bucket (``SandboxSettings(omit_prerequisites=...)``): the command exits 1 and
 lists both, each with its fix, on every cluster; the rest of the prerequisites are there, so nothing else is
 listed."""
 

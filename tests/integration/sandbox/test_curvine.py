@@ -33,7 +33,7 @@ clusters:
     curvine:
       worker: {{replicas: 2, size: 100Gi}}
 """
-# The blog's install flags (DOMAIN.md stage 3), minus the format flags each test chooses.
+# The blog's install flags (docs/reference/curvine.md#chart-values), minus the format flags each test chooses.
 BLOG_VALUES = (
     "master.replicas=1", "worker.replicas=2",
     "master.nodeSelector.sagemaker\\.amazonaws\\.com/compute-type=hyperpod",

@@ -381,7 +381,7 @@ def test_api_surface_metrics_health_models_and_errors(twin_factory, api):
     assert stats["l2"]["kind"] == "curvine" and stats["requests"] == 3
 
 
-# --- TTFT on the model's schedule (issue 21: deterministic TTFT under test) ---------------------------------------
+# --- TTFT on the model's schedule (deterministic TTFT under test) ------------------------------------------------
 
 def _admit(twin: ClusterTwin, pod: str, text: str, arrived: float):  # type: ignore[no-untyped-def]
     sim = twin.services["vllm"]

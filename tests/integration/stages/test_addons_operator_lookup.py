@@ -1,4 +1,4 @@
-"""Stage 2 verifies the operator wherever it is installed (issue 13 §3): a Helm-installed controller
+"""Stage 2 verifies the operator wherever it is installed (docs/reference/hyperpod.md#inference-operator-controller): a Helm-installed controller
 (``hyperpod-inference-operator-controller-manager``) is found as well as the add-on's."""
 
 from __future__ import annotations

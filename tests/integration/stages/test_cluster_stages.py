@@ -102,7 +102,7 @@ def test_stage_1_waits_for_a_change_in_flight_even_when_nothing_is_left_to_chang
 
 
 def test_stage_3_hands_back_its_waits_and_resumes_from_its_progress(fleet_env, make_ctx) -> None:  # type: ignore[no-untyped-def]
-    """Stage 3 split as stages 1 and 2 are (issue 19): ``act`` makes the changes once (the install window, with
+    """Stage 3 split as stages 1 and 2 are: ``act`` makes the changes once (the install window, with
     its flip, in the same call) and then hands back each read-only wait that is not met yet as a named readiness
     check the triggerer can run; ``progress`` stays plain JSON (it travels in a deferral); a resumed ``act``
     sends no change again. Held here: one endpoint namespace's PVC already exists in a StorageClass that does

@@ -1,4 +1,4 @@
-"""Kyverno on a kyverno-mode cluster (issue 22 §1), against the twin: missing, it is installed by kvfleet with
+"""Kyverno on a kyverno-mode cluster, against the twin: missing, it is installed by kvfleet with
 helm from the chart repository at the pinned version, its admission webhook is verified ready, and only then is
 the ClusterPolicy applied; not allowed to install, kvfleet refuses with the exact helm command and changes nothing.
 

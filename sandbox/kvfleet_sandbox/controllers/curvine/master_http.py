@@ -1,7 +1,7 @@
 """The master's HTTP API of the simulated Curvine (``model``), on its web port through the API server's pod
-proxy: ``/api/overview``, ``/api/workers``, ``/api/browse``, ``/api/config`` (JSON, the field names of FACTS.md
-§3.5), ``/metrics`` (Prometheus text) and ``/report`` (the ``cv report`` text). Routing and rendering only: the
-bodies come from the model.
+proxy: ``/api/overview``, ``/api/workers``, ``/api/browse``, ``/api/config`` (JSON, the field names of
+docs/reference/curvine.md#master-api), ``/metrics`` (Prometheus text) and ``/report`` (the ``cv report`` text). Routing
+and rendering only: the bodies come from the model.
 
 Attached with the model by ``kvfleet_sandbox.controllers.curvine.attach``.
 """

@@ -3,19 +3,19 @@
 Attached to every cluster twin by ``kvfleet_sandbox.runtime`` (``attach(twin)``). The workloads controller turns
 the chart's StatefulSets into pods; this module gives those pods Curvine's behaviour:
 
-- **Format flags bite at pod start** (FACTS.md §3.3). A pod acts on the flags *it was created with*: the
-  ``CURVINE_FORMAT_MASTER`` / ``CURVINE_FORMAT_JOURNAL`` / ``CURVINE_FORMAT_WORKER`` env of its container, which
-  the chart renders from ``cluster.format*`` at the time the pod's template was written, not the release's current
-  values. A master that starts with formatMaster or formatJournal deletes its metadata, so every L2 file of the
-  cluster is gone; a worker that starts with formatWorker deletes its data dir, so the files whose blocks it held
-  are gone. Flags false: a restart keeps everything. This is what makes a ``helm rollback`` to the install
-  revision (flags true) dangerous, and what kvfleet's gates must prevent.
+- **Format flags bite at pod start** (docs/reference/curvine.md#format-flags). A pod acts on the flags *it was created
+  with*: the ``CURVINE_FORMAT_MASTER`` / ``CURVINE_FORMAT_JOURNAL`` / ``CURVINE_FORMAT_WORKER`` env of its container,
+  which the chart renders from ``cluster.format*`` at the time the pod's template was written, not the release's current
+  values. A master that starts with formatMaster or formatJournal deletes its metadata, so every L2 file of the cluster
+  is gone; a worker that starts with formatWorker deletes its data dir, so the files whose blocks it held are gone.
+  Flags false: a restart keeps everything. This is what makes a ``helm rollback`` to the install revision (flags true)
+  dangerous, and what kvfleet's gates must prevent.
 - **L2 availability**: once Curvine is installed, ``twin.l2.available`` follows "master pod Running and Ready".
 - **Master HTTP API** on the web port (9000) through the API server's pod proxy: ``/api/overview``,
-  ``/api/workers``, ``/api/browse``, ``/api/config``, ``/metrics``, ``/report`` with the field names of FACTS.md
-  §3.5. Capacity is the sum of the LIVE workers' data dir sizes; ``fs_used`` the bytes of L2 files. This module
-  is the model and holds no HTTP code: it gives the bodies (``overview``, ``workers``, ``listing``,
-  ``config_of``, ``worker_infos``); ``master_http`` serves them.
+  ``/api/workers``, ``/api/browse``, ``/api/config``, ``/metrics``, ``/report`` with the field names of
+  docs/reference/curvine.md#master-api. Capacity is the sum of the LIVE workers' data dir sizes; ``fs_used`` the
+  bytes of L2 files. This module is the model and holds no HTTP code: it gives the bodies (``overview``,
+  ``workers``, ``listing``, ``config_of``, ``worker_infos``); ``master_http`` serves them.
 - **Pod logs** with start-up lines, including ``Delete(format) ...`` when a format happened.
 - The **chart repository** serving the stand-in charts (``kvfleet_sandbox.chart_repo``), one per process.
 - **Fault injection**: a Curvine pod whose container env has ``CURVINE_SANDBOX_FAULT=crashloop`` (e.g. through
@@ -231,7 +231,7 @@ class CurvineSimulation:
         }
 
     def workers(self) -> dict[str, list[dict[str, Any]]]:
-        """The body of ``GET /api/workers``: WorkerInfo lists (FACTS.md §3.5)."""
+        """The body of ``GET /api/workers``: WorkerInfo lists (docs/reference/curvine.md#master-api)."""
         self._sync()
         live, lost = self.worker_infos()
         return {"live_workers": live, "lost_workers": lost}

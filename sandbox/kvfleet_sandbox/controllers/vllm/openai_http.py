@@ -4,8 +4,8 @@ Kubernetes API emulator's pod proxy on port 8000. No cache or timing logic lives
 a request, waits for its first token, then paces the decode.
 
 Attached with the engine by ``kvfleet_sandbox.controllers.vllm.attach``. Shapes follow vLLM 0.11's
-``vllm/entrypoints/openai`` (FACTS.md §5): streaming chunks carry ``choices``, the usage-only chunk comes last with
-``stream_options.include_usage``, a chat stream's first chunk carries the role.
+``vllm/entrypoints/openai`` (docs/reference/vllm.md#ttft-from-the-openai-api): streaming chunks carry ``choices``, the
+usage-only chunk comes last with ``stream_options.include_usage``, a chat stream's first chunk carries the role.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class OpenAiServer:
         yield b"data: [DONE]\n\n"
 
     def _metrics(self, engine: PodEngine) -> str:
-        """vLLM's and LMCache's counters of one pod, in Prometheus text (FACTS.md §5)."""
+        """vLLM's and LMCache's counters of one pod, in Prometheus text (docs/reference/vllm.md#metrics)."""
         m, l1_used = self.sim.scrape(engine)
         v = {"model_name": engine.served_name, "engine": "0"}
         lmv = {"model_name": engine.served_name, "worker_id": "0"}

@@ -18,7 +18,7 @@ read of the store per pass (the informer cache, ``_cache.Snapshot``) and one wri
 Attached by ``kvfleet_sandbox.runtime`` to every :class:`~kvfleet_sandbox.twin.ClusterTwin` (``attach(twin)``).
 The other simulations depend on it: the Inference Operator's Deployments, Curvine's StatefulSets and the vLLM
 pods only run because these controllers turn them into pods bound to nodes. What they reproduce, because kvfleet
-must cope with it on a real cluster (DOMAIN.md), is said in each module; in short:
+must cope with it on a real cluster (docs/reference/), is said in each module; in short:
 
 - a pod requesting ``nvidia.com/gpu`` binds only to a Ready node with a free GPU, otherwise it stays Pending with
   ``PodScheduled=False/Unschedulable`` and the scheduler's message; a pod whose PVC is unbound waits too;

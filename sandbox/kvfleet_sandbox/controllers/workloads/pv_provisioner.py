@@ -1,6 +1,6 @@
 """The PersistentVolume provisioner and binder of a sandbox cluster: a claim in a ``curvine`` StorageClass binds
 only while the Curvine master runs (``twin.curvine_master_running()``) and its PV points at
-``<fs-path>/pvc-<uid>`` (FACTS.md §3.4); EBS classes bind at once, or, with ``volumeBindingMode:
+``<fs-path>/pvc-<uid>`` (docs/reference/curvine.md#pv-path); EBS classes bind at once, or, with ``volumeBindingMode:
 WaitForFirstConsumer`` (what EKS's gp3 class and the sandbox's ``ebs-sc`` use), as soon as a pod uses the claim,
 like the real provisioner; any other provisioner leaves the claim Pending with the external-provisioner event.
 

@@ -62,7 +62,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* Format flags travel in every Curvine container's env: a pod acts on the flags it was created with. Only
-     master and worker: upstream's configmap renders no journal flag (FACTS.md §7.3). */}}
+     master and worker: upstream's configmap renders no journal flag (docs/reference/curvine.md#formatjournal). */}}
 {{- define "curvine.formatEnv" -}}
 - name: CURVINE_CLUSTER_ID
   value: {{ .Values.cluster.id | quote }}

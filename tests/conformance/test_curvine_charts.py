@@ -4,8 +4,8 @@ Real `helm template` of sandbox/kvfleet_sandbox/charts/{curvine,curvine-csi} is 
 (tests/conformance/facts/curvine_charts.yaml): the runtime chart's ServiceAccount, Role and RoleBinding and its
 pre-upgrade hook Job, the CSI chart's ServiceAccounts and ClusterRoles/ClusterRoleBindings with upstream's rules,
 upstream's worker placement (no node selector, preferred anti-affinity unless `required`) and no format_journal.
-When the real charts are present (a local copy of CurvineIO/curvine-helm, ``DEFAULT_UPSTREAM`` or KVFLEET_UPSTREAM_CURVINE_HELM),
-they are rendered too and compared with the stand-ins directly; otherwise that part skips, saying why.
+When the real charts are present (a local copy of CurvineIO/curvine-helm, ``DEFAULT_UPSTREAM`` or
+KVFLEET_UPSTREAM_CURVINE_HELM), they are rendered too and compared with the stand-ins directly; otherwise that part skips, saying why.
 """
 
 from __future__ import annotations

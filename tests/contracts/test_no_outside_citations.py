@@ -20,7 +20,8 @@ SCANNED = [ROOT / "plugins", ROOT / "dags", ROOT / "docs", ROOT / "sandbox", ROO
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".tpl", ".sql", ".toml", ".txt", ".json", ".cfg", ".ini", ".sh"}
 SELF = Path(__file__).resolve()
 # Upstream copies kept verbatim (their own text is not kvfleet's to rewrite).
-VERBATIM = {ROOT / "sandbox" / "kvfleet_sandbox" / "data" / "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"}
+VERBATIM = {ROOT / "sandbox" / "kvfleet_sandbox" / "data"
+            / "inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml"}
 
 OUTSIDE = re.compile(
     r"FACTS(?:\.md| ?§)"              # the old facts file, by name or by section

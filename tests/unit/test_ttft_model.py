@@ -1,4 +1,5 @@
-"""The TTFT model holds every published point (docs/reference/vllm.md#published-figures) within ±10 % (model properties, no timing)."""
+"""The TTFT model holds every published point (docs/reference/vllm.md#published-figures) within ±10 % (model properties,
+no timing)."""
 
 from __future__ import annotations
 

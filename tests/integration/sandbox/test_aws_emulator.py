@@ -272,7 +272,8 @@ def test_tiered_storage_with_instance_groups_is_accepted(sagemaker: Any, fleet: 
 def test_invalid_tiered_storage_is_refused(
     sagemaker: Any, fleet: dict[str, str], config: dict[str, Any]
 ) -> None:
-    # botocore passes all three client-side (docs/reference/hyperpod.md#client-side-validation): the service has to refuse them.
+    # botocore passes all three client-side (docs/reference/hyperpod.md#client-side-validation): the service has to
+    # refuse them.
     code, status, message = error_of(
         lambda: sagemaker.update_cluster(
             ClusterName=fleet["hp"], TieredStorageConfig=config, NodeRecovery="Automatic"

@@ -1,6 +1,6 @@
-"""Simulated Kyverno through kubectl and the official client: a ClusterPolicy's patchStrategicMerge injects the
-Curvine L2 URL, volume and mount into the operator's Deployment, replacing the operator's URL in place, and the
-injection survives a forced re-render (the blog's production recommendation, docs/reference/kyverno.md); plus anchors, selectors,
+"""Simulated Kyverno through kubectl and the official client: a ClusterPolicy's patchStrategicMerge injects the Curvine
+L2 URL, volume and mount into the operator's Deployment, replacing the operator's URL in place, and the injection
+survives a forced re-render (the blog's production recommendation, docs/reference/kyverno.md); plus anchors, selectors,
 auto-gen from Pod rules, and refusal of an invalid policy."""
 
 from __future__ import annotations

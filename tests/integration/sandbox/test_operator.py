@@ -1,7 +1,7 @@
 """The simulated HyperPod Inference Operator through boto3 (EKS add-ons), the official Kubernetes client and kubectl:
-installation and add-on order, rendering, the reconcile loop that overwrites patches, the pause-and-restore
-sequence of docs/reference/hyperpod.md#what-the-operator-renders, a CR change dropping the patch, the conversion webhook while paused, an operator
-version change and deletion."""
+installation and add-on order, rendering, the reconcile loop that overwrites patches, the pause-and-restore sequence of
+docs/reference/hyperpod.md#what-the-operator-renders, a CR change dropping the patch, the conversion webhook while
+paused, an operator version change and deletion."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Stage 2 verifies the operator wherever it is installed (docs/reference/hyperpod.md#inference-operator-controller): a Helm-installed controller
-(``hyperpod-inference-operator-controller-manager``) is found as well as the add-on's."""
+"""Stage 2 verifies the operator wherever it is installed (docs/reference/hyperpod.md#inference-operator-controller): a
+Helm-installed controller (``hyperpod-inference-operator-controller-manager``) is found as well as the add-on's."""
 
 from __future__ import annotations
 

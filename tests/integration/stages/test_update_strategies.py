@@ -1,6 +1,7 @@
-"""Typed actions against the sandbox: the dry run (`kvfleet plan --diff`) lists exactly the actions a real run
-then applies, stages 1 to 4 — stage 3's helm upgrade with the digest of the values file helm gets, and the rolling and surge update strategies keep every endpoint serving while
-the L2 patch rolls out, the original strategy back before the operator."""
+"""Typed actions against the sandbox: the dry run (`kvfleet plan --diff`) lists exactly the actions a real run then
+applies, stages 1 to 4 — stage 3's helm upgrade with the digest of the values file helm gets, and the rolling and surge
+update strategies keep every endpoint serving while the L2 patch rolls out, the original strategy back before the
+operator."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
+from kvfleet.airflow.ui.templating import render
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
@@ -171,10 +172,8 @@ def runbook_page(request: Request, user: User) -> Response:
         return RedirectResponse(runbook.external_url(), status_code=307)
     source = runbook.source()
     if source is None:
-        return HTMLResponse("<p>The runbook is not installed with this API server: set KVFLEET_RUNBOOK_URL to where "
-                            "your team reads docs/runbook.md (or KVFLEET_RUNBOOK_PATH to the file).</p>",
-                            status_code=404)
-    body = f'<div class="runbook">{runbook.render(source.read_text())}</div>'
+        return HTMLResponse(str(render("runbook_missing.html")), status_code=404)
+    body = render("runbook.html", html=runbook.render(source.read_text()))
     return HTMLResponse(pages.page("runbook", body, base=base, user=user.get_name(), colours=LobColours([])))
 
 

@@ -274,3 +274,24 @@ def test_markup_in_any_field_is_shown_as_text_in_every_view(history: Any, auth: 
     assert any(a.get("data-cluster") == H["cluster"] for t, a in fleet.tags if t == "table")
     svg = [a for t, a in Parsed(pages["drift"].text).tags if t == "g" and a.get("class") == "bar"]
     assert svg and svg[0]["data-kind"] == H["kind"] and svg[0]["data-cluster"] == H["cluster"]
+
+
+def test_markup_is_made_by_autoescaped_templates_only() -> None:
+    """What keeps the test above true for the next view: the page's markup comes from templates with autoescape on,
+    none of which turns it off or marks a value safe, and the Python side makes Markup only from a template's output
+    (``templating.render``) or markdown-it's (``runbook.render``)."""
+    import re
+    from pathlib import Path
+
+    from kvfleet.airflow.ui import templating
+
+    ui = Path(templating.__file__).parent
+    assert templating.ENV.autoescape is True
+    templates = sorted(p for p in (ui / "templates").rglob("*") if p.is_file())
+    assert {p.name for p in templates} >= {"page.html", "table.html", "xy_chart.svg", "timeline.svg"}
+    for path in templates:
+        text = path.read_text()
+        assert not re.search(r"\|\s*safe\b|autoescape\s+false|Markup", text), path.name
+    makers = {p.name for p in ui.glob("*.py") if re.search(r"\bMarkup\(", p.read_text())}
+    assert makers == {"templating.py", "runbook.py"}
+    assert not any(re.search(r"\bfrom html import\b|\bhtml\.escape\b", p.read_text()) for p in ui.glob("*.py"))

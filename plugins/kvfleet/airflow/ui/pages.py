@@ -1,8 +1,12 @@
 """The kvfleet page's views: what each one reads (named queries) and how it renders (HTML with inline SVG).
 
 Called by ``kvfleet.airflow.ui.app``: ``build(view, history, filters)`` returns the view's data (served as JSON
-under ``/api/<view>``), ``render(view, data, ...)`` the HTML body of the same data, so the page and the API
+under ``/api/<view>``), ``RENDERERS[view](data, ...)`` the HTML body of the same data, so the page and the API
 cannot disagree. Every plot has a table of the same figures beneath it: the page reads without SVG or JS.
+
+A renderer decides what is shown (rows, columns, links, which chart) and hands it to the view's template
+(``templates/<view>.html``, through ``kvfleet.airflow.ui.templating``): the markup is the templates', every value
+in it autoescaped; tables (``table``) and charts (``kvfleet.airflow.ui.svg``) are rendered templates too.
 """
 
 from __future__ import annotations

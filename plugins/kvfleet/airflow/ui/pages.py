@@ -318,9 +318,11 @@ def _cells(r: Mapping[str, Any], columns: Sequence[str], colours: LobColours | N
     out = []
     for c in columns:
         value = r.get(c)
-        href = link(r) if c == "endpoint" and link is not None else None
-        new_tab = not href and c in links and value is not None and bool(links[c](r))
-        href = links[c](r) if new_tab else href
+        href = link(r) if c == "endpoint" and link is not None else None  # the endpoint's own view, same tab
+        new_tab = False
+        if not href and c in links and value is not None:  # e.g. the runbook: a new tab
+            href = links[c](r)
+            new_tab = bool(href)
         out.append({"col": c, "raw": _raw(value), "text": cell(value), "href": href, "new_tab": new_tab,
                     "cls": str(value) if c in VERDICT_COLUMNS else None,
                     "swatch": colours(value) if c == "lob" and colours is not None and value else None})

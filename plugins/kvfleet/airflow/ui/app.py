@@ -9,14 +9,16 @@ Routes (relative to the mount point):
   records, ``kvfleet.airflow.hitl.pending``), each with its run's evidence and a link to Airflow's Required
   Actions page, where it is answered;
 - ``/runbook``: the operator's runbook (``docs/runbook.md``), or a redirect to ``KVFLEET_RUNBOOK_URL``;
+- ``/api/openapi.json``: the app's OpenAPI schema (no /docs or /redoc page);
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
   their parameters; ``/api/queries/<name>``: one named query's rows (parameters from the query string).
 
 It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``History.query``, as the CLI
 does). Auth is Airflow's: the caller is the user of the JWT in the ``Authorization: Bearer`` header or the UI's
 ``_token`` cookie, resolved by Airflow's own ``get_user`` dependency against the auth manager the API server
-initialised, and must be allowed to read DAG runs. An HTML request without a valid user is redirected to the
-auth manager's login page (which comes back here); an API request gets 401 (no or expired token) or 403.
+initialised, and must be allowed to read DAG runs (on every route, the schema's included). An HTML request without a
+valid user is redirected to the auth manager's login page (which comes back here); an API request gets 401 (no or
+expired token) or 403.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
+from kvfleet.airflow.ui.templating import render
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
@@ -165,16 +168,20 @@ def html_view(view: str) -> Callable[..., HTMLResponse]:
     return handler
 
 
+def openapi_schema(request: Request, user: User) -> dict[str, Any]:
+    """The app's OpenAPI schema: for a signed-in user who may read DAG runs only, as every view (FastAPI's own
+    route, and its /docs and /redoc pages, are off)."""
+    return dict(request.app.openapi())
+
+
 def runbook_page(request: Request, user: User) -> Response:
     base = str(request.scope.get("root_path", ""))
     if runbook.external_url():
         return RedirectResponse(runbook.external_url(), status_code=307)
     source = runbook.source()
     if source is None:
-        return HTMLResponse("<p>The runbook is not installed with this API server: set KVFLEET_RUNBOOK_URL to where "
-                            "your team reads docs/runbook.md (or KVFLEET_RUNBOOK_PATH to the file).</p>",
-                            status_code=404)
-    body = f'<div class="runbook">{runbook.render(source.read_text())}</div>'
+        return HTMLResponse(str(render("runbook_missing.html")), status_code=404)
+    body = render("runbook.html", html=runbook.render(source.read_text()))
     return HTMLResponse(pages.page("runbook", body, base=base, user=user.get_name(), colours=LobColours([])))
 
 
@@ -183,7 +190,7 @@ def create_app(history_factory: Callable[[], Any] = _history,
     """The app; ``history_factory`` builds the History repository (once, on the first request that reads);
     ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
-                  docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.history_factory = history_factory
     app.state.pending_factory = pending_factory
     app.state.history = None
@@ -193,6 +200,7 @@ def create_app(history_factory: Callable[[], Any] = _history,
     app.add_exception_handler(AlembicError, history_unavailable)
     app.get("/", include_in_schema=False)(index)
     app.get("/runbook", response_class=HTMLResponse, include_in_schema=False)(runbook_page)
+    app.get("/api/openapi.json", include_in_schema=False)(openapi_schema)
     app.get("/api/queries")(list_queries)
     app.get("/api/queries/{name}")(run_query)
     for view in pages.VIEWS:

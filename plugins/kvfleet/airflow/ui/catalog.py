@@ -29,6 +29,10 @@ BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
 DEFAULT_SINCE = "30d"
 MAX_LIMIT = 5000
 DEFAULT_LIMIT = 500
+MAX_TEXT = 253  # the longest DNS name (a Kubernetes object name): no cluster, LOB or endpoint is longer
+MAX_SINCE_CHARS = 12  # "36500d" and its hours and minutes fit
+SHOWN_CHARS = 40  # how much of a refused value an error message quotes
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # PostgreSQL refuses NUL in text; no filter needs any of them
 TEXT_PARAMS = ("cluster", "lob", "endpoint", "run_key", "dag_id", "kind", "status", "after")  # after: a page cursor
 
 
@@ -83,21 +87,10 @@ class Filters:
 
     @classmethod
     def from_query(cls, query: Mapping[str, str], *, default_since: str = DEFAULT_SINCE) -> Filters:
-        since = query.get("since") or default_since
-        try:
-            since_to_timedelta(since)
-        except ValueError:
-            raise QueryError(f"since: {since!r} is not a duration; use e.g. 7d, 12h or 30m") from None
-        raw_limit = query.get("limit") or str(DEFAULT_LIMIT)
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
-            raise QueryError(f"limit: {raw_limit!r} is not a whole number from 1 to {MAX_LIMIT}; pick one in range")
-        text: dict[str, str | None] = {}
-        for key in TEXT_PARAMS:
-            value = (query.get(key) or "").strip()
-            if len(value) > 253:
-                raise QueryError(f"{key}: {len(value)} characters is longer than 253; shorten it")
-            text[key] = value or None
-        return cls(since=since, limit=int(raw_limit), text=text)
+        """The filters of a request's query string; a QueryError (400) naming the parameter, its value (shortened),
+        what is allowed and what to do, for any value the page cannot use."""
+        return cls(since=_since(query.get("since") or default_since), limit=_limit(query.get("limit")),
+                   text={key: _text(key, query.get(key)) for key in TEXT_PARAMS})
 
     def get(self, key: str) -> str | None:
         return (self.text or {}).get(key)
@@ -118,6 +111,47 @@ class Filters:
             else:
                 values[key] = self.get(key)
         return values
+
+
+def shown(value: str) -> str:
+    """A request's value as an error message quotes it: ``repr`` (control characters escaped), cut to
+    ``SHOWN_CHARS`` characters, with its length when cut."""
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARS]!r}… ({len(value):,} characters)"
+
+
+def _since(since: str) -> str:
+    if len(since) <= MAX_SINCE_CHARS:
+        try:
+            since_to_timedelta(since)
+            return since
+        except ValueError as exc:
+            reason = str(exc).removeprefix("--since: ")
+            if "out of range" in reason:  # a duration, too long: the history's own limit, said with the value
+                raise QueryError(f"since: {reason}") from None
+    raise QueryError(f"since: {shown(since)} is not a duration: a whole number (ASCII digits) and d, h or m, e.g. "
+                     "7d, 12h or 30m; use one, or leave since out for the view's default")
+
+
+def _limit(raw: str | None) -> int:
+    value = raw or str(DEFAULT_LIMIT)
+    # ASCII digits only: str.isdigit() also accepts "²" and "٣", which int() refuses; and a bounded length, as
+    # int() refuses more than 4,300 digits
+    if value.isascii() and value.isdigit() and len(value) <= len(str(MAX_LIMIT)) and 1 <= int(value) <= MAX_LIMIT:
+        return int(value)
+    raise QueryError(f"limit: {shown(value)} is not a whole number from 1 to {MAX_LIMIT}; use one in that range "
+                     f"(ASCII digits), or leave limit out for {DEFAULT_LIMIT}")
+
+
+def _text(key: str, raw: str | None) -> str | None:
+    value = (raw or "").strip()
+    if len(value) > MAX_TEXT:
+        raise QueryError(f"{key}: {shown(value)} is longer than {MAX_TEXT} characters; shorten it")
+    if bad := CONTROL.search(value):
+        raise QueryError(f"{key}: {shown(value)} has a control character (U+{ord(bad[0]):04X}) at position "
+                         f"{bad.start()}; {key} takes printable text of at most {MAX_TEXT} characters: remove it")
+    return value or None
 
 
 def run(history: Any, name: str, filters: Filters, **overrides: Any) -> list[dict[str, Any]]:

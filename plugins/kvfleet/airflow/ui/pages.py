@@ -1,8 +1,12 @@
 """The kvfleet page's views: what each one reads (named queries) and how it renders (HTML with inline SVG).
 
 Called by ``kvfleet.airflow.ui.app``: ``build(view, history, filters)`` returns the view's data (served as JSON
-under ``/api/<view>``), ``render(view, data, ...)`` the HTML body of the same data, so the page and the API
+under ``/api/<view>``), ``RENDERERS[view](data, ...)`` the HTML body of the same data, so the page and the API
 cannot disagree. Every plot has a table of the same figures beneath it: the page reads without SVG or JS.
+
+A renderer decides what is shown (rows, columns, links, which chart) and hands it to the view's template
+(``templates/<view>.html``, through ``kvfleet.airflow.ui.templating``): the markup is the templates', every value
+in it autoescaped; tables (``table``) and charts (``kvfleet.airflow.ui.svg``) are rendered templates too.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from html import escape
 from typing import Any
 from urllib.parse import urlencode
+
+from markupsafe import Markup
 
 from kvfleet.airflow import gates as gate_text
 from kvfleet.airflow.ui import catalog, runbook
@@ -28,6 +33,7 @@ from kvfleet.airflow.ui.svg import (
     timeline,
     xy_chart,
 )
+from kvfleet.airflow.ui.templating import render
 from kvfleet.fleet import economics
 from kvfleet.history.repo import decode_cursor
 
@@ -38,6 +44,7 @@ GATE_DECISIONS_QUERY = "gate_decisions"  # a named query another change may add;
 GATE_DAGS = ("kvfleet_rollout", "kvfleet_curvine_upgrade")  # the DAGs with human gates
 RED_RUN_STATUSES = frozenset({"failed", "completed_with_failures", "aborted", "refused"})
 RED_SEVERITIES = frozenset({"critical", "high"})
+VERDICT_COLUMNS = frozenset({"verdict", "last_verdict", "l2_state", "status"})  # cells coloured by value (v-<value>)
 DRIFT_PAGE = "drift_page"  # the drift view's list: keyset-paged, newest first_seen first
 PENDING_WINDOW = "3d"  # how far back a pending gate's run is looked up (a gate times out after 2 h to 24 h)
 PUBLISHED_SOURCES = {
@@ -304,46 +311,39 @@ def _raw(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _cells(r: Mapping[str, Any], columns: Sequence[str], colours: LobColours | None,
+           link: Callable[[Mapping[str, Any]], str | None] | None,
+           links: Mapping[str, Callable[[Mapping[str, Any]], str | None]]) -> list[dict[str, Any]]:
+    """One row's cells as ``table.html`` draws them: shown text, raw value, CSS class, swatch and link."""
+    out = []
+    for c in columns:
+        value = r.get(c)
+        href = link(r) if c == "endpoint" and link is not None else None  # the endpoint's own view, same tab
+        new_tab = False
+        if not href and c in links and value is not None:  # e.g. the runbook: a new tab
+            href = links[c](r)
+            new_tab = bool(href)
+        out.append({"col": c, "raw": _raw(value), "text": cell(value), "href": href, "new_tab": new_tab,
+                    "cls": str(value) if c in VERDICT_COLUMNS else None,
+                    "swatch": colours(value) if c == "lob" and colours is not None and value else None})
+    return out
+
+
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, table_id: str = "",
           colours: LobColours | None = None, link: Callable[[Mapping[str, Any]], str | None] | None = None,
           data: Mapping[str, str] | None = None,
-          links: Mapping[str, Callable[[Mapping[str, Any]], str | None]] | None = None) -> str:
+          links: Mapping[str, Callable[[Mapping[str, Any]], str | None]] | None = None) -> Markup:
     """Rows as an HTML table. ``link`` makes the endpoint cell a link; ``links`` does the same for any column
-    (column -> href of a row, or None for no link)."""
-    if not rows:
-        return '<p class="empty">(none recorded)</p>'
-    head = "".join(f"<th>{escape(c.replace('_', ' '))}</th>" for c in columns)
-    body = []
-    for r in rows:
-        tds = []
-        for c in columns:
-            text = escape(cell(r.get(c)))
-            if c == "lob" and colours is not None and r.get(c):
-                text = f'<span class="swatch" style="background:{colours(r[c])}"></span>{text}'
-            if c == "endpoint" and link is not None and (href := link(r)):
-                text = f'<a href="{escape(href)}">{text}</a>'
-            elif links and c in links and r.get(c) is not None and (href := links[c](r)):
-                text = f'<a href="{escape(href)}" target="_blank" rel="noopener">{text}</a>'
-            cls = f' class="v-{escape(str(r[c]))}"' if c in ("verdict", "last_verdict", "l2_state", "status") else ""
-            tds.append(f'<td data-col="{escape(c)}" data-value="{escape(_raw(r.get(c)))}"{cls}>{text}</td>')
-        body.append(f"<tr>{''.join(tds)}</tr>")
-    attrs = "".join(f' data-{escape(k)}="{escape(v)}"' for k, v in (data or {}).items())
-    return (f'<table id="{escape(table_id)}" class="data"{attrs}><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
+    (column -> href of a row, or None for no link); ``data`` are the table's ``data-*`` attributes."""
+    return render("table.html", table_id=table_id, columns=list(columns),
+                  data={f"data-{k}": v for k, v in (data or {}).items()},
+                  rows=[_cells(r, columns, colours, link, links or {}) for r in rows])
 
 
-def _filter_form(fields: Sequence[tuple[str, str, Sequence[str] | None]], f: Filters) -> str:
-    """A plain GET form (no JS): text inputs, or selects when the choices are known."""
-    parts = []
-    for key, label, choices in fields:
-        value = f.since if key == "since" else (f.get(key) or "")
-        if choices is not None:
-            opts = "".join(f'<option value="{escape(c)}"{" selected" if c == value else ""}>{escape(c or "all")}'
-                           "</option>" for c in ["", *choices])
-            parts.append(f'<label>{escape(label)} <select name="{key}">{opts}</select></label>')
-        else:
-            parts.append(f'<label>{escape(label)} <input name="{key}" value="{escape(value)}" size="14"></label>')
-    return f'<form class="filters" method="get">{"".join(parts)}<button type="submit">Apply</button></form>'
+def _form(fields: Sequence[tuple[str, str, Sequence[str] | None]], f: Filters) -> list[tuple[Any, ...]]:
+    """The filter form's fields (``macros.html``'s ``filter_form``) with the values of this request."""
+    return [(key, label, None if choices is None else list(choices), f.since if key == "since" else (f.get(key) or ""))
+            for key, label, choices in fields]
 
 
 def _href(base: str, view: str, **params: Any) -> str:
@@ -351,167 +351,128 @@ def _href(base: str, view: str, **params: Any) -> str:
     return f"{base}/{view}" + (f"?{query}" if query else "")
 
 
-def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
-                         ("endpoint", "endpoint contains", None),
-                         ("status", "L2 state", ["applied", "drifted", "failed", "not applied", "unknown"])], f)
-    summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["l2_states"].items())) or "none"
-    out = [form, f'<p class="summary">{data["endpoints"]} endpoints: {summary}; {data["open_drift"]} open drift '
-                 "findings.</p>"]
-    red = {s: n for s, n in data["l2_states"].items() if s in ("drifted", "failed")}
-    if red:
-        what = ", ".join(f"{n} {escape(s)}" for s, n in sorted(red.items()))
-        out.append(f'<p class="note red" id="fleet-runbook">{what}: see the runbook on '
-                   f'<a href="{escape(runbook.href(base, "drift"))}" target="_blank" rel="noopener">drift, what each '
-                   f'kind means and what to do</a> and on <a href="{escape(runbook.href(base, "verification"))}" '
-                   'target="_blank" rel="noopener">verifying cross-pod hits</a>.</p>')
+def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                 ctx: Mapping[str, Any]) -> Markup:
+    form = _form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
+                  ("endpoint", "endpoint contains", None),
+                  ("status", "L2 state", ["applied", "drifted", "failed", "not applied", "unknown"])], f)
     cols = ["endpoint", "lob", "l2_state", "last_verdict", "hit_ratio", "speedup", "expected_speedup",
             "open_drift", "drift_kinds", "last_change_at", "last_change_stage", "last_change_outcome"]
-    for c in data["clusters"]:
-        out.append(f'<h2 id="cluster-{escape(c["cluster"])}">{escape(c["cluster"])}</h2>')
-        for group in c["lobs"]:
-            out.append(f'<h3><span class="swatch" style="background:{colours(group["lob"])}"></span>'
-                       f'{escape(group["lob"])} <small>({len(group["endpoints"])} endpoints)</small></h3>')
-            out.append(table(group["endpoints"], cols, table_id=f'fleet-{c["cluster"]}-{group["lob"]}',
-                             colours=colours, data={"cluster": c["cluster"], "lob": group["lob"]},
-                             link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"])))
-    return "".join(out)
+    clusters = [{"cluster": c["cluster"], "groups": [
+        {"lob": g["lob"], "colour": colours(g["lob"]), "count": len(g["endpoints"]),
+         "table": table(g["endpoints"], cols, table_id=f'fleet-{c["cluster"]}-{g["lob"]}', colours=colours,
+                        data={"cluster": c["cluster"], "lob": g["lob"]},
+                        link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"]))}
+        for g in c["lobs"]]} for c in data["clusters"]]
+    return render("fleet.html", form=form, data=data, clusters=clusters,
+                  red={s: n for s, n in data["l2_states"].items() if s in ("drifted", "failed")},
+                  drift_runbook=runbook.href(base, "drift"), verification_runbook=runbook.href(base, "verification"))
 
 
-def render_trends(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    if "choose" in data:
-        return ("<p>Pick an endpoint (or open one from the Fleet view).</p>"
-                + table(data["choose"], ["cluster", "endpoint", "lob", "instance_type", "last_verdict"],
-                        table_id="trends-choose", colours=colours,
-                        link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"])))
-    rows, colour = data["verifications"], colours(data["lob"])
-    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("endpoint", "endpoint", None),
-                         ("since", "since", None)], f)
-    out = [form, f'<h2><span class="swatch" style="background:{colour}"></span>{escape(data["cluster"])} · '
-                 f'{escape(data["endpoint"])} <small>{escape(data["lob"] or "")} · '
-                 f'{escape(data["instance_type"] or "instance type not recorded")}</small></h2>']
-    if not rows:
-        return "".join([*out, f'<p class="empty">No verification of this endpoint in the last {escape(f.since)}.</p>'])
+def _trend_charts(data: dict[str, Any], colour: str) -> list[Markup]:
+    """The trends view's plots: hit ratio and speedup over time, and the speedup per prompt length against the
+    published curve."""
+    rows, pub = data["verifications"], data["published"]
     timed = [(t, r) for r in rows if (t := _ts(r["at"])) is not None]
-    out.append(xy_chart([Series("hit ratio", colour, [(t, r["hit_ratio"]) for t, r in timed
-                                                       if r["hit_ratio"] is not None])],
-                        title="Cross-pod L2 hit ratio over time", x=Axis("time (UTC)", time=True),
-                        y=Axis("hit ratio", lo=0.0, hi=1.05, fmt="{:.2f}"), chart_id="plot-hit-ratio"))
-    out.append(xy_chart([Series("measured speedup", colour, [(t, r["speedup"]) for t, r in timed
-                                                              if r["speedup"] is not None]),
-                         Series("expected (published)", PUBLISHED_COLOUR,
-                                [(t, r["expected_speedup"]) for t, r in timed if r["expected_speedup"] is not None],
-                                dashed=True, marker="none")],
-                        title="TTFT speedup over time (cold on pod A / warm on pod B)", x=Axis("time (UTC)", time=True),
-                        y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"), chart_id="plot-speedup-time"))
-    pub = data["published"]
     older = [(float(r["prompt_tokens"]), float(r["speedup"])) for r in rows
              if r["prompt_tokens"] is not None and r["speedup"] is not None]
-    out.append(xy_chart([Series("published curve", PUBLISHED_COLOUR, [tuple(p) for p in pub["curve"]],
-                                dashed=True, marker="none"),
-                         Series("published points", PUBLISHED_COLOUR, [tuple(p) for p in pub["points"]],
-                                line=False, marker="square"),
-                         Series("all measurements", colour, older, line=False, opacity=0.35),
-                         Series("latest per length", colour,
-                                [(float(s["prompt_tokens"]), float(s["speedup"])) for s in data["sweep"]])],
-                        title=f"Speedup vs prompt length, against the published curve ({pub['instance_type']})",
-                        x=Axis("prompt tokens", lo=0.0, fmt="{:,.0f}"), y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"),
-                        chart_id="plot-sweep"))
-    out.append(f'<p class="source">Published: {escape(pub["source"])}.</p>')
-    out.append("<h3>Speedup per prompt length (newest measurement of each length)</h3>")
-    out.append(table(data["sweep"], ["prompt_tokens", "speedup", "expected_speedup", "hit_ratio", "verdict", "at",
-                                     "run_key"], table_id="trends-sweep"))
-    out.append("<h3>Every verification</h3>")
-    out.append(table(list(reversed(rows)), ["at", "prompt_tokens", "hit_ratio", "ttft_cold_ms", "ttft_warm_ms",
-                                            "speedup", "expected_speedup", "verdict", "diagnosis", "run_key"],
-                     table_id="trends-verifications"))
-    return "".join(out)
+    return [
+        xy_chart([Series("hit ratio", colour, [(t, r["hit_ratio"]) for t, r in timed if r["hit_ratio"] is not None])],
+                 title="Cross-pod L2 hit ratio over time", x=Axis("time (UTC)", time=True),
+                 y=Axis("hit ratio", lo=0.0, hi=1.05, fmt="{:.2f}"), chart_id="plot-hit-ratio"),
+        xy_chart([Series("measured speedup", colour, [(t, r["speedup"]) for t, r in timed if r["speedup"] is not None]),
+                  Series("expected (published)", PUBLISHED_COLOUR,
+                         [(t, r["expected_speedup"]) for t, r in timed if r["expected_speedup"] is not None],
+                         dashed=True, marker="none")],
+                 title="TTFT speedup over time (cold on pod A / warm on pod B)", x=Axis("time (UTC)", time=True),
+                 y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"), chart_id="plot-speedup-time"),
+        xy_chart([Series("published curve", PUBLISHED_COLOUR, [tuple(p) for p in pub["curve"]], dashed=True,
+                         marker="none"),
+                  Series("published points", PUBLISHED_COLOUR, [tuple(p) for p in pub["points"]], line=False,
+                         marker="square"),
+                  Series("all measurements", colour, older, line=False, opacity=0.35),
+                  Series("latest per length", colour,
+                         [(float(s["prompt_tokens"]), float(s["speedup"])) for s in data["sweep"]])],
+                 title=f"Speedup vs prompt length, against the published curve ({pub['instance_type']})",
+                 x=Axis("prompt tokens", lo=0.0, fmt="{:,.0f}"), y=Axis("speedup ×", lo=0.0, fmt="{:.2f}"),
+                 chart_id="plot-sweep")]
 
 
-def _arithmetic(lines: Sequence[Any], css: str) -> str:
-    return (f'<ol class="{css}">' + "".join(f"<li>{escape(str(x))}</li>" for x in lines) + "</ol>") if lines else ""
+def render_trends(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                  ctx: Mapping[str, Any]) -> Markup:
+    if "choose" in data:
+        return render("trends.html", choose=table(
+            data["choose"], ["cluster", "endpoint", "lob", "instance_type", "last_verdict"], table_id="trends-choose",
+            colours=colours, link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"])))
+    rows, colour = data["verifications"], colours(data["lob"])
+    form = _form([("cluster", "cluster", ctx["clusters"]), ("endpoint", "endpoint", None), ("since", "since", None)],
+                 f)
+    if not rows:
+        return render("trends.html", choose=None, form=form, data=data, colour=colour, since=f.since)
+    return render("trends.html", choose=None, form=form, data=data, colour=colour, since=f.since,
+                  charts=_trend_charts(data, colour),
+                  sweep=table(data["sweep"], ["prompt_tokens", "speedup", "expected_speedup", "hit_ratio", "verdict",
+                                              "at", "run_key"], table_id="trends-sweep"),
+                  verifications=table(list(reversed(rows)), ["at", "prompt_tokens", "hit_ratio", "ttft_cold_ms",
+                                                             "ttft_warm_ms", "speedup", "expected_speedup", "verdict",
+                                                             "diagnosis", "run_key"], table_id="trends-verifications"))
 
 
-def _render_advised_endpoint(c: Mapping[str, Any], e: Mapping[str, Any], payoff: float, colours: LobColours) -> str:
+def _advised_endpoint(c: Mapping[str, Any], e: Mapping[str, Any], payoff: float,
+                      colours: LobColours) -> dict[str, Any]:
+    """One endpoint's advice section (``advisor.html``): its verdict, its prompt lengths plotted against the
+    payoff threshold with the same figures as a table, and the arithmetic."""
     name, colour = f'{c["cluster"]}-{e["endpoint"]}', colours(e.get("lob"))
-    out = [f'<section class="advice" data-cluster="{escape(c["cluster"])}" data-endpoint="{escape(e["endpoint"])}" '
-           f'data-verdict="{escape(str(e.get("verdict")))}"><h3><span class="swatch" style="background:{colour}">'
-           f'</span>{escape(e["endpoint"])} <small>{escape(e.get("lob") or "")}</small> · '
-           f'<span class="v-{escape(str(e.get("verdict")))}">{escape(str(e.get("verdict")))}</span></h3>']
+    out = {"endpoint": e["endpoint"], "lob": e.get("lob"), "verdict": str(e.get("verdict")), "colour": colour,
+           "chart": None, "lengths": None, "arithmetic": list(e.get("arithmetic") or []),
+           "assumptions": list(e.get("assumptions") or [])}
     if e["lengths"]:
-        out.append(length_histogram([Bucket(b["tokens"], b["requests"]) for b in e["lengths"]],
-                                    title=f"Prompt lengths of {e['endpoint']} on {c['cluster']}", threshold=payoff,
-                                    colour=colour, chart_id=f"plot-lengths-{name}"))
+        out["chart"] = length_histogram([Bucket(b["tokens"], b["requests"]) for b in e["lengths"]],
+                                        title=f"Prompt lengths of {e['endpoint']} on {c['cluster']}",
+                                        threshold=payoff, colour=colour, chart_id=f"plot-lengths-{name}")
         below = [{**b, "below_payoff": b["tokens"] < payoff} for b in e["lengths"]]
-        out.append(table(below, ["tokens", "requests", "share", "below_payoff"], table_id=f"lengths-{name}"))
-    else:
-        out.append('<p class="note">This advise step recorded no prompt-length distribution for the endpoint (its '
-                   "verdict only).</p>")
-    out.append(_arithmetic(e.get("arithmetic") or [], "arithmetic"))
-    if e.get("assumptions"):
-        out.append('<p class="source">Assumptions:</p>' + _arithmetic(e["assumptions"], "assumptions"))
-    out.append("</section>")
-    return "".join(out)
+        out["lengths"] = table(below, ["tokens", "requests", "share", "below_payoff"], table_id=f"lengths-{name}")
+    return out
 
 
-def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
-                         ("endpoint", "endpoint contains", None), ("since", "since", None)], f)
+def _advised_cluster(c: Mapping[str, Any], payoff: float, colours: LobColours) -> dict[str, Any]:
+    cap = c.get("capacity") or {}
+    cols = ["endpoint", "lob", *[k for k in ("verdict", "requests_per_hour", "mean_prompt_tokens",
+                                              "share_below_payoff", "saved_ms_per_request", "saved_fraction",
+                                              "working_set_gib", "curve")
+                                 if any(k in e for e in c["endpoints"])], "reported_at", "run_key"]
+    capacity = {"recommendation": str(cap.get("recommendation")), "add_workers": cap.get("add_workers"),
+                "arithmetic": list(cap.get("arithmetic") or [])} if cap else None
+    return {"cluster": c["cluster"], "at": cell(c["at"]), "run_key": c["run_key"], "capacity": capacity,
+            "errors": [str(err) for err in c["errors"]],
+            "table": table(c["endpoints"], cols, table_id=f'advisor-{c["cluster"]}', colours=colours,
+                           data={"cluster": c["cluster"]}),
+            "endpoints": [_advised_endpoint(c, e, payoff, colours) for e in c["endpoints"]]}
+
+
+def render_advisor(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                   ctx: Mapping[str, Any]) -> Markup:
+    form = _form([("cluster", "cluster", ctx["clusters"]), ("lob", "LOB", ctx["lobs"]),
+                  ("endpoint", "endpoint contains", None), ("since", "since", None)], f)
     payoff = float(data["payoff_tokens"])
-    out = [form, f'<p class="source">Does the shared L2 pay off per endpoint, from its observed prompt lengths and the '
-                 f"speedup curve (below about {payoff:,.0f} tokens it does not), and is Curvine big enough per "
-                 "cluster: the newest report of kvfleet_hit_verification's advise task (the same model as "
-                 "<code>kvfleet advise --json</code>).</p>"]
-    if not data["clusters"]:
-        return "".join([*out, f'<p class="empty">No advisor report in the last {escape(f.since)}: '
-                              "kvfleet_hit_verification records one per cluster.</p>"])
-    for c in data["clusters"]:
-        cap = c.get("capacity") or {}
-        out.append(f'<h2>{escape(c["cluster"])} <small>newest report {escape(cell(c["at"]))} · run '
-                   f'<code>{escape(c["run_key"])}</code> (each endpoint shows its newest advice)</small></h2>')
-        if cap:
-            add = f' (+{cap.get("add_workers")} workers)' if cap.get("add_workers") else ""
-            out.append(f'<p class="summary" id="capacity-{escape(c["cluster"])}" data-recommendation='
-                       f'"{escape(str(cap.get("recommendation")))}">Curvine capacity: '
-                       f'<strong>{escape(str(cap.get("recommendation")))}</strong>{escape(add)}</p>'
-                       + _arithmetic(cap.get("arithmetic") or [], "arithmetic"))
-        for err in c["errors"]:
-            out.append(f'<p class="note red">could not read: {escape(str(err))}</p>')
-        cols = ["endpoint", "lob", *[k for k in ("verdict", "requests_per_hour", "mean_prompt_tokens",
-                                                  "share_below_payoff", "saved_ms_per_request", "saved_fraction",
-                                                  "working_set_gib", "curve")
-                                     if any(k in e for e in c["endpoints"])], "reported_at", "run_key"]
-        out.append(table(c["endpoints"], cols, table_id=f'advisor-{c["cluster"]}', colours=colours,
-                         data={"cluster": c["cluster"]}))
-        out.extend(_render_advised_endpoint(c, e, payoff, colours) for e in c["endpoints"])
-    return "".join(out)
+    return render("advisor.html", form=form, payoff=payoff, since=f.since,
+                  clusters=[_advised_cluster(c, payoff, colours) for c in data["clusters"]])
 
 
-def _drift_nav(data: dict[str, Any], f: Filters, base: str, nav_id: str) -> str:
+def _drift_nav(data: dict[str, Any], f: Filters, base: str, nav_id: str) -> Markup:
     """Where this page of findings sits, and links to the first and the next page (a GET link each, no JS)."""
-    total = sum(c["seen"] for c in data["per_cluster"].values())
     keep = {"cluster": f.get("cluster"), "since": f.since,
             "limit": None if data["limit"] == catalog.DEFAULT_LIMIT else data["limit"]}
-    links = []
-    if data["after"]:
-        links.append(f'<a class="first" href="{escape(_href(base, "drift", **keep))}">first page</a>')
-    if data["next"]:
-        href = _href(base, "drift", **keep, after=data["next"])
-        links.append(f'<a class="next" rel="next" href="{escape(href)}">next {data["limit"]:,} →</a>')
-    where = "a later page" if data["after"] else "the first page"
-    return (f'<p class="summary" id="{nav_id}" data-shown="{len(data["findings"])}" data-total="{total}">'
-            f'{len(data["findings"]):,} of the {total:,} findings seen in the last {escape(f.since)}, newest first '
-            f'({where}, up to {data["limit"]:,} per page){" · " if links else ""}{" · ".join(links)}</p>')
+    return render("drift_nav.html", nav_id=nav_id, shown=len(data["findings"]), limit=data["limit"], since=f.since,
+                  total=sum(c["seen"] for c in data["per_cluster"].values()), later=bool(data["after"]),
+                  first_href=_href(base, "drift", **keep) if data["after"] else None,
+                  next_href=_href(base, "drift", **keep, after=data["next"]) if data["next"] else None)
 
 
-def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    form = _filter_form([("cluster", "cluster", ctx["clusters"]), ("since", "since", None)], f)
-    rows = data["findings"]
-    per = [{"cluster": c, **v} for c, v in sorted(data["per_cluster"].items())]
-    out = [form, "<h2>Findings per cluster</h2>",
-           table(per, ["cluster", *DRIFT_COUNTS], table_id="drift-per-cluster")]
+def _drift_chart(data: dict[str, Any], f: Filters, colours: LobColours) -> Markup | None:
+    """The findings of this page as intervals, opened to resolved (or now), one row per object and kind."""
     bars = []
-    for r in sorted(rows, key=lambda r: (r["cluster"], _ts(r["first_seen"]) or 0.0)):
+    for r in sorted(data["findings"], key=lambda r: (r["cluster"], _ts(r["first_seen"]) or 0.0)):
         start = _ts(r["first_seen"])
         if start is None:
             continue
@@ -521,51 +482,58 @@ def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: st
                         label=f'{r["kind"]} ({r["severity"]}) {r["field"] or ""}'.strip(),
                         hatched=outcome in ("refused", "failed"),
                         extra={"kind": r["kind"], "cluster": r["cluster"], "remediation": outcome or ""}))
-    if bars:
-        shown = "" if not data["after"] and not data["next"] else f"; the {len(rows):,} findings of this page"
-        out.append(timeline(bars, title=f"Drift findings opened and resolved (last {f.since}{shown})",
-                            now=datetime.now(UTC).timestamp(), chart_id="plot-drift"))
+    if not bars:
+        return None
+    shown = "" if not data["after"] and not data["next"] else f"; the {len(data['findings']):,} findings of this page"
+    return timeline(bars, title=f"Drift findings opened and resolved (last {f.since}{shown})",
+                    now=datetime.now(UTC).timestamp(), chart_id="plot-drift")
+
+
+def render_drift(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                 ctx: Mapping[str, Any]) -> Markup:
+    rows = data["findings"]
+    per = [{"cluster": c, **v} for c, v in sorted(data["per_cluster"].items())]
+    chart = _drift_chart(data, f, colours)
     for r in rows:
         rem = r.get("remediation") or {}
         r["remediation_outcome"] = rem.get("outcome")
         r["remediation_action"] = rem.get("action")
         r["runbook"] = f"what to do: {r['kind']}" if red_finding(r) else None
-    out.append("<h2>Findings</h2>")
-    out.append(_drift_nav(data, f, base, "drift-paging"))
-    out.append(table(rows, ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual",
+    findings = table(rows, ["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual",
                             "first_seen", "resolved_at", "remediation_action", "remediation_outcome", "runbook"],
                      table_id="drift-findings", colours=colours,
-                     links={"runbook": lambda r: runbook.href(base, runbook.DRIFT_TOPIC)}))
-    if data["next"]:
-        out.append(_drift_nav(data, f, base, "drift-paging-end"))
-    return "".join(out)
+                     links={"runbook": lambda r: runbook.href(base, runbook.DRIFT_TOPIC)})
+    return render("drift.html", form=_form([("cluster", "cluster", ctx["clusters"]), ("since", "since", None)], f),
+                  per_cluster=table(per, ["cluster", *DRIFT_COUNTS], table_id="drift-per-cluster"), chart=chart,
+                  nav=_drift_nav(data, f, base, "drift-paging"), findings=findings,
+                  nav_end=_drift_nav(data, f, base, "drift-paging-end") if data["next"] else None)
 
 
-def render_curvine(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    out = [_filter_form([("cluster", "cluster", data["clusters"])], f)]
+def _curvine_cluster(c: Mapping[str, Any]) -> dict[str, Any]:
     gib = 2 ** 30
-    for c in data["curvine"]:
-        out.append(f'<h2>{escape(c["cluster"])}</h2>')
-        caps = c["capacity"]
-        points = [(t, r["capacity_bytes"] / gib) for r in caps
-                  if (t := _ts(r["at"])) is not None and r["capacity_bytes"] is not None]
-        used = [(t, r["fs_used_bytes"] / gib) for r in caps
-                if (t := _ts(r["at"])) is not None and r["fs_used_bytes"] is not None]
-        if points:
-            out.append(xy_chart([Series("capacity GiB", "#0072B2", points), Series("used GiB", "#E69F00", used)],
-                                title=f"Curvine capacity on {c['cluster']}", x=Axis("time (UTC)", time=True),
-                                y=Axis("GiB", lo=0.0, fmt="{:,.0f}"), chart_id=f"plot-capacity-{c['cluster']}"))
-        out.append("<h3>Release revisions and their format flags</h3>")
-        out.append(table(c["releases"], ["release", "revision", "chart_version", "status", "format_master",
-                                         "format_worker", "format_journal", "recorded_at", "run_key"],
-                         table_id=f"curvine-releases-{c['cluster']}"))
-        for r in caps:
-            r["capacity_gib"] = None if r["capacity_bytes"] is None else r["capacity_bytes"] / gib
-            r["fs_used_gib"] = None if r["fs_used_bytes"] is None else r["fs_used_bytes"] / gib
-        out.append("<h3>Capacity snapshots</h3>")
-        out.append(table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
-                                "files_total", "run_key"], table_id=f"curvine-capacity-{c['cluster']}"))
-    return "".join(out)
+    caps = c["capacity"]
+    points = [(t, r["capacity_bytes"] / gib) for r in caps
+              if (t := _ts(r["at"])) is not None and r["capacity_bytes"] is not None]
+    used = [(t, r["fs_used_bytes"] / gib) for r in caps
+            if (t := _ts(r["at"])) is not None and r["fs_used_bytes"] is not None]
+    chart = xy_chart([Series("capacity GiB", "#0072B2", points), Series("used GiB", "#E69F00", used)],
+                     title=f"Curvine capacity on {c['cluster']}", x=Axis("time (UTC)", time=True),
+                     y=Axis("GiB", lo=0.0, fmt="{:,.0f}"), chart_id=f"plot-capacity-{c['cluster']}") if points else None
+    releases = table(c["releases"], ["release", "revision", "chart_version", "status", "format_master",
+                                     "format_worker", "format_journal", "recorded_at", "run_key"],
+                     table_id=f"curvine-releases-{c['cluster']}")
+    for r in caps:
+        r["capacity_gib"] = None if r["capacity_bytes"] is None else r["capacity_bytes"] / gib
+        r["fs_used_gib"] = None if r["fs_used_bytes"] is None else r["fs_used_bytes"] / gib
+    capacity = table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
+                            "files_total", "run_key"], table_id=f"curvine-capacity-{c['cluster']}")
+    return {"cluster": c["cluster"], "chart": chart, "releases": releases, "capacity": capacity}
+
+
+def render_curvine(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                   ctx: Mapping[str, Any]) -> Markup:
+    return render("curvine.html", form=_form([("cluster", "cluster", data["clusters"])], f),
+                  clusters=[_curvine_cluster(c) for c in data["curvine"]])
 
 
 def _airflow_base(base: str) -> str:
@@ -573,98 +541,47 @@ def _airflow_base(base: str) -> str:
     return base[: -len("/kvfleet")] if base.endswith("/kvfleet") else ""
 
 
-def render_pending(pending: Sequence[Mapping[str, Any]], base: str) -> str:
-    if not pending:
-        return '<h2>Waiting for a human</h2><p class="empty" id="pending-gates">No gate is waiting.</p>'
-    out = [f'<h2>Waiting for a human ({len(pending)})</h2><div id="pending-gates">']
-    for g in pending:
-        answer = _airflow_base(base) + str(g["required_actions"])
-        index = f' [{int(g["map_index"])}]' if g["map_index"] >= 0 else ""
-        out.append(
-            f'<section class="gate" data-run-key="{escape(g["run_key"])}" data-task-id="{escape(g["task_id"])}" '
-            f'data-map-index="{int(g["map_index"])}"><h3>{escape(g["subject"])}</h3>'
-            f'<p><a class="answer" href="{escape(answer)}" target="_top">Answer in Airflow (Required actions)</a> · '
-            f'options: {escape(", ".join(g["options"]))} · run <code>{escape(g["run_key"])}</code> · task '
-            f'<code>{escape(g["task_id"])}</code>{index}</p>'
-            f'<div class="gate-body">{runbook.render(g["body"] or "")}</div>'
-            f'<details open><summary>Evidence from the history</summary>{runbook.render(g["evidence"])}</details>'
-            f'<p class="source">What the options do and when to abort: <a href="'
-            f'{escape(runbook.href(base, "verification"))}" target="_blank" rel="noopener">runbook</a>.</p>'
-            "</section>")
-    out.append("</div>")
-    return "".join(out)
+def _pending_gate(g: Mapping[str, Any], base: str) -> dict[str, Any]:
+    """A gate waiting for a human (``gates.html``): its body and evidence are markdown, rendered raw HTML off."""
+    return {"run_key": g["run_key"], "task_id": g["task_id"], "map_index": int(g["map_index"]),
+            "subject": g["subject"], "options": [str(o) for o in g["options"]],
+            "answer": _airflow_base(base) + str(g["required_actions"]),
+            "body": runbook.render(g["body"] or ""), "evidence": runbook.render(g["evidence"])}
 
 
-def render_gates(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
+def render_gates(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                 ctx: Mapping[str, Any]) -> Markup:
     rows = [{**r, "runbook": "what to do" if red_decision(r) else None} for r in data["rows"]]
-    cols = [*data["rows"][0], "runbook"] if rows else []
-    note = f'<p class="note">{escape(data["note"])}</p>' if data["note"] else ""
     to_runbook = {"runbook": lambda r: runbook.href(base, "verification")}
-    out = [_filter_form([("since", "since", None)], f), note]
-    if "pending" in data:
-        out.append(render_pending(data["pending"], base))
-    if data.get("pending_error"):
-        out.append(f'<p class="note red">{escape(data["pending_error"])}</p>')
-    out += [f'<h2>Human decisions</h2><p class="source">Named query: <code>{escape(data["source"])}</code></p>',
-            table(rows, cols, table_id="gates", links=to_runbook)]
+    steps = None
     if data["steps"]:
-        steps = [{**r, "runbook": "what to do" if red_decision(r) else None} for r in data["steps"]]
-        out.append("<h2>Every gate step</h2><p class=\"source\">Automatic gates after each wave (kvfleet decides) "
-                   "and human answers; named query <code>ui_gate_steps</code>.</p>")
-        out.append(table(steps, [*data["steps"][0], "runbook"], table_id="gate-steps", links=to_runbook))
-    return "".join(out)
+        steps = table([{**r, "runbook": "what to do" if red_decision(r) else None} for r in data["steps"]],
+                      [*data["steps"][0], "runbook"], table_id="gate-steps", links=to_runbook)
+    pending = [_pending_gate(g, base) for g in data["pending"]] if "pending" in data else None
+    return render("gates.html", form=_form([("since", "since", None)], f), data=data, pending=pending,
+                  verification_runbook=runbook.href(base, "verification"), steps=steps,
+                  decisions=table(rows, [*data["rows"][0], "runbook"] if rows else [], table_id="gates",
+                                  links=to_runbook))
 
 
-def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str, ctx: Mapping[str, Any]) -> str:
-    form = _filter_form([("dag_id", "DAG", None), ("status", "status", sorted(data["statuses"])),
-                         ("since", "since", None)], f)
-    summary = ", ".join(f"{n} {escape(s)}" for s, n in sorted(data["statuses"].items())) or "none"
+def render_runs(data: dict[str, Any], f: Filters, colours: LobColours, base: str,
+                ctx: Mapping[str, Any]) -> Markup:
+    form = _form([("dag_id", "DAG", None), ("status", "status", sorted(data["statuses"])), ("since", "since", None)],
+                 f)
     rows = [{**r, "runbook": "what to do" if r.get("status") in RED_RUN_STATUSES else None} for r in data["runs"]]
-    return (form + f'<p class="summary">{len(data["runs"])} runs: {summary}.</p>'
-            + table(rows, ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status",
-                           "reason", "changed", "unchanged", "failed", "planned", "runbook"], table_id="runs",
-                    links={"runbook": lambda r: runbook.href(base, runbook.TOPIC_OF_DAG.get(r["dag_id"], "rollout"))}))
+    runs = table(rows, ["started_at", "ended_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "reason",
+                        "changed", "unchanged", "failed", "planned", "runbook"], table_id="runs",
+                 links={"runbook": lambda r: runbook.href(base, runbook.TOPIC_OF_DAG.get(r["dag_id"], "rollout"))})
+    return render("runs.html", form=form, data=data, runs=runs)
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], str]] = {
+RENDERERS: dict[str, Callable[[dict[str, Any], Filters, LobColours, str, Mapping[str, Any]], Markup]] = {
     "fleet": render_fleet, "trends": render_trends, "advisor": render_advisor, "drift": render_drift,
     "curvine": render_curvine, "gates": render_gates, "runs": render_runs}
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:0;color:#1a1a1a;background:#fafafa}
-header{background:#017cee;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center;flex-wrap:wrap}
-header a{color:#fff;text-decoration:none;padding:4px 8px;border-radius:4px}
-header a.active{background:rgba(255,255,255,.25);font-weight:600}
-main{padding:12px 16px;max-width:1400px}
-table.data{border-collapse:collapse;font-size:12px;margin:6px 0 16px;background:#fff}
-table.data th,table.data td{border:1px solid #ddd;padding:3px 6px;text-align:left;white-space:nowrap}
-table.data th{background:#f0f0f0}
-.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
-.legend{margin:4px 0 8px;font-size:12px}.legend .lob{margin-right:12px}
-.v-pass,.v-applied,.v-success{color:#0a7a2f}.v-fail,.v-failed,.v-drifted{color:#b00020;font-weight:600}
-.v-degraded,.v-unverifiable,.v-not\\ applied,.v-completed_with_failures{color:#a15c00}
-form.filters{display:flex;gap:10px;flex-wrap:wrap;align-items:center;margin:6px 0;font-size:13px}
-svg.chart{display:block;margin:8px 0;max-width:100%;height:auto;background:#fff;border:1px solid #e4e4e4}
-p.note{background:#fff7e0;border:1px solid #f0d890;padding:6px 8px;font-size:13px}
-p.note.red{background:#fdecee;border-color:#f0a0a8}
-section.gate{background:#fff;border:1px solid #e4e4e4;border-left:4px solid #a15c00;padding:4px 12px;margin:8px 0}
-section.gate table{border-collapse:collapse;font-size:12px}section.gate td,section.gate th{border:1px solid #ddd;
-padding:2px 6px}a.answer{font-weight:600}
-p.source,p.summary{font-size:13px;color:#444}
-section.advice{background:#fff;border:1px solid #e4e4e4;padding:4px 12px;margin:8px 0}
-ol.arithmetic,ol.assumptions{font-size:12px;font-family:ui-monospace,monospace;color:#333}
-.v-pays_off{color:#0a7a2f;font-weight:600}.v-does_not_pay_off{color:#b00020;font-weight:600}
-.v-marginal,.v-insufficient_data{color:#a15c00}.user{margin-left:auto;font-size:12px}
-"""
 
-
-def page(view: str, body: str, *, base: str, user: str, colours: LobColours) -> str:
-    tabs = "".join(f'<a href="{base}/{v}"{" class=active" if v == view else ""}>{escape(TITLES[v])}</a>'
-                   for v in VIEWS)
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>kvfleet · {escape(TITLES[view])}'
-            f'</title><meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
-            f'<body data-view="{view}"><header><strong>kvfleet</strong>{tabs}'
-            f'<a href="{escape(runbook.href(base, ""))}" target="_blank" rel="noopener">Runbook</a>'
-            '<span class="user">signed in as '
-            f'{escape(user)} · <a href="{base}/api/{view}">JSON</a></span></header><main>'
-            f"<h1>{escape(TITLES[view])}</h1>{colours.legend_html()}{body}</main></body></html>")
+def page(view: str, body: Markup, *, base: str, user: str, colours: LobColours) -> str:
+    """The whole page of a view: ``body`` is a rendered template (a plain ``str`` would be shown escaped)."""
+    html = render("page.html", view=view, title=TITLES[view], tabs=[(v, TITLES[v]) for v in VIEWS], base=base,
+                  user=user, runbook=runbook.href(base, ""), legend=colours.legend_html(), body=body)
+    return str(html)  # the finished document, a plain str: it goes into no other template

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-from html import escape
 from pathlib import Path
+
+from markupsafe import Markup, escape
 
 from kvfleet.airflow.gates import RUNBOOK_ANCHORS, Links
 
@@ -51,12 +52,13 @@ def slug(heading_html: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-def render(markdown_text: str) -> str:
-    """Markdown (the runbook, a gate's body) as HTML: tables on, raw HTML off (shown as text), headings with
-    GitHub's anchors."""
+def render(markdown_text: str) -> Markup:
+    """Markdown (the runbook, a gate's body) as HTML: tables on, raw HTML off (shown as text, so the output is
+    markup markdown-it made, every text in it escaped), headings with GitHub's anchors (``slug`` keeps word
+    characters, hyphens and spaces only)."""
     try:
         from markdown_it import MarkdownIt
     except ImportError:  # markdown-it-py comes with Airflow (through rich); without it, the text as it is
-        return f"<pre>{escape(markdown_text)}</pre>"
+        return Markup("<pre>{}</pre>").format(markdown_text)
     html = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown_text)
-    return HEADING.sub(lambda m: f'<h{m[1]} id="{slug(m[2])}">{m[2]}</h{m[1]}>', html)
+    return Markup(HEADING.sub(lambda m: f'<h{m[1]} id="{escape(slug(m[2]))}">{m[2]}</h{m[1]}>', html))

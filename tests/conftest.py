@@ -97,12 +97,12 @@ def fresh_db_url(pg) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def history(fresh_db_url: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """A History repository on a fresh, migrated database; KVFLEET_HISTORY_URL points at it."""
+    """A HistoryRepos repository on a fresh, migrated database; KVFLEET_HISTORY_URL points at it."""
     from kvfleet.history.db import get_engine
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     monkeypatch.setenv("KVFLEET_HISTORY_URL", fresh_db_url)
-    return History(get_engine(fresh_db_url))
+    return HistoryRepos.on(get_engine(fresh_db_url))
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def _float_in(name: str, lo: float, hi: float) -> Any:
 
 
 def _since(raw: str) -> str:
-    from kvfleet.history.repo import since_to_timedelta
+    from kvfleet.history.queries import since_to_timedelta
 
     try:
         since_to_timedelta(raw)
@@ -160,13 +160,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _history() -> Any:
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _cutoff(since: str) -> datetime:
-    from kvfleet.history.repo import since_cutoff
+    from kvfleet.history.queries import since_cutoff
 
     return since_cutoff(since, datetime.now(UTC))
 
@@ -175,7 +175,7 @@ Table = tuple[list[dict[str, Any]], list[str]]
 
 
 def _runs(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
+    rows = h.queries.rows("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
     return rows, ["started_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "changed", "unchanged",
                   "failed", "planned", "unknown_changes", "reason"]
 
@@ -183,7 +183,7 @@ def _runs(h: Any, args: argparse.Namespace) -> Table:
 def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[dict[str, Any]]:
     """One page (--limit rows after --after) of a keyset-paged query; its next cursor goes to ``args.next``."""
     try:
-        rows, args.next = h.page(name, limit=args.limit, after=args.after, **binds)
+        rows, args.next = h.queries.page(name, limit=args.limit, after=args.after, **binds)
     except ValueError as exc:
         raise UsageError(f"kvfleet audit {args.what}: {exc}") from None
     return list(rows)
@@ -204,7 +204,7 @@ def _drift(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _gates(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("gate_decisions", cutoff=_cutoff(args.since), run_key=args.run, limit=args.limit)
+    rows = h.queries.rows("gate_decisions", cutoff=_cutoff(args.since), run_key=args.run, limit=args.limit)
     for r in rows:  # the table shows the verdicts at the moment of the answer as endpoint=verdict
         r["verifications_then"] = ", ".join(
             f"{e}={v.get('verdict')}" for e, v in sorted((r.get("verifications") or {}).items())) or None
@@ -213,7 +213,7 @@ def _gates(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _changes(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
+    rows = h.queries.rows("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
                    endpoint=args.endpoint, limit=args.limit)
     return rows, ["at", "run_key", "cluster", "endpoint", "action", "target", "outcome", "outcome_at", "actor"]
 
@@ -221,12 +221,12 @@ def _changes(h: Any, args: argparse.Namespace) -> Table:
 def _endpoint(h: Any, args: argparse.Namespace) -> Table:
     if not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
-    rows = h.query("endpoint_changes", endpoint=args.endpoint, cutoff=_cutoff(args.since))
+    rows = h.queries.rows("endpoint_changes", endpoint=args.endpoint, cutoff=_cutoff(args.since))
     return rows, ["at", "cluster", "endpoint", "stage", "step", "outcome", "run_key", "run_status", "trigger",
                   "triggered_by"]
 
 
-_PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (History.page)
+_PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (Queries.page)
 PAGE_SIZE = 100
 _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gates": _gates, "changes": _changes,
            "endpoint": _endpoint}
@@ -269,8 +269,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
-    rows = h.query("curvine_history", cluster=args.cluster)
-    caps = h.query("capacity_history", cluster=args.cluster)
+    rows = h.queries.rows("curvine_history", cluster=args.cluster)
+    caps = h.queries.rows("capacity_history", cluster=args.cluster)
     if args.json:
         _json_dump({"releases": rows, "capacity": caps})
         return 0
@@ -290,7 +290,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
     """Per-LOB table of one rollout run (the newest one unless --run is given)."""
     run_key = args.run
     if not run_key:
-        last = h.query("last_run", dag_id="kvfleet_rollout")
+        last = h.queries.rows("last_run", dag_id="kvfleet_rollout")
         if not last:
             if args.json:
                 _json_dump({"run_key": None, "lobs": []})
@@ -298,7 +298,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
                 _out("no kvfleet_rollout run recorded yet")
             return 0
         run_key = last[0]["run_key"]
-    rows = h.query("rollout_by_lob", run_key=run_key)
+    rows = h.queries.rows("rollout_by_lob", run_key=run_key)
     if args.json:
         _json_dump({"run_key": run_key, "lobs": rows})
         return 0
@@ -310,7 +310,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
 
 def _audit_verify(h: Any, args: argparse.Namespace) -> int:
     """Walk the audit log's hash chain; exit 1 naming the first broken row."""
-    result = h.verify_chain()
+    result = h.audit.verify_chain()
     if args.json:
         _json_dump(result)
     elif result["ok"]:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from kvfleet.stages.base import Outcome, Status
+from kvfleet.outcomes import Status
+from kvfleet.stages.base import Outcome
 
 
 def test_an_outcome_cannot_be_changed() -> None:

@@ -371,9 +371,9 @@ def _settings(settings: NotifySettings | None) -> NotifySettings | None:
 
 
 def _history() -> Any:
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _drift_lobs(result: Mapping[str, Any], opened: Sequence[Mapping[str, Any]] | None,
@@ -411,10 +411,10 @@ def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettin
         try:
             history = history if history is not None else _history()
             if count:
-                opened = list(history.query("ui_findings_opened", cluster=str(result.get("cluster") or ""),
+                opened = list(history.queries.rows("ui_findings_opened", cluster=str(result.get("cluster") or ""),
                                             run_key=run_key))
             if inventory is None:
-                inventory = load_fleet(((history.run(run_key) or {}).get("params") or {}).get("fleet"))
+                inventory = load_fleet(((history.runs.get(run_key) or {}).get("params") or {}).get("fleet"))
         except Exception as exc:
             log.warning("kvfleet: the drift notification reads no history (%s: %s); it names every finding",
                         type(exc).__name__, str(exc)[:200])

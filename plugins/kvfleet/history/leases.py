@@ -3,7 +3,7 @@
 Called by ``kvfleet.stages.locks.ClusterLock`` (take, heartbeat, park, release) and by the drift check (is the
 run that paused the operator still alive?). The rows live in ``cluster_locks`` (migration 0004 adds ``state``).
 
-Liveness, explicitly (issue 14):
+Liveness, explicitly:
 - **active** — a task is running and holds the lease. It heartbeats every ``ttl/3`` with a short ttl
   (``ACTIVE_TTL_S``, 60 s). A task killed with SIGKILL stops heartbeating, so its lease is free at most 60 s
   later.
@@ -78,8 +78,9 @@ class Leases:
         self.engine = engine or get_engine()
 
     def get(self, cluster: str) -> dict[str, Any] | None:
+        """The cluster's lease row, with ``expired`` (its ttl is past by the database's clock), or None."""
         with self.engine.connect() as conn:
-            row = conn.execute(text("SELECT * FROM cluster_locks WHERE cluster = :c"),
+            row = conn.execute(text("SELECT *, expires_at < now() AS expired FROM cluster_locks WHERE cluster = :c"),
                                {"c": cluster}).mappings().first()
             return dict(row) if row else None
 

@@ -12,7 +12,7 @@ Routes (relative to the mount point):
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
   their parameters; ``/api/queries/<name>``: one named query's rows (parameters from the query string).
 
-It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``History.query``, as the CLI
+It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``Queries.rows``, as the CLI
 does). Auth is Airflow's: the caller is the user of the JWT in the ``Authorization: Bearer`` header or the UI's
 ``_token`` cookie, resolved by Airflow's own ``get_user`` dependency against the auth manager the API server
 initialised, and must be allowed to read DAG runs. An HTML request without a valid user is redirected to the
@@ -66,9 +66,9 @@ User = Annotated[Any, Depends(airflow_user)]
 
 
 def _history() -> Any:
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _pending() -> list[Any]:
@@ -156,7 +156,7 @@ def html_view(view: str) -> Callable[..., HTMLResponse]:
         f = _filters(request, view)
         known_lobs = pages.lobs(history)
         colours = LobColours(known_lobs)
-        ctx = {"clusters": [r["cluster"] for r in history.query("ui_clusters")], "lobs": known_lobs}
+        ctx = {"clusters": [r["cluster"] for r in history.queries.rows("ui_clusters")], "lobs": known_lobs}
         data = _with_pending(request, view, pages.build(view, history, f), history)
         body = pages.RENDERERS[view](data, f, colours, base, ctx)
         return HTMLResponse(pages.page(view, body, base=base, user=user.get_name(), colours=colours))
@@ -180,7 +180,7 @@ def runbook_page(request: Request, user: User) -> Response:
 
 def create_app(history_factory: Callable[[], Any] = _history,
                pending_factory: Callable[[], list[Any]] = _pending) -> FastAPI:
-    """The app; ``history_factory`` builds the History repository (once, on the first request that reads);
+    """The app; ``history_factory`` builds the HistoryRepos repository (once, on the first request that reads);
     ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
                   docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")

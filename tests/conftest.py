@@ -33,7 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ["KVFLEET_STATE_DIR"] = str(tmp / "state")
-    os.environ.pop("KVFLEET_HISTORY_URL", None)
+    # The history fails closed without a URL: the suite chooses the embedded server explicitly (the one started
+    # below, in this state directory); airflow_env then names its writer and owner roles for every process.
+    os.environ["KVFLEET_HISTORY_URL"] = "embedded"
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
     from kvfleet.airflow.local_env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from kvfleet.errors import InventoryError, KvfleetError
+from kvfleet.errors import HistoryConfigError, HistoryUnreachable, InventoryError, KvfleetError
 from kvfleet.fleet.inventory import InventoryWarning, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
 
@@ -341,26 +341,33 @@ def _check_revision(migrate: Any, revision: str) -> None:
 
 def cmd_db(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
-    from sqlalchemy import create_engine
 
     from kvfleet.history import migrate
-    from kvfleet.history.db import migration_url
+    from kvfleet.history.db import migration_url, new_engine
 
     if args.revision:
         _check_revision(migrate, args.revision)
-    engine = create_engine(migration_url())  # as the owner role when one is configured
+    url = migration_url()
+    engine = new_engine(url)  # as the owner role when one is configured
     try:
+        _migrate(args, migrate, engine, url)
+    except CommandError as exc:
+        raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _migrate(args: argparse.Namespace, migrate: Any, engine: Any, url: str) -> None:
+    from kvfleet.history.db import reachable
+
+    with reachable(url):
         if args.action == "upgrade":
             migrate.upgrade(engine, args.revision or "head")
         elif args.action == "downgrade":
             migrate.downgrade(engine, args.revision or "base")
         _out(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
               f"(head {migrate.head_revision()})")
-    except CommandError as exc:
-        raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
-    finally:
-        engine.dispose()
-    return 0
 
 
 # ---- gates -------------------------------------------------------------------------------------------------
@@ -654,6 +661,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(args.func(args))
     except InventoryError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    except (HistoryConfigError, HistoryUnreachable) as exc:  # the history is misconfigured or does not answer
+        print(f"kvfleet: {exc}", file=sys.stderr)
         return 2
     except UsageError as exc:
         print(str(exc), file=sys.stderr)

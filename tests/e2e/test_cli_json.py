@@ -117,10 +117,10 @@ def test_plan_json_pipes_cleanly(example_fleet: Path) -> None:
 
 
 def test_embedded_postgres_messages_stay_off_stdout(tmp_path: Path) -> None:
-    """No KVFLEET_HISTORY_URL: the embedded server starts (its notices go to stderr), stdout is JSON only."""
+    """KVFLEET_HISTORY_URL=embedded: the embedded server starts (its notices go to stderr), stdout is JSON only."""
     proc = kvfleet("audit", "runs", "--json", env={"KVFLEET_STATE_DIR": str(tmp_path / "state"),
-                                                   "KVFLEET_LOG_LEVEL": "INFO"},
-                   drop=("KVFLEET_HISTORY_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"))
+                                                   "KVFLEET_LOG_LEVEL": "INFO", "KVFLEET_HISTORY_URL": "embedded"},
+                   drop=("KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"))
     try:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout) == []

@@ -30,12 +30,24 @@ class Status(enum.StrEnum):
     ADVISED = "advised"
     UNREACHABLE = "unreachable"
     DEFERRED = "deferred"
+    WATCH_FAILED = "watch_failed"  # the drift watch could not watch a cluster
+    CONTINUE = "continue"  # a gate decision (``kvfleet.fleet.gates``): go on with the next wave
+    STOP = "stop"
+    SKIP_ENDPOINTS = "skip_endpoints"
     SKIPPED = "skipped"
     SKIPPED_BY_GATE = "skipped_by_gate"
     ABORT = "abort"  # a human's (or a carried) gate decision to abort the run
     ABORTED = "aborted"
     PAUSED_FOR_REVIEW = "paused_for_review"
     OBSERVED = "observed"  # an open intent closed by a later look at the live state
+
+
+def status_of(value: str) -> Status:
+    """``value`` as a ``Status``; a ValueError naming it and the vocabulary for anything else."""
+    try:
+        return Status(value)
+    except ValueError:
+        raise ValueError(f"outcome: {value!r} is not one of kvfleet's outcomes ({', '.join(Status)})") from None
 
 
 class RunStatus(enum.StrEnum):

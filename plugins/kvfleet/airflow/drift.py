@@ -18,6 +18,7 @@ from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
+from kvfleet.outcomes import Status
 from kvfleet.stages import drift
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ def record_watch_errors(history: HistoryRepos, step_key: StepKey, actor: str, er
         log.warning("[%s] the drift watch reported: %s", e["cluster"], e["message"])
         by_cluster.setdefault(e["cluster"], []).append({"kind": e["kind"], "message": e["message"]})
     for cluster, found in sorted(by_cluster.items()):
-        history.runs.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", "watch_failed", cluster=cluster,
-                                                detail={"errors": found}), actor=actor)
+        history.runs.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", Status.WATCH_FAILED,
+                                                     cluster=cluster, detail={"errors": found}), actor=actor)
 
 
 @task_boundary

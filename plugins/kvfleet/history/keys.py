@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvfleet.outcomes import status_of
+
 
 def json_param(value: Any) -> str:
     """``value`` as the JSON text a ``CAST(:x AS jsonb)`` bind takes (keys sorted, anything else as str)."""
@@ -32,6 +34,9 @@ class StepKey:
 
 @dataclass(frozen=True)
 class StepEvent:
+    """One recorded step. ``outcome`` is a ``kvfleet.outcomes.Status`` (a plain string of its vocabulary is taken
+    as the member; anything else is a ValueError), so the history stores only the one vocabulary."""
+
     step: str
     stage: str
     outcome: str
@@ -39,3 +44,6 @@ class StepEvent:
     endpoint: str | None = None
     lob: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", status_of(self.outcome))

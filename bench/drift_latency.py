@@ -254,8 +254,9 @@ def _environment(state: Path) -> Iterator[Any]:
     os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}{os.pathsep}{os.environ['PATH']}"
     os.environ.setdefault("KVFLEET_POLL_SECONDS", "0.05")
     os.environ["KVFLEET_STATE_DIR"] = str(state / "kvfleet")  # a fresh embedded PostgreSQL for the history
-    for key in ("KVFLEET_HISTORY_URL", "KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"):
+    for key in ("KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"):
         os.environ.pop(key, None)
+    os.environ["KVFLEET_HISTORY_URL"] = "embedded"  # chosen explicitly: without a URL the history refuses
     runtime.RBAC_DIR = _rbac_with_watch(state / "rbac")
     sandbox = runtime.start_sandbox(_inventory(), state / "sandbox", SandboxSettings(time_scale=0.005))
     try:

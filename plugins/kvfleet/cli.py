@@ -19,11 +19,14 @@ import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable, InventoryError, KvfleetError
 from kvfleet.fleet.inventory import InventoryWarning, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
 # The same range as the kvfleet_rollout DAG Param `wave_size` (kvfleet.airflow.params; a unit test keeps them equal).
@@ -159,7 +162,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ---- audit ---------------------------------------------------------------------------------------------------
 
 
-def _history() -> Any:
+def _history() -> HistoryRepos:
     from kvfleet.history.repos import HistoryRepos
 
     return HistoryRepos.on()

@@ -41,9 +41,9 @@ def seed_history(history: Any) -> dict[str, Any]:
             "stored_tokens": 1792, "hit_tokens": 1792, "hit_ratio": 1.0, "ttft_cold_ms": 620.0 + i,
             "ttft_warm_ms": 260.0, "speedup": round((620.0 + i) / 260.0, 3), "expected_speedup": 2.367,
             "verdict": "pass" if i != 1 else "degraded", "diagnosis": None if i != 1 else "slow warm TTFT"})
-        history.runs.record_step(key, StepEvent("gate:0", "gate", "passed" if i != 1 else "degraded", cluster=cluster))
+        history.runs.record_step(key, StepEvent("gate:0", "gate", "passed" if i != 1 else "review", cluster=cluster))
     history.runs.record_step(StepKey(rk, "cluster.gate_0", 0), StepEvent(
-        "gate_response:cluster.gate_0", "gate", "approved", cluster="ml-prod-use1",
+        "gate_response:cluster.gate_0", "gate", "continue", cluster="ml-prod-use1",
         detail={"chosen": "Approve", "asked": "ask_review", "waves": [0]}), actor="alice")
     # a sweep of the first endpoint by the hourly verification DAG
     vk = "kvfleet_hit_verification/scheduled__2026-11-30T11:00:00+00:00"
@@ -238,7 +238,7 @@ def test_every_view_answers_json_and_html(client: Any, seeded: dict[str, Any], a
     assert len(human) == 1 and human[0]["chosen"] == "Approve"
     assert human[0].get("decided_by", human[0].get("answered_by")) == "alice"
     if gates["source"] == "gate_decisions":  # the automatic gates are listed beside the human decisions
-        assert sorted(s["outcome"] for s in gates["steps"]) == ["approved", "degraded", "passed", "passed"]
+        assert sorted(s["outcome"] for s in gates["steps"]) == ["continue", "passed", "passed", "review"]
     drift = client.get("/kvfleet/api/drift", params={"since": "3650d"}, headers=alice).json()
     assert drift["per_cluster"]["ml-prod-use1"] == {"seen": 1, "open": 0, "resolved": 1, "remediated": 1,
                                                      "remediation_refused": 0, "remediation_failed": 0}

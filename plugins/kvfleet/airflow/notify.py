@@ -39,12 +39,15 @@ import os
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 log = logging.getLogger(__name__)
 SNS_SUBJECT_MAX = 99  # SNS: fewer than 100 characters, no line breaks
@@ -370,7 +373,7 @@ def _settings(settings: NotifySettings | None) -> NotifySettings | None:
         return None
 
 
-def _history() -> Any:
+def _history() -> HistoryRepos:
     from kvfleet.history.repos import HistoryRepos
 
     return HistoryRepos.on()
@@ -476,7 +479,7 @@ class KvfleetNotifier(BaseNotifier):
         from kvfleet.airflow.context import dag_run_facts
 
         facts = dag_run_facts(context)
-        run = _history().run(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
+        run = _history().runs.get(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
                                                    "status": "failed", "reason": context.get("reason")}
         return run_end_event(run, settings, self.statuses)
 

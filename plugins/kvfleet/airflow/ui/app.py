@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from alembic.util.exc import CommandError as AlembicError
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -34,6 +34,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
@@ -65,7 +68,7 @@ async def airflow_user(request: Request,
 User = Annotated[Any, Depends(airflow_user)]
 
 
-def _history() -> Any:
+def _history() -> HistoryRepos:
     from kvfleet.history.repos import HistoryRepos
 
     return HistoryRepos.on()
@@ -91,11 +94,12 @@ def _with_pending(request: Request, view: str, data: dict[str, Any], history: An
     return {**data, "pending": pages.pending_data(pending, history)}
 
 
-def _app_history(request: Request) -> Any:
+def _app_history(request: Request) -> HistoryRepos:
     state = request.app.state
     if getattr(state, "history", None) is None:
         state.history = state.history_factory()
-    return state.history
+    history: HistoryRepos = state.history
+    return history
 
 
 def _filters(request: Request, view: str) -> Filters:
@@ -136,7 +140,7 @@ def list_queries(user: User) -> dict[str, Any]:
 def run_query(name: str, request: Request, user: User) -> dict[str, Any]:
     binds = _filters(request, "query").binds(name)
     return {"query": name, "parameters": catalog.jsonable(binds),
-            "rows": catalog.jsonable(_app_history(request).query(name, **binds))}
+            "rows": catalog.jsonable(_app_history(request).queries.rows(name, **binds))}
 
 
 def api_view(view: str) -> Callable[..., dict[str, Any]]:

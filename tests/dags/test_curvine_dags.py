@@ -70,16 +70,16 @@ def test_upgrade_dag_upgrades_keeps_l2_and_records_revisions(dagbag, history, in
 
     dry = dag.test(run_conf=_conf(fleet, version="0.3.3-alpha", dry_run=True, approval="auto"))
     assert dry.state == "success"
-    assert not [r for r in history.query("curvine_history", cluster=CLUSTER) if r["revision"] > 2]
+    assert not [r for r in history.queries.rows("curvine_history", cluster=CLUSTER) if r["revision"] > 2]
 
     dr = dag.test(run_conf=_conf(fleet, version="0.3.3-alpha", timeout_minutes=1))
     assert dr.state == "success"
-    run = history.run(f"kvfleet_curvine_upgrade/{dr.run_id}")
+    run = history.runs.get(f"kvfleet_curvine_upgrade/{dr.run_id}")
     assert run["status"] == "success" and run["summary"]["outcomes"] == {"changed": 1}
-    steps = {(s["task_id"], s["step"]): s["outcome"] for s in history.steps(run["run_key"])}
+    steps = {(s["task_id"], s["step"]): s["outcome"] for s in history.runs.steps(run["run_key"])}
     assert steps[("upgrade", "gates")] == "passed" and steps[("upgrade", "upgrade")] == "changed"
     assert steps[("preflight", "upgrade")] == "planned"
-    rels = history.query("curvine_history", cluster=CLUSTER)
+    rels = history.queries.rows("curvine_history", cluster=CLUSTER)
     assert [(r["revision"], r["chart_version"], r["format_master"]) for r in rels] == [
         (1, "0.3.2-alpha", True), (2, "0.3.2-alpha", False), (3, "0.3.3-alpha", False)]
     assert twin.l2.exists("/l2cache/pvc-1/vllm@qwen2/chunk-000.pt")
@@ -96,14 +96,14 @@ def test_scale_out_dag_detects_new_nodes_and_scales_to_four_workers(dagbag, hist
     overview = twin.services["curvine"].overview()
     assert overview["live_workers"] == 4 and overview["capacity"] == 400 * GIB
     run_key = f"kvfleet_curvine_scale_out/{dr.run_id}"
-    scale = next(s for s in history.steps(run_key) if s["step"] == "scale")
+    scale = next(s for s in history.runs.steps(run_key) if s["step"] == "scale")
     assert scale["outcome"] == "changed" and scale["detail"]["decision"]["mode"] == "detect"
-    caps = [c for c in history.query("capacity_history", cluster=CLUSTER) if c["run_key"] == run_key]
+    caps = [c for c in history.queries.rows("capacity_history", cluster=CLUSTER) if c["run_key"] == run_key]
     assert [(c["phase"], c["live_workers"]) for c in caps] == [("before", 2), ("after", 4)]
 
     again = dag.test(run_conf=_conf(fleet, all_eligible=True))
     assert again.state == "success"
-    assert history.run(f"kvfleet_curvine_scale_out/{again.run_id}")["summary"]["outcomes"] == {"unchanged": 1}
+    assert history.runs.get(f"kvfleet_curvine_scale_out/{again.run_id}")["summary"]["outcomes"] == {"unchanged": 1}
 
 
 def test_approval_is_on_by_default_for_production_clusters(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(  # type: ignor
     finally:
         sandbox.stop()
     assert dr.state == "success"
-    run = history.run(f"kvfleet_drift_check/{dr.run_id}")
+    run = history.runs.get(f"kvfleet_drift_check/{dr.run_id}")
     assert run is not None and run["status"] == "success"
     summary = run["summary"]
     assert summary["clusters"] == ["ml-prod-use1", "ml-stage-usw2"]
@@ -43,6 +43,6 @@ def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(  # type: ignor
     assert summary["by_kind"]["cluster_unreachable"] == 1
     # Nothing was rolled out on ml-prod-use1: its check ran and saw that.
     assert summary["by_kind"]["endpoint_missing"] == 7 and summary["remediations"] == 0
-    open_rows = history.query("open_drift")
+    open_rows = history.queries.rows("open_drift")
     assert {r["cluster"] for r in open_rows} == {"ml-prod-use1", "ml-stage-usw2"}
     assert [r["kind"] for r in open_rows if r["cluster"] == "ml-stage-usw2"] == ["cluster_unreachable"]

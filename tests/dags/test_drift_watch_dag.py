@@ -69,26 +69,26 @@ def test_a_run_checks_only_the_changed_cluster(dagbag: Any, history: Any, exampl
     finally:
         sandbox.stop()
     assert dr.state == "success"
-    run = history.run(f"kvfleet_drift_watch/{dr.run_id}")
+    run = history.runs.get(f"kvfleet_drift_watch/{dr.run_id}")
     assert run is not None and run["status"] == "success"
     assert run["summary"]["clusters"] == ["ml-prod-use1"]
-    assert {r["cluster"] for r in history.query("open_drift")} == {"ml-prod-use1"}
+    assert {r["cluster"] for r in history.queries.rows("open_drift")} == {"ml-prod-use1"}
 
 
 def test_the_watch_failures_that_triggered_a_run_are_recorded_per_cluster(history: Any) -> None:
     """A failed watch is in the history, not only in Airflow's asset events: one ``drift_watch:<cluster>`` step
     per cluster, with every reported error, and an audit-log line."""
     from kvfleet.airflow.drift import record_watch_errors
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
     run_key = "kvfleet_drift_watch/asset_triggered__t1"
-    history.start_run(run_key, dag_id="kvfleet_drift_watch", run_id="asset_triggered__t1", trigger="asset",
+    history.runs.start(run_key, dag_id="kvfleet_drift_watch", run_id="asset_triggered__t1", trigger="asset",
                       triggered_by=None, params={})
     errors = [{"cluster": "c1", "kind": "watch", "message": "watching c1 failed: ApiException: HTTP 503"},
               {"cluster": "c1", "kind": "Deployment", "message": "watching Deployment on c1 refused: HTTP 403"},
               {"cluster": "c2", "kind": "watch", "message": "watching c2 failed: EndpointConnectionError"}]
     record_watch_errors(history, StepKey(run_key, "scope"), "kvfleet", errors)
-    steps = {s["step"]: s for s in history.steps(run_key)}
+    steps = {s["step"]: s for s in history.runs.steps(run_key)}
     assert set(steps) == {"drift_watch:c1", "drift_watch:c2"}
     assert steps["drift_watch:c1"]["outcome"] == "watch_failed" and steps["drift_watch:c1"]["cluster"] == "c1"
     assert [e["message"] for e in steps["drift_watch:c1"]["detail"]["errors"]] == [errors[0]["message"],
@@ -125,7 +125,7 @@ def test_a_watch_triggered_run_checks_the_clusters_its_events_name_and_records_t
         clusters = scope.python_callable(params={"fleet": str(example_fleet), "clusters": [], "remediate": False,
                                                  "aws_conn_id": None}, triggering_asset_events=events)
     assert sorted(clusters) == ["ml-prod-use1", "ml-stage-usw2"]
-    steps = {s["step"]: s for s in history.steps(f"kvfleet_drift_watch/{run_id}")}
+    steps = {s["step"]: s for s in history.runs.steps(f"kvfleet_drift_watch/{run_id}")}
     assert steps["scope"]["detail"]["not_in_inventory"] == ["ml-removed-since"]
     assert sorted(steps["scope"]["detail"]["clusters"]) == ["ml-prod-use1", "ml-stage-usw2"]
     assert steps["drift_watch:ml-prod-use1"]["outcome"] == "watch_failed"

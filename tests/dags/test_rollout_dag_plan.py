@@ -12,5 +12,5 @@ def test_unknown_cluster_is_refused_before_anything_changes_and_recorded(dagbag,
     dag = dagbag.get_dag("kvfleet_rollout")
     dr = dag.test(run_conf={"fleet": str(example_fleet), "clusters": ["ml-prod-euw1"]})
     assert dr.state == "failed"
-    run = history.run(f"kvfleet_rollout/{dr.run_id}")
+    run = history.runs.get(f"kvfleet_rollout/{dr.run_id}")
     assert run is not None and run["status"] == "refused" and "ml-prod-euw1" in (run.get("reason") or "")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvfleet.history.repo import History, StepEvent, StepKey
+from kvfleet.history.keys import StepEvent, StepKey
+from kvfleet.history.repos import HistoryRepos
 
 pytestmark = pytest.mark.e2e
 
@@ -25,25 +26,25 @@ def kvfleet(*args: str, env: dict[str, str] | None = None,
 
 
 @pytest.fixture
-def seeded(history: History, fresh_db_url: str) -> dict[str, str]:
+def seeded(history: HistoryRepos, fresh_db_url: str) -> dict[str, str]:
     key = StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0)
-    history.start_run(key.run_key, dag_id="kvfleet_rollout", run_id="r1", trigger="manual", triggered_by="alice",
+    history.runs.start(key.run_key, dag_id="kvfleet_rollout", run_id="r1", trigger="manual", triggered_by="alice",
                       params={})
-    history.record_step(key, StepEvent("endpoint:retail/a", "endpoint", "changed", cluster="c1",
+    history.runs.record_step(key, StepEvent("endpoint:retail/a", "endpoint", "changed", cluster="c1",
                                        endpoint="retail/a", lob="retail"))
-    history.record_verification(key, "verify:0:retail/a", {"cluster": "c1", "endpoint": "retail/a", "lob": "retail",
+    history.verifications.record(key, "verify:0:retail/a", {"cluster": "c1", "endpoint": "retail/a", "lob": "retail",
                                                           "verdict": "degraded", "hit_ratio": 1.0, "speedup": 1.4})
-    history.record_step(key, StepEvent("gate:0", "gate", "review", cluster="c1",
+    history.runs.record_step(key, StepEvent("gate:0", "gate", "review", cluster="c1",
                                        detail={"verdicts": {"retail/a": "degraded"}}))
-    history.record_step(StepKey(key.run_key, "cluster.gate_0", 0), StepEvent(
+    history.runs.record_step(StepKey(key.run_key, "cluster.gate_0", 0), StepEvent(
         "gate_response:cluster.gate_0", "gate", "continue", cluster="c1",
         detail={"chosen": "Approve", "asked": "ask_review"}), actor="dana")
-    history.intent(key, "apply_iec", "InferenceEndpointConfig retail/b", cluster="c1", endpoint="retail/b")
-    history.sync_findings("c1", [{"fingerprint": "c1|x", "kind": "operator_paused", "severity": "critical",
+    history.audit.intent(key, "apply_iec", "InferenceEndpointConfig retail/b", cluster="c1", endpoint="retail/b")
+    history.drift.sync("c1", [{"fingerprint": "c1|x", "kind": "operator_paused", "severity": "critical",
                                   "object_ref": "deployment/op"}], key.run_key)
-    history.record_curvine_release(cluster="c1", namespace="curvine", release="curvine", revision=1,
+    history.curvine.record(cluster="c1", namespace="curvine", release="curvine", revision=1,
                                    chart_version="0.3.2", status="deployed", flags={}, values={}, run_key=None)
-    history.close_run(key.run_key, "success")
+    history.runs.close(key.run_key, "success")
     return {"KVFLEET_HISTORY_URL": fresh_db_url}
 
 
@@ -116,10 +117,10 @@ def test_plan_json_pipes_cleanly(example_fleet: Path) -> None:
 
 
 def test_embedded_postgres_messages_stay_off_stdout(tmp_path: Path) -> None:
-    """No KVFLEET_HISTORY_URL: the embedded server starts (its notices go to stderr), stdout is JSON only."""
+    """KVFLEET_HISTORY_URL=embedded: the embedded server starts (its notices go to stderr), stdout is JSON only."""
     proc = kvfleet("audit", "runs", "--json", env={"KVFLEET_STATE_DIR": str(tmp_path / "state"),
-                                                   "KVFLEET_LOG_LEVEL": "INFO"},
-                   drop=("KVFLEET_HISTORY_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"))
+                                                   "KVFLEET_LOG_LEVEL": "INFO", "KVFLEET_HISTORY_URL": "embedded"},
+                   drop=("KVFLEET_HISTORY_OWNER_URL", "AIRFLOW_CONN_KVFLEET_HISTORY"))
     try:
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout) == []

@@ -1,8 +1,8 @@
 """The kvfleet page's app through FastAPI's TestClient, with Airflow's real auth manager (SimpleAuthManager) and a
-history written through the History API the product uses (no rollout: the browser test runs one).
+history written through the history repositories the product uses (no rollout: the browser test runs one).
 
 What holds: no data without a valid Airflow user (401 for the API, a redirect to Airflow's login for a page, 403
-for a forged token), the JSON shapes of every view, that figures equal what `History.query` (the CLI's named
+for a forged token), the JSON shapes of every view, that figures equal what `Queries.rows` (the CLI's named
 queries) returns for the same rows, that bad filters are 400s naming the field, and that the plugin registers
 the app at /kvfleet with a navigation entry.
 """
@@ -25,67 +25,67 @@ JWT_SECRET = "kvfleet-ui-test-secret-" + "0123456789abcdef" * 3
 def seed_history(history: Any) -> dict[str, Any]:
     """A rollout of 3 endpoints on 2 clusters with verifications (one a sweep), a gate answered by a human, Curvine
     revisions and capacity, and drift opened, remediated and resolved; written as the stages write them."""
-    from kvfleet.history.repo import StepEvent, StepKey
+    from kvfleet.history.keys import StepEvent, StepKey
 
     rk = "kvfleet_rollout/manual__2026-11-30T10:00:00+00:00"
-    history.start_run(rk, dag_id="kvfleet_rollout", run_id=rk.split("/", 1)[1], trigger="manual",
+    history.runs.start(rk, dag_id="kvfleet_rollout", run_id=rk.split("/", 1)[1], trigger="manual",
                       triggered_by="alice", params={"wave_size": 3})
     eps = [("ml-prod-use1", "retail/retail-search-rag", "retail"), ("ml-prod-use1", "support/support-chat", "support"),
            ("ml-stage-usw2", "payments/payments-fraud", "payments")]
     for i, (cluster, ep, lob) in enumerate(eps):
         key = StepKey(rk, "cluster.wave_0", i)
-        history.record_step(key, StepEvent(f"endpoint:{ep}", "endpoint", "changed", cluster=cluster, endpoint=ep,
+        history.runs.record_step(key, StepEvent(f"endpoint:{ep}", "endpoint", "changed", cluster=cluster, endpoint=ep,
                                            lob=lob, detail={"cr": "changed"}))
-        history.record_verification(key, f"verify:0:{ep}", {
+        history.verifications.record(key, f"verify:0:{ep}", {
             "cluster": cluster, "endpoint": ep, "lob": lob, "instance_type": "ml.g5.4xlarge", "prompt_tokens": 2000,
             "stored_tokens": 1792, "hit_tokens": 1792, "hit_ratio": 1.0, "ttft_cold_ms": 620.0 + i,
             "ttft_warm_ms": 260.0, "speedup": round((620.0 + i) / 260.0, 3), "expected_speedup": 2.367,
             "verdict": "pass" if i != 1 else "degraded", "diagnosis": None if i != 1 else "slow warm TTFT"})
-        history.record_step(key, StepEvent("gate:0", "gate", "passed" if i != 1 else "degraded", cluster=cluster))
-    history.record_step(StepKey(rk, "cluster.gate_0", 0), StepEvent(
-        "gate_response:cluster.gate_0", "gate", "approved", cluster="ml-prod-use1",
+        history.runs.record_step(key, StepEvent("gate:0", "gate", "passed" if i != 1 else "review", cluster=cluster))
+    history.runs.record_step(StepKey(rk, "cluster.gate_0", 0), StepEvent(
+        "gate_response:cluster.gate_0", "gate", "continue", cluster="ml-prod-use1",
         detail={"chosen": "Approve", "asked": "ask_review", "waves": [0]}), actor="alice")
     # a sweep of the first endpoint by the hourly verification DAG
     vk = "kvfleet_hit_verification/scheduled__2026-11-30T11:00:00+00:00"
-    history.start_run(vk, dag_id="kvfleet_hit_verification", run_id=vk.split("/", 1)[1], trigger="schedule",
+    history.runs.start(vk, dag_id="kvfleet_hit_verification", run_id=vk.split("/", 1)[1], trigger="schedule",
                       triggered_by=None, params={"sweep": True})
     sweep = {500: 1.02, 1000: 1.66, 1500: 2.01, 2000: 2.35, 2500: 2.62, 3000: 2.69}
     for n, s in sweep.items():
-        history.record_verification(StepKey(vk, "verify_cluster", 0), f"verify:retail/retail-search-rag:{n}", {
+        history.verifications.record(StepKey(vk, "verify_cluster", 0), f"verify:retail/retail-search-rag:{n}", {
             "cluster": "ml-prod-use1", "endpoint": "retail/retail-search-rag", "lob": "retail",
             "instance_type": "ml.g5.4xlarge", "prompt_tokens": n, "hit_ratio": 1.0, "ttft_cold_ms": 0.31 * n,
             "ttft_warm_ms": 0.31 * n / s, "speedup": s, "expected_speedup": 2.0, "verdict": "pass"})
-    history.end_run(vk, "success", {})
-    history.record_curvine_release(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=1,
+    history.runs.end(vk, "success", {})
+    history.curvine.record(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=1,
                                    chart_version="0.2.1", status="superseded",
                                    flags={"formatMaster": True, "formatWorker": True, "formatJournal": True},
                                    values={}, run_key=rk, helm_updated="2026-11-30 10:01:00")
-    history.record_curvine_release(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=2,
+    history.curvine.record(cluster="ml-prod-use1", namespace="curvine", release="curvine", revision=2,
                                    chart_version="0.2.1", status="deployed",
                                    flags={"formatMaster": False, "formatWorker": False, "formatJournal": False},
                                    values={}, run_key=rk, helm_updated="2026-11-30 10:02:00")
     for phase, cap in (("install", 2), ("verify", 3)):
-        history.record_capacity(run_key=rk, step=f"curvine:{phase}", cluster="ml-prod-use1", phase=phase,
+        history.curvine.record_capacity(run_key=rk, step=f"curvine:{phase}", cluster="ml-prod-use1", phase=phase,
                                 overview={"capacity": cap * 100 * 2**30, "fs_used": 2**30, "live_workers": cap,
                                           "lost_workers": 0, "files_total": 10, "dir_total": 2})
-    history.end_run(rk, "success", {})
+    history.runs.end(rk, "success", {})
     dk = "kvfleet_drift_check/scheduled__2026-11-30T12:00:00+00:00"
-    history.start_run(dk, dag_id="kvfleet_drift_check", run_id=dk.split("/", 1)[1], trigger="schedule",
+    history.runs.start(dk, dag_id="kvfleet_drift_check", run_id=dk.split("/", 1)[1], trigger="schedule",
                       triggered_by=None, params={})
     finding = {"fingerprint": "patch_lost:support/support-chat:env", "kind": "patch_lost_to_reconcile",
                "severity": "high", "object_ref": "Deployment support/support-chat", "field": "env.LMCACHE",
                "expected": "set", "actual": "missing", "lob": "support", "endpoint": "support/support-chat"}
-    history.sync_findings("ml-prod-use1", [finding], dk)
-    history.record_remediation(finding["fingerprint"], {"action": "reapply_overlay", "outcome": "changed"})
-    history.sync_findings("ml-prod-use1", [], dk + "-2")
+    history.drift.sync("ml-prod-use1", [finding], dk)
+    history.drift.record_remediation(finding["fingerprint"], {"action": "reapply_overlay", "outcome": "changed"})
+    history.drift.sync("ml-prod-use1", [], dk + "-2")
     still = {**finding, "fingerprint": "operator_paused:ml-stage-usw2", "kind": "operator_paused_too_long",
              "object_ref": "Deployment hyperpod-inference-operator", "endpoint": None, "lob": None, "field": None}
-    history.sync_findings("ml-stage-usw2", [still], dk)
-    history.end_run(dk, "success", {})
+    history.drift.sync("ml-stage-usw2", [still], dk)
+    history.runs.end(dk, "success", {})
     failed = "kvfleet_curvine_upgrade/manual__2026-11-30T13:00:00+00:00"
-    history.start_run(failed, dag_id="kvfleet_curvine_upgrade", run_id=failed.split("/", 1)[1], trigger="manual",
+    history.runs.start(failed, dag_id="kvfleet_curvine_upgrade", run_id=failed.split("/", 1)[1], trigger="manual",
                       triggered_by="bob", params={})
-    history.end_run(failed, "failed", {})
+    history.runs.end(failed, "failed", {})
     return {"rollout": rk, "sweep": sweep}
 
 
@@ -189,7 +189,7 @@ def test_fleet_json_and_filters(client: Any, seeded: dict[str, Any], alice: dict
     assert data["view"] == "fleet" and data["endpoints"] == 3
     rows = {(e["cluster"], e["endpoint"]): e for c in data["clusters"] for g in c["lobs"] for e in g["endpoints"]}
     newest = {}
-    for v in sorted(history.query("verifications", cutoff=EPOCH, lob=None, endpoint=None), key=lambda r: r["at"]):
+    for v in sorted(history.queries.rows("verifications", cutoff=EPOCH, lob=None, endpoint=None), key=lambda r: r["at"]):
         newest[(v["cluster"], v["endpoint"])] = v
     for key, row in rows.items():
         assert row["last_verdict"] == newest[key]["verdict"]
@@ -230,7 +230,7 @@ def test_every_view_answers_json_and_html(client: Any, seeded: dict[str, Any], a
         assert page.status_code == 200, view
         assert ("<svg" in page.text) == (view in ("drift", "curvine")), view  # trends: pick an endpoint first
     runs = client.get("/kvfleet/api/runs", params={"since": "3650d"}, headers=alice).json()
-    cli = history.query("recent_runs", cutoff=EPOCH, limit=500)
+    cli = history.queries.rows("recent_runs", cutoff=EPOCH, limit=500)
     assert [(r["run_key"], r["status"]) for r in runs["runs"]] == [(r["run_key"], r["status"]) for r in cli]
     assert runs["statuses"] == {"failed": 1, "success": 3}
     gates = client.get("/kvfleet/api/gates", params={"since": "3650d"}, headers=alice).json()
@@ -238,7 +238,7 @@ def test_every_view_answers_json_and_html(client: Any, seeded: dict[str, Any], a
     assert len(human) == 1 and human[0]["chosen"] == "Approve"
     assert human[0].get("decided_by", human[0].get("answered_by")) == "alice"
     if gates["source"] == "gate_decisions":  # the automatic gates are listed beside the human decisions
-        assert sorted(s["outcome"] for s in gates["steps"]) == ["approved", "degraded", "passed", "passed"]
+        assert sorted(s["outcome"] for s in gates["steps"]) == ["continue", "passed", "passed", "review"]
     drift = client.get("/kvfleet/api/drift", params={"since": "3650d"}, headers=alice).json()
     assert drift["per_cluster"]["ml-prod-use1"] == {"seen": 1, "open": 0, "resolved": 1, "remediated": 1,
                                                      "remediation_refused": 0, "remediation_failed": 0}
@@ -309,7 +309,7 @@ def test_the_drift_view_pages_its_findings(client: Any, seeded: dict[str, Any], 
     import re
     from html import unescape
 
-    every = history.query("drift_since", cutoff=EPOCH)
+    every = history.queries.rows("drift_since", cutoff=EPOCH)
     first = client.get("/kvfleet/api/drift", params={"since": "3650d", "limit": "1"}, headers=alice).json()
     assert len(first["findings"]) == 1 and first["next"]
     assert sum(c["seen"] for c in first["per_cluster"].values()) == len(every) == 2
@@ -366,9 +366,9 @@ def test_pending_gates_show_their_evidence_and_link_to_airflows_answer_page(hist
     text = wave_gate_text(asked="ask_review", run_key=rk, reason="verification inconclusive",
                           wave={"cluster": "ml-prod-use1", "waves": [0], "review": ["support/support-chat"],
                                 "endpoints": {"support/support-chat": "degraded — slow warm TTFT"}},
-                          verifications=history.query("verifications", cutoff=EPOCH, lob=None,
+                          verifications=history.queries.rows("verifications", cutoff=EPOCH, lob=None,
                                                       endpoint="support/support-chat"),
-                          open_drift=history.query("open_drift"))
+                          open_drift=history.queries.rows("open_drift"))
     gate = PendingGate("kvfleet_rollout", run_id, "cluster.gate_0", 0, text.subject, text.body,
                        ["Approve", "Skip endpoint", "Abort"])
     root = FastAPI()
@@ -382,7 +382,7 @@ def test_pending_gates_show_their_evidence_and_link_to_airflows_answer_page(hist
               "/mapped/0/required_actions")
     assert pending["required_actions"] == answer
     # the evidence: the run's newest verification of every endpoint, per cluster, with the figures of the history
-    verifs = {(v["cluster"], v["endpoint"]): v for v in history.query("verifications", cutoff=EPOCH, lob=None,
+    verifs = {(v["cluster"], v["endpoint"]): v for v in history.queries.rows("verifications", cutoff=EPOCH, lob=None,
                                                                       endpoint=None) if v["run_key"] == rk}
     for (cluster, endpoint), v in verifs.items():
         assert f"#### {cluster}: verifications of this run" in pending["evidence"]

@@ -35,13 +35,13 @@ def fault_env(pg, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:  #
     from sqlalchemy import create_engine, text
 
     from kvfleet.history.db import dispose_engines, get_engine
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
     from kvfleet_sandbox.runtime import start_sandbox
     from kvfleet_sandbox.twin import SandboxSettings
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     pg.ensure_database(name)
-    history = History(get_engine(pg.url(name)))
+    history = HistoryRepos.on(get_engine(pg.url(name)))
     env = FaultEnv.inventory_for_matrix()
     sandbox = start_sandbox(env, tmp_path_factory.mktemp("fault-sandbox"), SandboxSettings(time_scale=0.005))
     try:

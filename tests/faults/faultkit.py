@@ -25,8 +25,10 @@ from typing import Any
 
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.inventory import Endpoint, Inventory, load_inventory
+from kvfleet.history.keys import StepKey
 from kvfleet.history.leases import Leases
-from kvfleet.history.repo import TERMINAL_STATUSES, History, StepKey
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.outcomes import RunStatus
 from kvfleet.stages.base import StageContext, Timeouts
 
 HERE = Path(__file__).resolve().parent
@@ -57,13 +59,15 @@ WAVE_TASK = """
 import sys
 sys.path.insert(0, {here!r})
 from faultkit import FaultEnv, PROD
-from kvfleet.history.repo import History, StepKey
+from kvfleet.history.keys import StepKey
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.outcomes import RunStatus
 from kvfleet.stages import endpoints
 from kvfleet.stages.base import StageContext, Timeouts
 from kvfleet.stages.locks import ClusterLock
 
 inv = FaultEnv.inventory_for_matrix()
-ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=History(),
+ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=HistoryRepos.on(),
                    step_key=StepKey({holder!r}, "wave"), timeouts=Timeouts(cluster_update_s=60, addon_s=60,
                    pods_s=120, pvc_s=30))
 ClusterLock(ctx.history, PROD, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
@@ -106,7 +110,7 @@ class CaseResult:
 class FaultEnv:
     """One sandbox (two clusters), one history database, the inventory the steps reconcile to."""
 
-    def __init__(self, sandbox: Any, history: History, history_url: str) -> None:
+    def __init__(self, sandbox: Any, history: HistoryRepos, history_url: str) -> None:
         self.sandbox = sandbox
         self.history = history
         self.history_url = history_url
@@ -242,7 +246,7 @@ class FaultEnv:
         from kvfleet.stages import addons, curvine, drift, endpoints, tiered_storage
         from kvfleet.stages.locks import ClusterLock
 
-        self.history.start_run(run_key, dag_id=run_key.split("/")[0], run_id=run_key.split("/", 1)[1],
+        self.history.runs.start(run_key, dag_id=run_key.split("/")[0], run_id=run_key.split("/", 1)[1],
                                trigger="test", triggered_by=None, params={})
         status = "failed"
         try:
@@ -269,14 +273,14 @@ class FaultEnv:
                 raise ValueError(f"unknown step {step!r}")
             status = "success"
         finally:
-            self.history.close_run(run_key, status)
+            self.history.runs.close(run_key, status)
 
     def run_killed_wave(self, run_key: str) -> datetime:
         """The wave in a worker subprocess, SIGKILLed once the operator's pause names it; the time of death."""
         twin = self.sandbox.twin(PROD)
         server = self.sandbox.servers[PROD]
         env = {**os.environ, "KVFLEET_HISTORY_URL": self.history_url}
-        self.history.start_run(run_key, dag_id="kvfleet_rollout", run_id=run_key.split("/", 1)[1], trigger="test",
+        self.history.runs.start(run_key, dag_id="kvfleet_rollout", run_id=run_key.split("/", 1)[1], trigger="test",
                                triggered_by=None, params={})
         server.latency_s = 0.2  # slow enough to be killed between the pause and the restore
         proc = subprocess.Popen([sys.executable, "-c", WAVE_TASK.format(here=str(HERE), holder=run_key)], env=env,
@@ -300,7 +304,7 @@ class FaultEnv:
             if proc.stdout:
                 proc.stdout.close()
             # Airflow marks the run failed once its task is gone (zombie detection); the test plays that part.
-            self.history.close_run(run_key, "failed")
+            self.history.runs.close(run_key, "failed")
 
     # --- a case -------------------------------------------------------------------------------------------
 
@@ -323,15 +327,15 @@ class FaultEnv:
             result.step_error = "SIGKILL"
             # Recovery: the next drift check (every 10 min), judged 6 minutes after the death.
             check_key = f"kvfleet_drift_check/after.{stamp}"
-            self.history.start_run(check_key, dag_id="kvfleet_drift_check", run_id=f"after.{stamp}",
+            self.history.runs.start(check_key, dag_id="kvfleet_drift_check", run_id=f"after.{stamp}",
                                    trigger="test", triggered_by=None, params={})
             from kvfleet.stages import drift
 
             check = drift.check(self.ctx(cluster, check_key, "check_cluster"), remediate=True,
                                 now=died + timedelta(minutes=6))
-            self.history.close_run(check_key, "success")
+            self.history.runs.close(check_key, "success")
             result.evidence["recovery"] = [{k: r[k] for k in ("action", "outcome")} for r in check.remediations]
-            restores = [s for s in self.history.steps(check_key) if s["step"].startswith(
+            restores = [s for s in self.history.runs.steps(check_key) if s["step"].startswith(
                 "drift_remediate:restore_operator")]
             result.evidence["restored_from"] = [(s["detail"].get("detail") or {}).get("restored_from")
                                                 for s in restores]
@@ -371,8 +375,8 @@ class FaultEnv:
         result.evidence["lease"] = lease and {k: lease.get(k) for k in ("holder", "state")}
         inv["no_dead_lease"] = lease is None
 
-        run = self.history.run(run_key) or {}
-        steps = self.history.steps(run_key)
+        run = self.history.runs.get(run_key) or {}
+        steps = self.history.runs.steps(run_key)
         result.evidence["history"] = {"status": run.get("status"), "steps": len(steps)}
         result.evidence["history"]["intents"] = self._intents(run_key)
         if result.fault == "sigkill":
@@ -380,7 +384,7 @@ class FaultEnv:
             inv["history_recorded"] = run.get("status") == "failed" and result.evidence.get(
                 "restored_from") == [run_key]
         else:
-            inv["history_recorded"] = bool(run) and run.get("status") in TERMINAL_STATUSES and (
+            inv["history_recorded"] = bool(run) and run.get("status") in set(RunStatus) and (
                 bool(steps) or result.step_error is not None)
 
         second = f"kvfleet_faults/{stamp}.second"

@@ -194,15 +194,15 @@ def test_run_end_notifier_reads_the_status_the_run_status_callback_wrote(history
                                                                           airflow_state: str) -> None:
     """As wired in a DAG: ``on_failure_callback=[callbacks.on_dag_failure, notify.run_end_notifier()]``."""
     from kvfleet.airflow import run_status
-    from kvfleet.history.repo import StepEvent, StepKey
+    from kvfleet.history.keys import StepEvent, StepKey
 
     run_id = f"manual__2026-12-01T10:00:00+00:00-{airflow_state}"
     rk = f"kvfleet_rollout/{run_id}"
-    history.start_run(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="alice", params={})
-    history.record_step(StepKey(rk, "cluster.wave_0", 0), StepEvent("endpoint:llm/a", "endpoint", "changed",
+    history.runs.start(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="alice", params={})
+    history.runs.record_step(StepKey(rk, "cluster.wave_0", 0), StepEvent("endpoint:llm/a", "endpoint", "changed",
                                                                     cluster="c1", endpoint="llm/a"))
     if airflow_state == "failed":
-        history.record_step(StepKey(rk, "cluster.wave_1", 0), StepEvent("error:cluster.wave_1", "run", "failed",
+        history.runs.record_step(StepKey(rk, "cluster.wave_1", 0), StepEvent("error:cluster.wave_1", "run", "failed",
                                                                         detail={"error": "TemporaryError: boom"}))
     from airflow.sdk import DAG
 
@@ -210,7 +210,7 @@ def test_run_end_notifier_reads_the_status_the_run_status_callback_wrote(history
     closed = (run_status.on_dag_failure if airflow_state == "failed" else run_status.on_dag_success)(context)
     notifier = notify.run_end_notifier(settings(webhook=receiver.url))
     notifier(context)
-    recorded = history.run(rk)["status"]
+    recorded = history.runs.get(rk)["status"]
     assert closed == recorded
     if recorded in notify.RUN_END_STATUSES:
         (post,) = receiver.posts
@@ -226,24 +226,24 @@ def test_wave_evidence_is_read_from_the_history_for_this_run_and_cluster(history
     from datetime import UTC, datetime
 
     from kvfleet.airflow.gates import load_wave_evidence
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
     def verify(rk: str, cluster: str, endpoint: str, verdict: str, speedup: float) -> None:
-        history.record_verification(StepKey(rk, "cluster.wave_0", 0), f"verify:0:{cluster}:{endpoint}", {
+        history.verifications.record(StepKey(rk, "cluster.wave_0", 0), f"verify:0:{cluster}:{endpoint}", {
             "cluster": cluster, "endpoint": endpoint, "lob": "retail", "hit_ratio": 1.0, "speedup": speedup,
             "expected_speedup": 2.7, "verdict": verdict})
 
     rk, other = "kvfleet_rollout/r-evidence", "kvfleet_hit_verification/r-hourly"
     for key in (rk, other):
-        history.start_run(key, dag_id=key.split("/")[0], run_id=key.split("/")[1], trigger="manual",
+        history.runs.start(key, dag_id=key.split("/")[0], run_id=key.split("/")[1], trigger="manual",
                           triggered_by=None, params={})
     verify(rk, "c1", "llm/a", "pass", 2.6)
     verify(rk, "c1", "llm/b", "degraded", 1.1)
     verify(rk, "c2", "llm/a", "fail", 0.9)  # same endpoint name on another cluster
     verify(other, "c1", "llm/a", "fail", 0.5)  # another run
-    history.sync_findings("c1", [{"fingerprint": "fp-1", "kind": "operator_paused", "severity": "high",
+    history.drift.sync("c1", [{"fingerprint": "fp-1", "kind": "operator_paused", "severity": "high",
                                   "object_ref": "Deployment op"}], rk)
-    history.sync_findings("c2", [{"fingerprint": "fp-2", "kind": "pvc_unbound", "severity": "high",
+    history.drift.sync("c2", [{"fingerprint": "fp-2", "kind": "pvc_unbound", "severity": "high",
                                   "object_ref": "PVC x"}], rk)
     rows, drift = load_wave_evidence(history, rk, "c1", ["llm/a", "llm/b"])
     assert sorted((r["endpoint"], r["verdict"]) for r in rows) == [("llm/a", "pass"), ("llm/b", "degraded")]
@@ -255,15 +255,16 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
     from sqlalchemy import create_engine
 
     from kvfleet.airflow import gates
-    from kvfleet.history.repo import History, StepKey
+    from kvfleet.history.keys import StepKey
+    from kvfleet.history.repos import HistoryRepos
 
     monkeypatch.setenv("KVFLEET_AIRFLOW_URL", "https://airflow.example.com")
     rk = "kvfleet_rollout/r-text"
-    history.start_run(rk, dag_id="kvfleet_rollout", run_id="r-text", trigger="manual", triggered_by=None, params={})
-    history.record_verification(StepKey(rk, "cluster.wave_1", 0), "verify:1:llm/a", {
+    history.runs.start(rk, dag_id="kvfleet_rollout", run_id="r-text", trigger="manual", triggered_by=None, params={})
+    history.verifications.record(StepKey(rk, "cluster.wave_1", 0), "verify:1:llm/a", {
         "cluster": "c9", "endpoint": "llm/a", "lob": "retail", "hit_ratio": 1.0, "speedup": 1.5,
         "expected_speedup": 2.7, "verdict": "degraded", "diagnosis": "slow"})
-    history.sync_findings("c9", [{"fingerprint": "fp-c9", "kind": "stale_pods", "severity": "medium",
+    history.drift.sync("c9", [{"fingerprint": "fp-c9", "kind": "stale_pods", "severity": "medium",
                                   "object_ref": "Deployment llm/a"}], rk)
     wave = {"cluster": "c9", "waves": [1], "review": ["llm/a"], "endpoints": {"llm/a": "degraded — slow"}}
     text = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
@@ -272,7 +273,7 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
     assert "| `llm/a` | retail | ⚠ degraded | 1.00 | 1.50× ⬇ | 2.43× | 2.70× | slow |" in text.body
     assert "| stale_pods | medium | Deployment llm/a |" in text.body
     assert "https://airflow.example.com/kvfleet/fleet?cluster=c9" in text.body
-    down = History(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
+    down = HistoryRepos.on(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
     fallback = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
                                    params={}, slot=1, history=down)
     assert "the history could not be read: OperationalError" in fallback.body
@@ -381,9 +382,9 @@ def test_a_red_run_goes_to_the_lobs_of_its_scope(routed_fleet: Any, emulator: Aw
     run_id = "manual__2026-12-01T11:00:00+00:00"
     rk = f"kvfleet_rollout/{run_id}"
     params = {"fleet": str(routed_fleet.path), "lobs": ["search"]}
-    history.start_run(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="bob",
+    history.runs.start(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="bob",
                       params=params)
-    history.end_run(rk, "failed", {"reason": "task failed (cluster.wave_0)"})
+    history.runs.end(rk, "failed", {"reason": "task failed (cluster.wave_0)"})
     from airflow.sdk import DAG
 
     notifier = notify.run_end_notifier(settings(topic, receiver.url))
@@ -396,7 +397,7 @@ def test_a_red_run_goes_to_the_lobs_of_its_scope(routed_fleet: Any, emulator: Aw
 
 def _drift_run(history: Any, fleet: Any, name: str) -> str:
     rk = f"kvfleet_drift_check/{name}"
-    history.start_run(rk, dag_id="kvfleet_drift_check", run_id=name, trigger="scheduled", triggered_by=None,
+    history.runs.start(rk, dag_id="kvfleet_drift_check", run_id=name, trigger="scheduled", triggered_by=None,
                       params={"fleet": str(fleet), "remediate": True})
     return rk
 
@@ -408,11 +409,11 @@ def test_a_curvine_data_loss_is_named_and_goes_to_every_lob_of_the_cluster(
     old = {"fingerprint": "fp-stale", "kind": "stale_pods", "severity": "medium", "cluster": "c-patch",
            "lob": "retail", "endpoint": "retail/retail-chat", "object_ref": "Deployment/retail/retail-chat",
            "field": "pods", "expected": "0", "actual": "1"}
-    history.sync_findings("c-patch", [old], "kvfleet_drift_check/earlier")
+    history.drift.sync("c-patch", [old], "kvfleet_drift_check/earlier")
     loss = {"fingerprint": "fp-loss", "kind": "curvine_data_loss", "severity": "critical", "cluster": "c-patch",
             "lob": None, "endpoint": None, "object_ref": "curvine/master", "field": "files_total",
             "expected": ">= 1200 (the last snapshot)", "actual": "300"}
-    sync = history.sync_findings("c-patch", [old, loss], rk)
+    sync = history.drift.sync("c-patch", [old, loss], rk)
     result = {"cluster": "c-patch", "reachable": True, "findings": [old, loss], "sync": sync, "remediations": []}
     assert notify.notify_drift(result, rk, settings(topic, receiver.url)) == {
         "sns": "sent", "webhook": "sent", "webhook[retail]": "sent"}  # support has none: the global ones
@@ -438,7 +439,7 @@ def test_an_operator_paused_past_its_threshold_is_named_and_a_refused_remediatio
               "lob": None, "endpoint": None, "object_ref": "Deployment/hyperpod-inference-system/hp-operator",
               "field": "spec.replicas", "expected": ">= 1 (paused at most 30 min, and only by a live run)",
               "actual": "0 (paused by kvfleet_rollout/r1 for 95 min)"}
-    sync = history.sync_findings("c-search", [paused], rk)
+    sync = history.drift.sync("c-search", [paused], rk)
     result = {"cluster": "c-search", "reachable": True, "findings": [paused], "sync": sync, "remediations": []}
     assert notify.notify_drift(result, rk, settings(topic, receiver.url)) == {"sns[search]": "sent"}
     (published,) = emulator.published(routed_fleet.search_topic)
@@ -446,7 +447,7 @@ def test_an_operator_paused_past_its_threshold_is_named_and_a_refused_remediatio
     assert "paused by kvfleet_rollout/r1 for 95 min" in json.loads(published["Message"])["default"]
 
     rk2 = _drift_run(history, routed_fleet.path, "scheduled__paused-2")
-    sync2 = history.sync_findings("c-search", [paused], rk2)
+    sync2 = history.drift.sync("c-search", [paused], rk2)
     assert sync2["opened"] == 0
     refused = {"action": "restore_operator", "outcome": "refused", "findings": ["fp-paused"],
                "detail": {"reason": "not paused by kvfleet: no kvfleet.io/paused-by annotation"}}

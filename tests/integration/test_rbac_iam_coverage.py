@@ -225,10 +225,10 @@ class Replay:
 
 def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
     """kvfleet_curvine_upgrade and kvfleet_curvine_scale_out on the patch cluster, under their cluster leases."""
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
     from kvfleet.stages import curvine, curvine_scale, curvine_upgrade
 
-    history.start_run("rbac/curvine", dag_id="rbac", run_id="curvine", trigger="test", triggered_by=None,
+    history.runs.start("rbac/curvine", dag_id="rbac", run_id="curvine", trigger="test", triggered_by=None,
                       params={})
     ctx = _ctx(inv, PATCH_CLUSTER)
     ctx.history, ctx.step_key = history, StepKey("rbac/curvine", "curvine")
@@ -266,10 +266,10 @@ def _inline_policy_on_the_ebs_csi_role(sandbox: Any) -> None:
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay]:
     from kvfleet.history.db import get_engine
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     pg.ensure_database("rbac_replay")
-    history = History(get_engine(pg.url("rbac_replay")))
+    history = HistoryRepos.on(get_engine(pg.url("rbac_replay")))
     inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     # The patch cluster is replayed with the scale-to-zero strategy: `auto` rolls 2-replica endpoints (no scale
     # subresource), and the scale grant must still be proven used, since scale-to-zero needs it.

@@ -14,7 +14,7 @@ from kvfleet.airflow.ui import pages
 from kvfleet.airflow.ui.catalog import Filters
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.fleet import economics as E
-from kvfleet.history.repo import StepEvent, StepKey
+from kvfleet.history.keys import StepEvent, StepKey
 
 pytestmark = pytest.mark.integration
 RAG = [(1800.0, 120.0), (2600.0, 200.0), (3200.0, 40.0)]
@@ -31,27 +31,27 @@ def advice(endpoint: str, lengths: list[tuple[float, float]]) -> dict[str, Any]:
 @pytest.fixture
 def seeded(history: Any) -> dict[str, Any]:
     rk = "kvfleet_hit_verification/scheduled__2026-12-01T10:00:00+00:00"
-    history.start_run(rk, dag_id="kvfleet_hit_verification", run_id=rk.split("/", 1)[1], trigger="schedule",
+    history.runs.start(rk, dag_id="kvfleet_hit_verification", run_id=rk.split("/", 1)[1], trigger="schedule",
                       triggered_by=None, params={})
     for ep, lob in (("support/support-rag", "support"), ("retail/retail-chat", "retail")):
-        history.record_step(StepKey(rk, "verify_cluster", 0), StepEvent(f"endpoint:{ep}", "endpoint", "changed",
+        history.runs.record_step(StepKey(rk, "verify_cluster", 0), StepEvent(f"endpoint:{ep}", "endpoint", "changed",
                                                                          cluster="c1", endpoint=ep, lob=lob))
     rag, chat = advice("support/support-rag", RAG), advice("retail/retail-chat", CHAT)
     capacity = E.advise_cluster("c1", [E.EndpointAdvice(**{k: v for k, v in a.items() if k != "lengths"})
                                        for a in (rag, chat)], capacity_bytes=200 * 2**30, workers=2).as_dict()
     older = "kvfleet_hit_verification/scheduled__2026-12-01T09:00:00+00:00"  # an earlier run's report is not shown
-    history.start_run(older, dag_id="kvfleet_hit_verification", run_id=older.split("/", 1)[1], trigger="schedule",
+    history.runs.start(older, dag_id="kvfleet_hit_verification", run_id=older.split("/", 1)[1], trigger="schedule",
                       triggered_by=None, params={})
-    history.record_step(StepKey(older, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1",
+    history.runs.record_step(StepKey(older, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1",
                                                                detail={"verdicts": {rag["endpoint"]: "marginal",
                                                                                     "retail/retail-old": "marginal"}}))
-    history.record_step(StepKey(rk, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1", detail={
+    history.runs.record_step(StepKey(rk, "advise", 0), StepEvent("advise:c1", "advise", "reported", cluster="c1", detail={
         "verdicts": {rag["endpoint"]: rag["verdict"], chat["endpoint"]: chat["verdict"]},
         "endpoints": [rag, chat], "capacity": capacity, "errors": []}))
-    history.record_step(StepKey(rk, "advise", 1), StepEvent("advise:c2", "advise", "reported", cluster="c2", detail={
+    history.runs.record_step(StepKey(rk, "advise", 1), StepEvent("advise:c2", "advise", "reported", cluster="c2", detail={
         "verdicts": {"retail/retail-docs": "does_not_pay_off"}, "capacity": None,
         "errors": ["Curvine master: unreachable"]}))
-    history.end_run(rk, "success", {})
+    history.runs.end(rk, "success", {})
     return {"rag": rag, "chat": chat, "capacity": capacity, "older": older, "newer": rk}
 
 

@@ -1,4 +1,5 @@
-"""stages.base.Outcome: frozen, with a str-valued status enum, and ``as_dict`` exactly as the history stores it."""
+"""kvfleet.outcomes: one str-valued vocabulary for stages.base.Outcome and the history, ``as_dict`` exactly as the
+history stores it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 
 import pytest
 
-from kvfleet.stages.base import Outcome, Status
+from kvfleet.outcomes import Status
+from kvfleet.stages.base import Outcome
 
 
 def test_an_outcome_cannot_be_changed() -> None:
@@ -39,3 +41,25 @@ def test_as_dict_is_the_stored_shape() -> None:
 def test_an_unknown_status_is_refused() -> None:
     with pytest.raises(ValueError, match="'chnaged'"):
         Outcome("curvine", "c-1", "chnaged")  # type: ignore[arg-type]
+
+
+def test_a_history_step_takes_only_the_one_vocabulary() -> None:
+    """The history's StepEvent and the stages' Outcome share kvfleet.outcomes.Status: a raw string of it is taken
+    as the member, any other is refused naming it, before anything is written."""
+    from kvfleet.history.keys import StepEvent
+
+    assert StepEvent("plan", "plan", "planned").outcome is Status.PLANNED
+    assert StepEvent("gate_response:g", "gate", "skip_endpoints").outcome is Status.SKIP_ENDPOINTS
+    with pytest.raises(ValueError, match=r"outcome: 'chnaged' is not one of kvfleet's outcomes \(changed, "):
+        StepEvent("s", "curvine", "chnaged")
+
+
+def test_derive_status_reads_the_stored_strings_as_the_vocabulary() -> None:
+    from kvfleet.outcomes import RunStatus, derive_status
+
+    steps = [{"stage": "endpoint", "outcome": "changed"}, {"stage": "gate", "outcome": "abort",
+                                                           "detail": {"reason": "Abort by dana"}}]
+    assert derive_status("success", steps) == (RunStatus.ABORTED, {
+        "outcomes": {"abort": 1, "changed": 1}, "failures": 0, "skipped": 0, "open_intents": 0,
+        "airflow_state": "success", "reason": "Abort by dana"})
+    assert derive_status("success", [{"stage": "x", "outcome": "skipped_by_gate"}])[0] is RunStatus.COMPLETED_WITH_FAILURES

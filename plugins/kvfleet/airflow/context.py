@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 
 if TYPE_CHECKING:
     from kvfleet.fleet.inventory import Inventory
@@ -128,14 +128,15 @@ def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = ()
     """One cluster's stage context inside a running task: the run's identity, the history store, a SIGTERM
     handler (waits end promptly), and lease liveness from Airflow."""
     from kvfleet.clients.kube import install_sigterm_handler
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
     from kvfleet.stages.base import StageContext
 
     info = run_info()
     inv = scoped(fleet, lobs=lobs, clusters=clusters, endpoints=endpoints)
     install_sigterm_handler()
     return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
-                        dry_run=dry_run, history=History(), aws_conn_id=aws_conn_id, holder_alive=airflow_run_alive)
+                        dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id,
+                        holder_alive=airflow_run_alive)
 
 
 def stage_context(cluster: str, params: Mapping[str, Any]) -> StageContext:

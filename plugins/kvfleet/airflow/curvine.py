@@ -23,7 +23,10 @@ from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import curvine_gates
 from kvfleet.fleet.inventory import Inventory
-from kvfleet.history.repo import History, StepEvent
+from kvfleet.history.keys import StepEvent
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.history.runs import Runs
+from kvfleet.outcomes import Status
 from kvfleet.stages import curvine_scale, curvine_upgrade
 from kvfleet.stages.curvine_scale import ScaleRequest
 from kvfleet.stages.curvine_upgrade import UpgradeRequest
@@ -38,15 +41,15 @@ def _scope(params: dict[str, Any]) -> Inventory:
     return scoped_inventory({"fleet": params["fleet"], "clusters": params.get("clusters") or None})
 
 
-def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[list[str], Any, History]:
+def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[list[str], Any, HistoryRepos]:
     info = run_info()
     inv = _scope(params)
-    history = History()
-    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+    history = HistoryRepos.on()
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params)
     clusters = [c.name for c in inv.clusters]
-    history.record_step(info.step_key, StepEvent("scope", stage, "planned", detail={"clusters": clusters, **detail}),
-                        actor=info.actor)
+    history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED,
+                                                      detail={"clusters": clusters, **detail}), actor=info.actor)
     return clusters, info, history
 
 
@@ -92,7 +95,7 @@ def open_upgrade(params: dict[str, Any]) -> list[str]:
     clusters, info, history = _open(params, curvine_upgrade.STAGE, {"version": params.get("version"),
                                                                     "dry_run": bool(params.get("dry_run"))})
     if refused is not None:
-        history.record_step(info.step_key, StepEvent("overrides", curvine_upgrade.STAGE, "refused",
+        history.runs.record_step(info.step_key, StepEvent("overrides", curvine_upgrade.STAGE, "refused",
                                                      detail={"reason": str(refused)}), actor=info.actor)
         raise refused
     return clusters
@@ -146,7 +149,7 @@ def summarize(results: list[dict[str, Any]] | None, params: dict[str, Any]) -> d
     for r in rows:
         log.info("%s", "  ".join(f"{k}={v}" for k, v in r.items()))
     outcomes = {o: sum(1 for r in rows if r["outcome"] == o) for o in sorted({r["outcome"] for r in rows})}
-    History().end_run(info.run_key, "success", {"clusters": rows, "outcomes": outcomes,
+    Runs().end(info.run_key, "success", {"clusters": rows, "outcomes": outcomes,
                                                 "dry_run": bool(params.get("dry_run"))})
     return outcomes
 

@@ -16,7 +16,9 @@ from typing import Any
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
-from kvfleet.history.repo import History, StepEvent, StepKey
+from kvfleet.history.keys import StepEvent, StepKey
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.outcomes import Status
 from kvfleet.stages import drift
 
 log = logging.getLogger(__name__)
@@ -47,10 +49,10 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
         params = {**params, "clusters": [c for c in event_clusters if c in known]}
     inv = scoped_inventory(_params(params)) if params.get("clusters") or not event_clusters else None
     clusters = [c.name for c in inv.clusters] if inv is not None else []
-    history = History()
-    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+    history = HistoryRepos.on()
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params)
-    history.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
+    history.runs.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
         "clusters": clusters, "endpoints": len(inv.endpoints) if inv is not None else 0,
         "remediate": bool(params.get("remediate")), **({"not_in_inventory": gone} if gone else {})}),
         actor=info.actor)
@@ -58,7 +60,7 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
     return clusters
 
 
-def record_watch_errors(history: History, step_key: StepKey, actor: str, errors: list[dict[str, str]]) -> None:
+def record_watch_errors(history: HistoryRepos, step_key: StepKey, actor: str, errors: list[dict[str, str]]) -> None:
     """One ``drift_watch:<cluster>`` step (outcome ``watch_failed``, in the audit log too) per cluster the drift
     watch reported a failure of: its changes are not being watched until the watch is up again (the 10-minute
     drift check still runs), and why (``detail.errors``: each error's kind and message)."""
@@ -67,8 +69,8 @@ def record_watch_errors(history: History, step_key: StepKey, actor: str, errors:
         log.warning("[%s] the drift watch reported: %s", e["cluster"], e["message"])
         by_cluster.setdefault(e["cluster"], []).append({"kind": e["kind"], "message": e["message"]})
     for cluster, found in sorted(by_cluster.items()):
-        history.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", "watch_failed", cluster=cluster,
-                                                detail={"errors": found}), actor=actor)
+        history.runs.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", Status.WATCH_FAILED,
+                                                     cluster=cluster, detail={"errors": found}), actor=actor)
 
 
 @task_boundary
@@ -108,8 +110,8 @@ def render_open(rows: list[dict[str, Any]]) -> str:
 def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
     info = run_info()
     results = [r for r in results or [] if r]
-    history = History()
-    rows = history.query("drift_open_by_lob")
+    history = HistoryRepos.on()
+    rows = history.queries.rows("drift_open_by_lob")
     checked = {r["cluster"] for r in results}
     rows = [r for r in rows if r["cluster"] in checked]
     log.info("open drift per line of business and cluster\n%s", render_open(rows))
@@ -127,7 +129,7 @@ def summarize(results: list[dict[str, Any]] | None) -> dict[str, Any]:
     bad = [f"{r['cluster']}: {m['action']} {m['outcome']} ({_why(m)})" for r in results
            for m in r["remediations"] if m["outcome"] in ("refused", "failed")]
     summary["remediations_not_done"] = bad
-    history.end_run(info.run_key, "failed" if bad else "success", summary)
+    history.runs.end(info.run_key, "failed" if bad else "success", summary)
     if bad:
         raise PermanentError(f"{len(bad)} drift remediation(s) refused or failed: " + "; ".join(bad)[:2000])
     return summary

@@ -353,9 +353,9 @@ def load_wave_evidence(history: Any, run_key: str, cluster: str, endpoints: Iter
     cutoff = datetime.now(UTC) - window
     rows: list[dict[str, Any]] = []
     for endpoint in sorted(set(endpoints)):
-        rows += [r for r in history.query("verifications", cutoff=cutoff, lob=None, endpoint=endpoint)
+        rows += [r for r in history.queries.rows("verifications", cutoff=cutoff, lob=None, endpoint=endpoint)
                  if r.get("run_key") == run_key and r.get("cluster") == cluster]
-    drift = [r for r in history.query("open_drift") if r.get("cluster") == cluster]
+    drift = [r for r in history.queries.rows("open_drift") if r.get("cluster") == cluster]
     return rows, drift
 
 
@@ -385,7 +385,7 @@ def links_from_env(env: Mapping[str, str] | None = None) -> Links:
 def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: str, params: Mapping[str, Any],
                   slot: int | None = None, options: Sequence[str] = (), default: str | None = None,
                   timeout: timedelta | None = None, history: Any = None) -> GateText:
-    """The wave gate's text with its evidence read from the history (``history`` or ``History()``). When the
+    """The wave gate's text with its evidence read from the history (``history`` or ``HistoryRepos.on()``). When the
     history cannot be read, the text says so and still shows the wave's own summary: a gate is never blocked
     by its text."""
     cluster = str(wave.get("cluster") or "")
@@ -393,9 +393,9 @@ def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: 
     drift: list[dict[str, Any]] = []
     try:
         if history is None:
-            from kvfleet.history.repo import History
+            from kvfleet.history.repos import HistoryRepos
 
-            history = History()
+            history = HistoryRepos.on()
         rows, drift = load_wave_evidence(history, run_key, cluster, (wave.get("endpoints") or {}).keys())
     except Exception as exc:
         log.exception("kvfleet: the gate's evidence could not be read from the history")
@@ -413,10 +413,10 @@ def for_curvine_approval(*, run_key: str, params: Mapping[str, Any], preflight: 
     drift: list[dict[str, Any]] = []
     try:
         if history is None:
-            from kvfleet.history.repo import History
+            from kvfleet.history.repos import HistoryRepos
 
-            history = History()
-        drift = [r for r in history.query("open_drift") if r.get("cluster") in clusters]
+            history = HistoryRepos.on()
+        drift = [r for r in history.queries.rows("open_drift") if r.get("cluster") in clusters]
     except Exception:
         log.exception("kvfleet: the open drift could not be read for the approval's text")
     return curvine_approval_text(run_key=run_key, version=str(params.get("version") or ""), clusters=clusters,

@@ -39,12 +39,15 @@ import os
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 log = logging.getLogger(__name__)
 SNS_SUBJECT_MAX = 99  # SNS: fewer than 100 characters, no line breaks
@@ -370,10 +373,10 @@ def _settings(settings: NotifySettings | None) -> NotifySettings | None:
         return None
 
 
-def _history() -> Any:
-    from kvfleet.history.repo import History
+def _history() -> HistoryRepos:
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _drift_lobs(result: Mapping[str, Any], opened: Sequence[Mapping[str, Any]] | None,
@@ -411,10 +414,10 @@ def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettin
         try:
             history = history if history is not None else _history()
             if count:
-                opened = list(history.query("ui_findings_opened", cluster=str(result.get("cluster") or ""),
+                opened = list(history.queries.rows("ui_findings_opened", cluster=str(result.get("cluster") or ""),
                                             run_key=run_key))
             if inventory is None:
-                inventory = load_fleet(((history.run(run_key) or {}).get("params") or {}).get("fleet"))
+                inventory = load_fleet(((history.runs.get(run_key) or {}).get("params") or {}).get("fleet"))
         except Exception as exc:
             log.warning("kvfleet: the drift notification reads no history (%s: %s); it names every finding",
                         type(exc).__name__, str(exc)[:200])
@@ -476,7 +479,7 @@ class KvfleetNotifier(BaseNotifier):
         from kvfleet.airflow.context import dag_run_facts
 
         facts = dag_run_facts(context)
-        run = _history().run(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
+        run = _history().runs.get(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
                                                    "status": "failed", "reason": context.get("reason")}
         return run_end_event(run, settings, self.statuses)
 

@@ -124,10 +124,11 @@ class WaveGateOperator(HITLOperator):
         who = by.get("name") if isinstance(by, dict) else str(by or "timeout")
         self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
         from kvfleet.airflow.context import run_info
-        from kvfleet.history.repo import History, StepEvent
+        from kvfleet.history.keys import StepEvent
+        from kvfleet.history.runs import Runs
 
         info = run_info(dict(context))
-        History().record_step(info.step_key, StepEvent(
+        Runs().record_step(info.step_key, StepEvent(
             step=f"gate_response:{self.task_id}", stage="gate", outcome=result, cluster=wave.get("cluster"),
             detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves"),
                     # The HITL trigger's event: timedout (no answer, the default was taken), when and by whom.

@@ -65,8 +65,10 @@ from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.plan import make_plan, render_plan_text
+from kvfleet.history.keys import StepEvent
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
-from kvfleet.history.repo import History, StepEvent
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.history.runs import Runs
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
 from kvfleet.stages.base import Pending, StageContext, poll_seconds
 from kvfleet.stages.locks import ClusterLock
@@ -85,7 +87,7 @@ def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
 
 def _lease(ctx: StageContext, req: RolloutRequest) -> ClusterLock:
     info = run_info()
-    return ClusterLock(ctx.history or History(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
+    return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
                        wait_s=req.lock_wait_s, poll_s=min(poll_seconds() * 5, 10),
                        progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_LEASE_TTL_S)
 
@@ -98,7 +100,7 @@ def _slot_holder(run_key: str, cluster: str) -> str:
     return f"{run_key}{SUFFIX}{cluster}"
 
 
-def _slot(history: History, run_key: str, cluster: str, limit: int) -> str | None:
+def _slot(history: HistoryRepos, run_key: str, cluster: str, limit: int) -> str | None:
     """Take one of ``limit`` parallelism slots of this run (``max_parallel_clusters``), as leases in the same
     table, parked for the whole run (released by the teardown, or at once when ``cluster_stages`` fails); None
     when all are taken (the caller defers)."""
@@ -163,7 +165,7 @@ def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: f
                             recheck_s=LEASE_RECHECK_S)
 
 
-def _take_slot_or_defer(ctx: StageContext, req: RolloutRequest, history: History, resume: dict[str, Any],
+def _take_slot_or_defer(ctx: StageContext, req: RolloutRequest, history: HistoryRepos, resume: dict[str, Any],
                         state: dict[str, Any]) -> str:
     """One of the run's parallelism slots, or a deferral until one is free (or the patience is spent)."""
     info, cluster, limit = run_info(), ctx.cluster.name, req.max_parallel_clusters
@@ -197,7 +199,7 @@ def _take_lease_or_defer(ctx: StageContext, req: RolloutRequest, resume: dict[st
         _defer(_lease_trigger(ctx, req, info.run_key, since), {**state, "wait": "lease", "since": since})
 
 
-def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]:
+def _release_all(history: HistoryRepos, run_key: str, cluster: str) -> dict[str, int]:
     leases = Leases(history.engine)
     return {"lease": int(leases.release(cluster, run_key)),
             "slots": leases.release_all(_slot_prefix(run_key), _slot_holder(run_key, cluster))}
@@ -207,7 +209,7 @@ def _release_all(history: History, run_key: str, cluster: str) -> dict[str, int]
 def plan_rollout(params: dict[str, Any]) -> list[str]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store, with the
     plan. Returns the names of the plan's clusters (what the per-cluster tasks are mapped over): the plan itself
-    goes to no XCom, since every task that needs it reads its part from ``runs.plan`` (``History.cluster_plan``),
+    goes to no XCom, since every task that needs it reads its part from ``runs.plan`` (``Runs.cluster_plan``),
     so the run's XCom does not grow with the fleet's endpoints."""
     info = run_info()
     req = RolloutRequest.from_params(params)
@@ -215,10 +217,10 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
     verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
     log.info("%s", render_plan_text(plan))
-    history = History()
-    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+    history = HistoryRepos.on()
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params, plan=plan.as_dict())
-    history.record_step(info.step_key, StepEvent(step="plan", stage="plan", outcome="planned",
+    history.runs.record_step(info.step_key, StepEvent(step="plan", stage="plan", outcome="planned",
                                                  detail={"clusters": len(plan.clusters),
                                                          "endpoints": len(inv.endpoints),
                                                          "dry_run": req.dry_run}),
@@ -252,7 +254,7 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
     ctx = rollout_context(cluster, req)
     info = run_info()
     lease: ClusterLock | None = None
-    history = ctx.history or History()
+    history = ctx.history or HistoryRepos.on()
     done: list[dict[str, Any]] = list(resume.get("done") or [])
     try:
         _check_event(resume)  # a trigger's error (terminal state, timeout) frees the slot and lease like any failure
@@ -364,7 +366,7 @@ def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
 def _cluster_plan(cluster: str) -> dict[str, Any]:
     """This run's plan cut to ``cluster`` (what the ``plan`` task stored with the run), or a permanent error."""
     run_key = run_info().run_key
-    plan = History().cluster_plan(run_key, cluster)
+    plan = Runs().cluster_plan(run_key, cluster)
     if plan is None:
         raise PermanentError(f"run {run_key}: the history store has no plan for cluster {cluster}; the plan task "
                              "stores it when the run starts: clear the run's plan task to plan it again")
@@ -385,7 +387,7 @@ def _mark(ctx: StageContext, eps: list[Endpoint], outcome: str, reason: str) -> 
 def _verify_and_record(ctx: StageContext, ep: Endpoint, req: RolloutRequest, step: str) -> dict[str, Any]:
     result = verify.verify_endpoint(ctx, ep, req.prompt_tokens, tolerance=req.speedup_tolerance).as_dict()
     if ctx.history is not None and ctx.step_key is not None:
-        ctx.history.record_verification(ctx.step_key, step, result)
+        ctx.history.verifications.record(ctx.step_key, step, result)
     ctx.say(f"stage 5: {ep.key}: {result['verdict']} hit {result['hit_ratio']} cold {result['ttft_cold_ms']} ms "
             f"warm {result['ttft_warm_ms']} ms speedup {result['speedup']}x (expected {result['expected_speedup']}x)"
             + (f" — {result['diagnosis']}" if result.get("diagnosis") else ""))
@@ -471,7 +473,7 @@ def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
                   params: dict[str, Any], kvfleet_resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run this slot's wave(s) unless an earlier gate stopped or aborted the cluster. A wave's bake (and a lease
     held by another run) defers; ``kvfleet_resume`` says where the slot stood: which wave, applied or not. The
-    waves are this cluster's part of the run's plan, read from the history store (``History.cluster_plan``)."""
+    waves are this cluster's part of the run's plan, read from the history store (``Runs.cluster_plan``)."""
     from airflow.sdk.exceptions import TaskDeferred
 
     resume = dict(kvfleet_resume or {})
@@ -541,7 +543,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     restore (a teardown without a setup task: trigger rule all-done)."""
     ctx = rollout_context(cluster, RolloutRequest.from_params(params))
     info = run_info()
-    history = ctx.history or History()
+    history = ctx.history or HistoryRepos.on()
     result: dict[str, Any] = {"restored": False}
     try:
         if not ctx.dry_run:
@@ -561,10 +563,10 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
 def finish_rollout(clusters: list[str], last_slots: list[Any] | None, params: dict[str, Any]) -> dict[str, Any]:
     info = run_info()
     req = RolloutRequest.from_params(params)
-    history = History()
+    history = HistoryRepos.on()
     if req.dry_run:
         _print_dry_run(history, info.run_key)
-    rows = history.query("rollout_by_lob", run_key=info.run_key)
+    rows = history.queries.rows("rollout_by_lob", run_key=info.run_key)
     lines = [f"{'LOB':<12}{'moved':>7}{'same':>7}{'skipped':>9}{'failed':>8}{'pass':>6}{'other':>7}"
              f"{'hit':>7}{'speedup':>9}{'expected':>10}"]
     for r in rows:
@@ -572,20 +574,20 @@ def finish_rollout(clusters: list[str], last_slots: list[Any] | None, params: di
                      f"{r['verified_pass']:>6}{r['verified_other']:>7}{_f(r['avg_hit_ratio']):>7}"
                      f"{_f(r['avg_speedup']):>9}{_f(r['avg_expected']):>10}")
     log.info("rollout summary per line of business\n%s", "\n".join(lines))
-    steps = history.steps(info.run_key)
+    steps = history.runs.steps(info.run_key)
     aborted = [{"cluster": s["cluster"], "reason": (s["detail"] or {}).get("reason")} for s in steps
                if s["outcome"] == "aborted"]
     summary = {"steps": len(steps), "dry_run": req.dry_run,
                "clusters": list(clusters), "lobs": rows, "aborted": aborted}
-    history.end_run(info.run_key, "aborted" if aborted else "success", summary)
+    history.runs.end(info.run_key, "aborted" if aborted else "success", summary)
     if aborted:
         raise PermanentError("rollout aborted at a gate: " + "; ".join(sorted({f"{g['cluster']}: {g['reason']}"
                                                                               for g in aborted})))
     return {"lobs": len(rows)}
 
 
-def _print_dry_run(history: History, run_key: str) -> None:
-    actions = history.query("planned_actions", run_key=run_key)
+def _print_dry_run(history: HistoryRepos, run_key: str) -> None:
+    actions = history.queries.rows("planned_actions", run_key=run_key)
     lines = [f"DRY RUN: {len(actions)} change(s) would be made"]
     for a in actions:
         where = a["cluster"] + (f" {a['endpoint']}" if a["endpoint"] else "")

@@ -9,7 +9,7 @@ Wire into each kvfleet DAG (the DAG files own the wiring)::
 step carrying the exception's message, opening the run's row if the run died before ``start_run`` (an unknown
 LOB, a missing fleet file). ``on_dag_success`` / ``on_dag_failure`` (Airflow 3.3 runs DAG callbacks in the DAG
 processor with the run's context: ``dag``, ``run_id``, ``reason`` and, when the server sent one, ``dag_run`` and
-the last task instance ``ti``) call ``History.close_run`` with Airflow's final state, which derives
+the last task instance ``ti``) call ``Runs.close`` with Airflow's final state, which derives
 ``success``, ``completed_with_failures``, ``failed``, ``aborted`` or ``refused`` from the recorded steps. A run
 Airflow marks failed is never left ``running`` nor recorded ``success``.
 
@@ -72,7 +72,8 @@ def on_task_failure(context: Any) -> None:
     """Task-level ``on_failure_callback``: record the failing task's exception message as a step (with the
     cluster, for a per-cluster task)."""
     try:
-        from kvfleet.history.repo import History, StepEvent, StepKey
+        from kvfleet.history.keys import StepEvent, StepKey
+        from kvfleet.history.runs import Runs
 
         facts = dag_run_facts(context)
         ti = context.get("ti")
@@ -81,23 +82,23 @@ def on_task_failure(context: Any) -> None:
         map_index = -1 if map_index is None else int(map_index)
         exc = context.get("exception")
         stage, outcome = classify_failure(facts["dag_id"], task_id, exc if isinstance(exc, BaseException) else None)
-        history = History()
+        runs = Runs()
         key = StepKey(facts["run_key"], task_id, map_index)
-        history.ensure_run(facts["run_key"], dag_id=facts["dag_id"], run_id=facts["run_id"],
-                           trigger=facts["trigger"], triggered_by=facts["triggered_by"], params=facts["params"])
-        history.record_step(key,
-                            StepEvent(step=f"error:{task_id}", stage=stage, outcome=outcome,
-                                      cluster=_cluster_of(context) or history.cluster_of_task(key),
-                                      detail={"error": _message(exc if isinstance(exc, BaseException) else None),
-                                              "task_id": task_id}),
-                            actor=facts["triggered_by"] or f"airflow:{facts['trigger']}")
+        runs.ensure(facts["run_key"], dag_id=facts["dag_id"], run_id=facts["run_id"], trigger=facts["trigger"],
+                    triggered_by=facts["triggered_by"], params=facts["params"])
+        runs.record_step(key,
+                         StepEvent(step=f"error:{task_id}", stage=stage, outcome=outcome,
+                                   cluster=_cluster_of(context) or runs.cluster_of_task(key),
+                                   detail={"error": _message(exc if isinstance(exc, BaseException) else None),
+                                           "task_id": task_id}),
+                         actor=facts["triggered_by"] or f"airflow:{facts['trigger']}")
     except Exception:
         log.exception("kvfleet: could not record the task failure in the history")
 
 
 def _close(context: Any, airflow_state: str) -> str | None:
     try:
-        from kvfleet.history.repo import History
+        from kvfleet.history.runs import Runs
 
         facts = dag_run_facts(context)
         ti = context.get("ti")
@@ -106,10 +107,9 @@ def _close(context: Any, airflow_state: str) -> str | None:
         reason = None if reason in (None, "success") else str(reason)
         if failed_task and reason:
             reason = f"{reason} ({failed_task})"
-        status = History().close_run(facts["run_key"], airflow_state, reason, dag_id=facts["dag_id"],
-                                     run_id=facts["run_id"], trigger=facts["trigger"],
-                                     triggered_by=facts["triggered_by"], params=facts["params"],
-                                     failed_task=failed_task)
+        status = Runs().close(facts["run_key"], airflow_state, reason, dag_id=facts["dag_id"],
+                              run_id=facts["run_id"], trigger=facts["trigger"],
+                              triggered_by=facts["triggered_by"], params=facts["params"], failed_task=failed_task)
         log.info("kvfleet: run %s closed as %s (Airflow: %s)", facts["run_key"], status, airflow_state)
         return status
     except Exception:

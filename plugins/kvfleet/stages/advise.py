@@ -101,7 +101,7 @@ def previous_observations(history: Any, cluster: str, now: datetime | None = Non
     if history is None:
         return {}
     now = now or datetime.now(UTC)
-    rows = history.query("advise_previous", cluster=cluster, cutoff=now - within,
+    rows = history.queries.rows("advise_previous", cluster=cluster, cutoff=now - within,
                          latest=now - timedelta(seconds=max(min_interval_s, 0.0)))
     return {r["endpoint"]: r["observation"] for r in rows if isinstance(r.get("observation"), Mapping)}
 

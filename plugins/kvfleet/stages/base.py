@@ -10,7 +10,6 @@ the exact action it would take (``ctx.plan``) instead of acting.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -20,7 +19,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvfleet.fleet.inventory import Cluster, Inventory
-from kvfleet.history.repo import History, StepEvent, StepKey, WriteAhead
+from kvfleet.history.audit import WriteAhead
+from kvfleet.history.keys import StepEvent, StepKey
+from kvfleet.history.repos import HistoryRepos
+from kvfleet.outcomes import Status
 
 if TYPE_CHECKING:  # imported when first used (a dry run that only needs AWS never loads the Kubernetes client)
     from kvfleet.clients.helm import Helm
@@ -55,28 +57,6 @@ class PlannedAction:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-class Status(enum.StrEnum):
-    """What a recorded step came to. A reconciler's ``Outcome`` is one of the first six; the others are steps
-    the workflows record around them (gates, markers, drift remediation). The value is what the history stores."""
-
-    CHANGED = "changed"
-    UNCHANGED = "unchanged"
-    PLANNED = "planned"
-    REFUSED = "refused"
-    FAILED = "failed"
-    REPORTED = "reported"
-    PASSED = "passed"  # a wave gate that passed
-    FAIL = "fail"  # a wave gate's verdict
-    REVIEW = "review"
-    NONE = "none"
-    ADVISED = "advised"
-    UNREACHABLE = "unreachable"
-    DEFERRED = "deferred"
-    SKIPPED_BY_GATE = "skipped_by_gate"
-    ABORTED = "aborted"
-    PAUSED_FOR_REVIEW = "paused_for_review"
 
 
 @dataclass(frozen=True)
@@ -137,7 +117,7 @@ class StageContext:
     step_key: StepKey | None = None
     actor: str = "kvfleet"
     dry_run: bool = False
-    history: History | None = None
+    history: HistoryRepos | None = None
     aws_conn_id: str | None = "aws_default"
     timeouts: Timeouts = field(default_factory=Timeouts)
     progress: Callable[[str], None] = log.info
@@ -179,21 +159,21 @@ class StageContext:
     def record(self, step: str, stage: str, outcome: Status | str, *, endpoint: str | None = None,
                lob: str | None = None, **detail: Any) -> Outcome:
         if self.history is not None and self.step_key is not None:
-            self.history.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=str(outcome),
+            self.history.runs.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=str(outcome),
                                                               cluster=self.cluster.name, endpoint=endpoint, lob=lob,
                                                               detail=detail), actor=self.actor)
         return Outcome(stage, self.cluster.name, Status(outcome), detail, endpoint)
 
     @contextlib.contextmanager
     def write_ahead(self, action: str, target: str, *, endpoint: str | None = None) -> Iterator[WriteAhead | None]:
-        """Wrap one mutating call: an intent row before it and an outcome row after it (``History.write_ahead``).
+        """Wrap one mutating call: an intent row before it and an outcome row after it (``AuditLog.write_ahead``).
         Yields the handle (set ``result`` / ``detail`` for a precise outcome), or None — and records nothing —
         in a dry run or without a history store or run identity."""
         if self.dry_run or self.history is None or self.step_key is None:
             yield None
             return
-        with self.history.write_ahead(self.step_key, action, target, cluster=self.cluster.name, endpoint=endpoint,
-                                      actor=self.actor) as wa:
+        with self.history.audit.write_ahead(self.step_key, action, target, cluster=self.cluster.name,
+                                            endpoint=endpoint, actor=self.actor) as wa:
             yield wa
 
     def close(self) -> None:

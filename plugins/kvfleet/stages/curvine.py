@@ -125,14 +125,14 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     immutable once written, so its values are read (``helm get values --revision``) only the first time it is
     seen; afterwards only its status is refreshed. Without a history store every revision is read."""
     ns, cluster = ctx.cluster.curvine.namespace, ctx.cluster.name
-    known = ctx.history.curvine_revisions(cluster, ns, release) if ctx.history is not None else {}
+    known = ctx.history.curvine.revisions(cluster, ns, release) if ctx.history is not None else {}
     out = []
     for rev in ctx.helm.revisions(release, ns) or []:
         n, status, updated = rev.revision, rev.status, rev.updated
         seen = known.get(n)
         if seen is not None and updated and seen["helm_updated"] == str(updated):  # only known with a history
             if seen["status"] != status and ctx.history is not None:
-                ctx.history.set_curvine_release_status(cluster=cluster, namespace=ns, release=release, revision=n,
+                ctx.history.curvine.set_status(cluster=cluster, namespace=ns, release=release, revision=n,
                                                        status=status)
             out.append({"revision": n, "status": status, "flags": seen["flags"]})
             continue
@@ -140,7 +140,7 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
         flags = cv.flags_of(values)
         out.append({"revision": n, "status": status, "flags": flags})
         if ctx.history is not None:
-            ctx.history.record_curvine_release(
+            ctx.history.curvine.record(
                 cluster=cluster, namespace=ns, release=release, revision=n,
                 chart_version=_chart_version(ctx, rev.chart), status=status, flags=flags, values=values,
                 run_key=ctx.step_key.run_key if ctx.step_key else None,
@@ -337,7 +337,7 @@ def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | Non
                      progress=ctx.progress)
     snap = CurvineMaster(ctx.kube, spec.namespace).overview().snapshot()
     if ctx.history is not None:
-        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
+        ctx.history.curvine.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
                                     cluster=ctx.cluster.name, phase=phase, overview=snap)
     return {"state": state, **snap}
 
@@ -481,7 +481,7 @@ def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
     A rollout shows itself two ways: its lease (purpose ``rollout``), and — while stage 4 patches endpoints —
     the Inference Operator paused with its run key in the ``kvfleet.io/paused-by`` annotation."""
     name = ctx.cluster.name
-    lock = ctx.history.lock_of(name) if ctx.history is not None else None
+    lock = ctx.history.leases.get(name) if ctx.history is not None else None
     if lock and not lock.get("expired") and lock.get("holder") != holder:
         since = f"since {lock.get('acquired_at')}, last heartbeat {lock.get('heartbeat_at')}"
         if lock.get("purpose") == ROLLOUT_PURPOSE:
@@ -508,7 +508,7 @@ def capacity_snapshot(ctx: StageContext, step: str, phase: str) -> dict[str, Any
     snap["live_worker_names"] = sorted(_worker_name(w) for w in workers["live_workers"])
     snap["worker_fs_used"] = {_worker_name(w): int(w.get("fs_used") or 0) for w in workers["live_workers"]}
     if ctx.history is not None:
-        ctx.history.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
+        ctx.history.curvine.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
                                     cluster=ctx.cluster.name, phase=phase, overview=snap)
     ctx.say(f"{step} {phase}: {snap['files_total']} files, {snap['dir_total']} dirs, capacity "
             f"{snap['capacity'] / 2**30:.0f} GiB, fs_used {snap['fs_used'] / 2**30:.2f} GiB, live workers "

@@ -212,7 +212,8 @@ def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, 
 def _previous_usage(ctx: StageContext) -> float | None:
     if ctx.history is None:
         return None
-    rows = [r for r in ctx.history.query("capacity_history", cluster=ctx.cluster.name) if r.get("capacity_bytes")]
+    rows = [r for r in ctx.history.queries.rows("capacity_history", cluster=ctx.cluster.name)
+            if r.get("capacity_bytes")]
     if not rows:
         return None
     last = rows[-1]

@@ -216,7 +216,7 @@ def _operator_zero_since(ctx: StageContext, operator: dict[str, Any] | None) -> 
         and not ann.get(C.PAUSED_BY_ANNOTATION)
     if ctx.history is None:
         return None
-    return ctx.history.watch(ctx.cluster.name, OPERATOR_ZERO_WATCH, zero,
+    return ctx.history.drift.watch(ctx.cluster.name, OPERATOR_ZERO_WATCH, zero,
                              ctx.step_key.run_key if ctx.step_key else None)
 
 
@@ -237,7 +237,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
                              observe_s=time.monotonic() - started, run_key=run_key)
         if ctx.history is not None:
             # Only this kind is in scope: what could not be observed stays as it was.
-            result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in result.findings], run_key,
+            result.sync = ctx.history.drift.sync(cl.name, [f.as_dict() for f in result.findings], run_key,
                                                     scope_kinds=["cluster_unreachable"])
         # Not a failure of the run: the finding says it (and one dead API server must not turn the check red).
         ctx.record(f"drift_check:{cl.name}", STAGE, "unreachable", reachable=False, error=str(exc)[:500])
@@ -252,7 +252,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
             ctx.say(f"CURVINE DATA LOSS: {f.text()}")
     _record_snapshot(ctx, obs, now)
     if ctx.history is not None:
-        result.sync = ctx.history.sync_findings(cl.name, [f.as_dict() for f in findings], run_key)
+        result.sync = ctx.history.drift.sync(cl.name, [f.as_dict() for f in findings], run_key)
     moved = bool(result.sync.get("opened") or result.sync.get("resolved"))
     ctx.record(f"drift_check:{cl.name}", STAGE, "reported" if moved else "unchanged", findings=len(findings),
                kinds=sorted({f.kind for f in findings}), sync=result.sync)
@@ -278,7 +278,7 @@ def _resolve_remediated(ctx: StageContext, result: DriftResult, now: datetime) -
         return
     still = {f.fingerprint for f in rules.classify(ctx.inventory, ctx.cluster.name, obs)}
     gone = sorted(fixed - still)
-    result.sync["remediated_resolved"] = ctx.history.resolve_remediated(ctx.cluster.name, gone, result.run_key)
+    result.sync["remediated_resolved"] = ctx.history.drift.resolve_remediated(ctx.cluster.name, gone, result.run_key)
     result.sync["remediated_still_seen"] = len(fixed & still)
     ctx.say(f"drift: after remediation, {len(gone)} finding(s) no longer seen (resolved), "
             f"{len(fixed & still)} still seen")
@@ -289,10 +289,10 @@ def _record_snapshot(ctx: StageContext, obs: rules.ClusterObservation, now: date
     if ctx.history is None or obs.curvine_overview is None:
         return
     run_key = ctx.step_key.run_key if ctx.step_key else None
-    if run_key is not None and ctx.history.run(run_key) is None:
+    if run_key is not None and ctx.history.runs.get(run_key) is None:
         run_key = None  # an ad-hoc check (no run row to refer to)
-    ctx.history.record_capacity(run_key=run_key, step=f"drift_check:{now.isoformat()}", cluster=ctx.cluster.name,
-                                phase="drift", overview=obs.curvine_overview)
+    ctx.history.curvine.record_capacity(run_key=run_key, step=f"drift_check:{now.isoformat()}",
+                                        cluster=ctx.cluster.name, phase="drift", overview=obs.curvine_overview)
 
 
 def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding],
@@ -311,7 +311,8 @@ def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding
 def _advise(ctx: StageContext, result: DriftResult, now: datetime) -> None:
     if ctx.history is None:
         return
-    rows = ctx.history.query("drift_recurrence", cutoff=now - rules.ADVICE_WINDOW, kind="patch_lost_to_reconcile")
+    rows = ctx.history.queries.rows("drift_recurrence", cutoff=now - rules.ADVICE_WINDOW,
+                                    kind="patch_lost_to_reconcile")
     result.patch_losses_7d = next((int(r["occurrences"]) for r in rows if r["cluster"] == ctx.cluster.name), 0)
     result.advice = rules.kyverno_advice(ctx.cluster, result.patch_losses_7d)
     if result.advice:
@@ -446,7 +447,7 @@ def _record(ctx: StageContext, action: str, found: list[rules.Finding], outcome:
              "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "detail": detail}
     if ctx.history is not None:
         for f in found:
-            ctx.history.record_remediation(f.fingerprint, {k: v for k, v in entry.items() if k != "findings"})
+            ctx.history.drift.record_remediation(f.fingerprint, {k: v for k, v in entry.items() if k != "findings"})
     ctx.record(f"drift_remediate:{action}:{outcome}", STAGE, outcome, action=action, findings=entry["findings"],
                kinds=entry["kinds"], objects=entry["objects"], detail=detail)
     if outcome != "changed":

@@ -44,7 +44,7 @@ def _wall_wait(seconds: float, stop: threading.Event) -> bool:
 
 
 def leases_of(history: Any) -> Leases:
-    """A ``Leases`` store on the same database as ``history`` (a ``History`` or a ``Leases``)."""
+    """A ``Leases`` store on the same database as ``history`` (a ``HistoryRepos``, or a ``Leases`` itself)."""
     return history if isinstance(history, Leases) else Leases(history.engine)
 
 

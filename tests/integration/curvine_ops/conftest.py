@@ -12,7 +12,7 @@ import pytest
 from opskit import CLUSTER, FLEET, CurvineOps
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 from kvfleet.stages import curvine
 from kvfleet.stages.base import StageContext, Timeouts
 
@@ -31,7 +31,7 @@ def ops(sandbox_factory, history, monkeypatch: pytest.MonkeyPatch, tmp_path) -> 
     inv = load_inventory(fleet)
     made: list[StageContext] = []
     run_key = f"test/{next(_runs)}"
-    history.start_run(run_key, dag_id="test", run_id=run_key, trigger="test", triggered_by=None, params={})
+    history.runs.start(run_key, dag_id="test", run_id=run_key, trigger="test", triggered_by=None, params={})
 
     def make(task: str = "task", **kw: Any) -> StageContext:
         ctx = StageContext(inventory=inv, cluster=inv.cluster(CLUSTER), aws_conn_id=None, history=history,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.fleet.inventory import Inventory
-from kvfleet.history.repo import History
+from kvfleet.history.repos import HistoryRepos
 from kvfleet.stages.base import StageContext
 from kvfleet_sandbox.runtime import Sandbox
 
@@ -31,7 +31,7 @@ clusters:
 class CurvineOps:
     sandbox: Sandbox
     inventory: Inventory
-    history: History
+    history: HistoryRepos
     make: Callable[..., StageContext]
 
     @property

@@ -47,7 +47,7 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     out = sc.scale(ctx, ScaleRequest(all_eligible=True, timeout_s=20), holder="run-a")
     assert out.outcome == "changed", out.detail
     assert executor.journal(ctx) == [upgrade]  # the real run applied exactly what the dry run listed
-    audit = ops.history.query("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1),
+    audit = ops.history.queries.rows("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1),
                               run_key=ctx.step_key.run_key, cluster=None, endpoint=None, limit=10)
     assert [(r["action"], r["outcome"]) for r in audit if "worker.replicas" in r["target"]] == [
         ("helm_upgrade", "changed")]  # its write-ahead record (the fixture's install shares the run)
@@ -65,12 +65,12 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     servers = ("curvine-master", "curvine-worker")
     assert all(ops.pod_uids()[n] == uid for n, uid in uids.items() if n.startswith(servers))
     assert all(ops.twin.l2.exists(p) for p in paths)
-    caps = [c for c in ops.history.query("capacity_history", cluster=CLUSTER) if c["step"] == sc.STAGE]
+    caps = [c for c in ops.history.queries.rows("capacity_history", cluster=CLUSTER) if c["step"] == sc.STAGE]
     assert [(c["phase"], c["live_workers"], c["capacity_bytes"]) for c in caps] == [
         ("before", 2, 200 * GIB), ("after", 4, 400 * GIB)]
-    steps = [s for s in ops.history.steps(ctx.step_key.run_key) if s["stage"] == sc.STAGE]
+    steps = [s for s in ops.history.runs.steps(ctx.step_key.run_key) if s["stage"] == sc.STAGE]
     assert ("scale", "changed") in [(s["step"], s["outcome"]) for s in steps]
-    assert ops.history.lock_of(CLUSTER) is None
+    assert ops.history.leases.get(CLUSTER) is None
 
     ops.twin.store.reset_request_log()
     again = sc.scale(ops.ctx("again"), ScaleRequest(all_eligible=True), holder="run-b")

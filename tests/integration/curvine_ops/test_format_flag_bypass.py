@@ -43,7 +43,7 @@ def test_the_comma_case_is_refused_before_any_change(ops) -> None:  # type: igno
     assert _mutations(ops) == []  # nothing written: no helm revision, no pod touched
     assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and ops.sim.formats[formats:] == []
     assert all(ops.twin.l2.exists(p) for p in paths) and ops.sim.overview()["files_total"] == 3
-    assert ops.history.lock_of(CLUSTER) is None
+    assert ops.history.leases.get(CLUSTER) is None
 
 
 def test_a_flag_in_the_rendered_objects_is_refused_for_scale_out_and_upgrade(ops, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -64,7 +64,7 @@ def test_a_flag_in_the_rendered_objects_is_refused_for_scale_out_and_upgrade(ops
     with pytest.raises(GateRefused, match=r"upgrade refused .* before any change: .*CURVINE_FORMAT_WORKER=true"):
         up.upgrade(ops.ctx("upgrade"), UpgradeRequest(version="0.3.3-alpha", timeout_s=20), holder="run-u")
     assert _revisions(ctx) == revisions  # no new revision from either
-    assert ops.history.lock_of(CLUSTER) is None
+    assert ops.history.leases.get(CLUSTER) is None
     # and stage 3's post-flip check reads the deployed objects, not only the values
     with pytest.raises(Exception, match=r"deployed: .*CURVINE_FORMAT_WORKER=true"):
         curvine.verify_flags_false(ops.ctx("verify"))

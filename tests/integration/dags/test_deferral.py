@@ -80,7 +80,7 @@ def test_a_contended_lease_and_the_bakes_wait_deferred_and_the_rollout_completes
     assert stages.index("deferred") < len(stages) - 1 and stages[-1] == "success", stages
     # Then it took the lease and reconciled: stages 1-3 recorded, after the deferral.
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    steps = {s["step"] for s in history.steps(run_key)}
+    steps = {s["step"] for s in history.runs.steps(run_key)}
     assert {"preflight", "tiered_storage", "addons"} <= steps, steps
     # Each wave baked deferred on DateTimeTrigger and was verified afterwards.
     for wave in ("cluster.wave_0", "cluster.wave_1"):
@@ -107,6 +107,6 @@ def test_a_lease_wait_out_of_patience_fails_permanently_naming_the_holder(  # ty
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}
     assert tis["cluster.stages"].state == "failed" and tis["cluster.stages"].try_number == 1  # permanent: no retry
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    errors = [s for s in history.steps(run_key) if s["step"] == "error:cluster.stages"]
+    errors = [s for s in history.runs.steps(run_key) if s["step"] == "error:cluster.stages"]
     assert errors and OTHER in str(errors[0]["detail"]), errors
     assert (leases.get("c-patch") or {}).get("holder") == OTHER  # nothing taken from the other run

@@ -56,7 +56,7 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
     aws = [op.split(":", 1)[-1] for op in mutating_requests(sandbox_process)["aws"]]
     assert aws.count("UpdateCluster") == 1, aws
     assert aws.count("CreateAddon") == len(C.ADDON_ORDER), aws
-    intents = [r for r in history.query("write_ahead", cutoff="1970-01-01", run_key=run_key, cluster=None,
+    intents = [r for r in history.queries.rows("write_ahead", cutoff="1970-01-01", run_key=run_key, cluster=None,
                                         endpoint=None, limit=1000)
                if r["action"].startswith(("update_cluster", "create_addon"))]
     assert len(intents) == 1 + len(C.ADDON_ORDER), intents
@@ -66,7 +66,7 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
     assert all(r["next_method"] == "resume" for r in ready)
     assert rows[-1]["state"] == "success", rows
     steps: dict[str, list[dict[str, Any]]] = {}
-    for s in history.steps(run_key):
+    for s in history.runs.steps(run_key):
         steps.setdefault(s["step"], []).append(s)
     tiered, addons = steps["tiered_storage"], steps["addons"]
     assert len(tiered) == 1 and tiered[0]["outcome"] == "changed", tiered
@@ -112,6 +112,6 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
     assert again.state == "success", ti_states.rows()
     assert seen, f"never deferred on the operator: {ti_states.rows('cluster.stages')}"
     assert seen["deferred"]["next_method"] == "resume"
-    rerun = [s for s in history.steps(f"kvfleet_rollout/{again.run_id}") if s["step"] == "addons"]
+    rerun = [s for s in history.runs.steps(f"kvfleet_rollout/{again.run_id}") if s["step"] == "addons"]
     assert len(rerun) == 1 and rerun[0]["outcome"] == "unchanged", rerun
     assert "ready 1" in str(rerun[0]["detail"].get("operator")), rerun  # what the resumed stage saw

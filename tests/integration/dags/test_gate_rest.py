@@ -185,9 +185,9 @@ def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  
     # Airflow: failed (the finish task raises on an abort); the history: aborted, never running or success
     assert dr.state == "failed"
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    run = history.run(run_key)
+    run = history.runs.get(run_key)
     assert run is not None and run["status"] == "aborted", run
-    outcomes = {(s["endpoint"], s["outcome"]) for s in history.steps(run_key) if s["endpoint"]}
+    outcomes = {(s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["endpoint"]}
     assert ("alpha/alpha-rag", "aborted") in outcomes, outcomes
 
     proc = kvfleet("audit", "gates", "--run", run_key, "--json", env=dict(os.environ))

@@ -23,12 +23,12 @@ def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
 
 
 def _verdicts(history, run_key=None):  # type: ignore[no-untyped-def]
-    rows = history.query("verifications", cutoff=EPOCH, lob=None, endpoint=None)
+    rows = history.queries.rows("verifications", cutoff=EPOCH, lob=None, endpoint=None)
     return sorted((r["cluster"], r["endpoint"], r["verdict"]) for r in rows if run_key is None or r["run_key"] == run_key)
 
 
 def _outcomes(history, run_key):  # type: ignore[no-untyped-def]
-    return sorted((s["cluster"], s["endpoint"], s["outcome"]) for s in history.steps(run_key) if s["stage"] == "endpoint")
+    return sorted((s["cluster"], s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["stage"] == "endpoint")
 
 
 def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
@@ -45,7 +45,7 @@ def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sa
     assert dr2.state == "success"
     assert {o for *_, o in _outcomes(history, f"kvfleet_rollout/{dr2.run_id}")} == {"unchanged"}
     # remediate_drift ran the drift check on both clusters: nothing to fix on a converged fleet
-    checks = [s for s in history.steps(f"kvfleet_rollout/{dr2.run_id}") if s["step"].startswith("drift_check:")]
+    checks = [s for s in history.runs.steps(f"kvfleet_rollout/{dr2.run_id}") if s["step"].startswith("drift_check:")]
     assert sorted(s["cluster"] for s in checks) == ["c-kyverno", "c-patch"]
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
 
@@ -96,7 +96,7 @@ def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_proces
         assert ("c-patch", "alpha/alpha-docs", "changed") in outcomes
     else:
         assert ("c-patch", "alpha/alpha-docs", "aborted") in outcomes
-        assert history.run(run_key)["status"] == "aborted"
+        assert history.runs.get(run_key)["status"] == "aborted"
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # restored in both cases
 
 
@@ -114,17 +114,17 @@ def _operator_state(fleet, cluster):  # type: ignore[no-untyped-def]
 
 
 def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
-    history.try_lock("c-patch", "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
+    history.leases.try_take("c-patch", "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
     dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, clusters=["c-patch"],
                                                                        lock_wait_minutes=0.02))
     assert dr.state == "failed"
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    steps = history.steps(run_key)
+    steps = history.runs.steps(run_key)
     # nothing changed on the cluster: the plan, then only the failure of the task that waited for the lease
     assert steps[0]["stage"] == "plan", steps
     assert all(s["step"].startswith("error:") or s["stage"] == "preflight" for s in steps[1:]), steps  # read-only
-    assert history.run(run_key)["status"] == "failed"
-    assert history.lock_of("c-patch")["holder"] == "kvfleet_curvine_upgrade/other-run"
+    assert history.runs.get(run_key)["status"] == "failed"
+    assert history.leases.get("c-patch")["holder"] == "kvfleet_curvine_upgrade/other-run"
 
 
 def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
@@ -139,11 +139,11 @@ def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(d
     assert broken.state == "failed"
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # teardown restored it
     broken_key = f"kvfleet_rollout/{broken.run_id}"
-    assert [s["outcome"] for s in history.steps(broken_key) if s["step"].startswith("wave_state:")] == ["failed"]
+    assert [s["outcome"] for s in history.runs.steps(broken_key) if s["step"].startswith("wave_state:")] == ["failed"]
 
     dry = dag.test(run_conf={**base, "dry_run": True})
     assert dry.state == "success"
-    planned = history.query("planned_actions", run_key=f"kvfleet_rollout/{dry.run_id}")
+    planned = history.queries.rows("planned_actions", run_key=f"kvfleet_rollout/{dry.run_id}")
     assert planned and all(p["cluster"] == "c-patch" for p in planned)
     assert any("kubectl patch deployment alpha-chat" in p["action"] for p in planned)
 
@@ -151,12 +151,12 @@ def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(d
     assert resumed.state == "success"
     key = f"kvfleet_rollout/{resumed.run_id}"
     assert {v for *_, v in _verdicts(history, key)} == {"pass"}
-    steps = history.steps(key)
+    steps = history.runs.steps(key)
     assert len({(s["task_id"], s["map_index"], s["step"]) for s in steps}) == len(steps)
 
     sandbox_process.admin("/reset-requests", {})
     dry2 = dag.test(run_conf={**base, "dry_run": True})
-    assert history.query("planned_actions", run_key=f"kvfleet_rollout/{dry2.run_id}") == []
+    assert history.queries.rows("planned_actions", run_key=f"kvfleet_rollout/{dry2.run_id}") == []
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
 
 
@@ -170,5 +170,5 @@ def test_bad_params_are_refused_before_any_change(dagbag, history, sandbox_proce
         dag.test(run_conf=conf(small_fleet, approval="sometimes"))
     sandbox_process.admin("/reset-requests", {})
     dr = dag.test(run_conf=conf(small_fleet, clusters=["c-nope"]))
-    assert dr.state == "failed" and history.run(f"kvfleet_rollout/{dr.run_id}")["status"] == "refused"
+    assert dr.state == "failed" and history.runs.get(f"kvfleet_rollout/{dr.run_id}")["status"] == "refused"
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}

@@ -27,20 +27,20 @@ def test_a_refused_plan_ends_refused_and_a_small_rollout_ends_success(dagbag, hi
 
     refused = dag.test(run_conf=conf(small_fleet, lobs=["no-such-lob"]))
     assert refused.state == "failed"
-    run = history.run(f"kvfleet_rollout/{refused.run_id}")
+    run = history.runs.get(f"kvfleet_rollout/{refused.run_id}")
     assert run is not None, "a run that never got past plan is in the history"
     assert run["status"] == "refused"
     assert "no-such-lob" in (run["reason"] or "")
-    assert history.query("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
+    assert history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
                          limit=100) == []  # refused before any change
 
     ok = dag.test(run_conf=conf(small_fleet, clusters=["c-kyverno"], lobs=["beta"]))
     assert ok.state == "success"
-    run = history.run(f"kvfleet_rollout/{ok.run_id}")
+    run = history.runs.get(f"kvfleet_rollout/{ok.run_id}")
     assert run is not None and run["status"] == "success" and run["ended_at"] is not None
     # Its changes were written ahead: each intent has an outcome, none left unknown.
-    rows = history.query("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
+    rows = history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
                          limit=1000)
     assert any(r["action"] == "create_iec" and r["endpoint"] == "beta/beta-rag" for r in rows), rows
     assert {r["outcome"] for r in rows} <= {"changed", "unchanged"}, rows
-    assert history.open_intents(run_key=run["run_key"]) == []
+    assert history.audit.open_intents(run_key=run["run_key"]) == []

@@ -25,7 +25,7 @@ from kvfleet.airflow import rollout
 from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.history.leases import Leases
-from kvfleet.history.repo import History
+from kvfleet.history.repos import HistoryRepos
 
 CLUSTER = "ml-prod-use1"
 RUN_ID = "manual__stages-error-event"
@@ -45,12 +45,12 @@ def _params(fleet: Path) -> dict[str, Any]:
     return {"fleet": str(fleet), "clusters": [CLUSTER], "max_parallel_clusters": 2, "lock_wait_minutes": 0.02}
 
 
-def _locks(history: History) -> list[tuple[str, str]]:
+def _locks(history: HistoryRepos) -> list[tuple[str, str]]:
     with history.engine.connect() as conn:
         return sorted((r.cluster, r.holder) for r in conn.execute(text("SELECT cluster, holder FROM cluster_locks")))
 
 
-def _take_before_deferral(params: dict[str, Any], history: History, *, lease: bool) -> str:
+def _take_before_deferral(params: dict[str, Any], history: HistoryRepos, *, lease: bool) -> str:
     """What the task took before it deferred: a parallelism slot, and the cluster lease (parked) when it went on
     to wait for the cluster itself. Returns the slot's name."""
     req = RolloutRequest.from_params(params)
@@ -82,7 +82,7 @@ def _take_before_deferral(params: dict[str, Any], history: History, *, lease: bo
     ("stage:after:pvcs", {"status": "error", "reason": "timeout",
                           "message": "PVC retail/curvine-pvc Pending after 600s"}, ConvergenceTimeout),
 ])
-def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, history: History, example_fleet,  # type: ignore[no-untyped-def]
+def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, history: HistoryRepos, example_fleet,  # type: ignore[no-untyped-def]
                                                                    wait: str, event: dict[str, Any],
                                                                    raised: type[Exception]) -> None:
     params = _params(example_fleet)
@@ -105,7 +105,7 @@ def test_a_cluster_wait_s_error_event_frees_the_slot_and_the_lease(in_task, hist
 
 
 def test_a_lease_wait_s_timeout_frees_the_slot_fails_permanently_and_leaves_the_holder_s_lease(  # type: ignore[no-untyped-def]
-        in_task, history: History, example_fleet) -> None:
+        in_task, history: HistoryRepos, example_fleet) -> None:
     params = _params(example_fleet)
     leases = Leases(history.engine)
     leases.try_take(CLUSTER, OTHER, "curvine upgrade", 3600)

@@ -74,18 +74,18 @@ def test_failed_stages_and_a_wave_failed_after_its_crs_end_failed_and_the_crs_ar
         sandbox_process.admin("/fault", {"cluster": "*", "kind": "clear"})
     assert dr.state == "failed"
     run_key = f"kvfleet_rollout/{dr.run_id}"
-    run = history.run(run_key)
+    run = history.runs.get(run_key)
     assert run is not None and run["status"] == "failed", run  # never running, never success
     assert run["ended_at"] is not None
 
-    steps = history.steps(run_key)
+    steps = history.runs.steps(run_key)
     errors = {(s["task_id"], s["cluster"]): s for s in steps if s["step"].startswith("error:")}
     # c-kyverno failed in its stages, c-patch in its canary wave: each error step names its cluster and message
     assert set(errors) == {("cluster.stages", "c-kyverno"), ("cluster.wave_0", "c-patch")}, errors
     assert "injected conflict" in errors[("cluster.stages", "c-kyverno")]["detail"]["error"], errors
     assert "pause the inference operator" in errors[("cluster.wave_0", "c-patch")]["detail"]["error"], errors
     # The failed wave applied both canary CRs before failing: written ahead, with their outcome ...
-    changes = history.query("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-patch", endpoint=None,
+    changes = history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-patch", endpoint=None,
                             limit=1000)
     created = {r["endpoint"] for r in changes if r["action"] == "create_iec" and r["outcome"] == "changed"}
     assert created == {"alpha/alpha-chat", "beta/beta-rag"}, changes
@@ -96,7 +96,7 @@ def test_failed_stages_and_a_wave_failed_after_its_crs_end_failed_and_the_crs_ar
     iec = [r for r in rows if r["run_key"] == run_key and r["stage"] == "write-ahead" and "create_iec" in r["step"]]
     assert iec and iec[0]["outcome"] == "changed" and iec[0]["run_status"] == "failed", rows
     # c-kyverno never got a CR: its stages failed first
-    assert not history.query("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-kyverno",
+    assert not history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-kyverno",
                              endpoint="alpha/alpha-chat", limit=100)
 
 
@@ -107,10 +107,10 @@ def test_a_curvine_upgrade_refused_by_its_format_flag_gate_ends_refused(dagbag, 
         "overrides": {"cluster": {"formatMaster": True}}, "dry_run": False, "approval": "never", "rollback": True,
         "timeout_minutes": 1, "expired_files_allowance": 0, "l2_check": "file", "lock_wait_minutes": 0})
     assert dr.state == "failed"
-    run = history.run(f"kvfleet_curvine_upgrade/{dr.run_id}")
+    run = history.runs.get(f"kvfleet_curvine_upgrade/{dr.run_id}")
     assert run is not None and run["status"] == "refused", run
     assert "format" in (run["reason"] or "").lower(), run
-    assert history.query("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
+    assert history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run["run_key"], cluster=None, endpoint=None,
                          limit=100) == []
     (listed,) = [r for r in audit_json("runs")
                  if r["run_key"] == run["run_key"]]

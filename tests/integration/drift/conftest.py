@@ -40,11 +40,11 @@ def drift_history(pg) -> Iterator[Any]:  # type: ignore[no-untyped-def]
     from sqlalchemy import create_engine, text
 
     from kvfleet.history.db import dispose_engines, get_engine
-    from kvfleet.history.repo import History
+    from kvfleet.history.repos import HistoryRepos
 
     name = f"t_{uuid.uuid4().hex[:12]}"
     pg.ensure_database(name)
-    yield History(get_engine(pg.url(name)))
+    yield HistoryRepos.on(get_engine(pg.url(name)))
     dispose_engines()
     admin = create_engine(pg.url("postgres"), isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:

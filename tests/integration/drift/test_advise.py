@@ -104,10 +104,10 @@ def test_the_rate_is_the_counters_increase_over_wall_time_and_equals_the_mix(rol
     """The hourly advise step records each endpoint's observation; the next reads it back (named query
     advise_previous) and divides the counters' increase by the wall seconds in between: the twin's mix, per wall
     hour, comes back as the endpoint's requests per hour."""
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
     run = "t/advise-rate"
-    drift_history.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    drift_history.runs.start(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
     ctx = drift_ctx(STAGE, history=drift_history, step_key=StepKey(run, "advise", 0))
     first = advise.advise_cluster(ctx)
     ctx.record(f"advise:{STAGE}", "advise", "reported", verdicts={e.endpoint: e.verdict for e in first.endpoints},
@@ -130,7 +130,7 @@ def test_a_previous_observation_under_the_minimum_interval_is_ignored_and_says_w
     advisor's 5-minute minimum it is ignored, the rate falls back (here to unknown: the twin's pods carry start
     stamps ahead of the wall clock, so no pod age counts) and the arithmetic says why. From the history too: an
     hourly advise step recorded seconds before (say, just before the scale-out detection) is not the base."""
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
     ctx = drift_ctx(STAGE)
     first = advise.advise_cluster(ctx, previous={})
@@ -148,7 +148,7 @@ def test_a_previous_observation_under_the_minimum_interval_is_ignored_and_says_w
             if a.endpoint in previous} == {"delta"}
     # from the history: the step recorded seconds ago is the only one, so the advisor reads it back and refuses it
     run = "t/advise-close"
-    drift_history.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    drift_history.runs.start(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
     recorded = drift_ctx(STAGE, history=drift_history, step_key=StepKey(run, "advise", 0))
     recorded.record(f"advise:{STAGE}", "advise", "reported", endpoints=first.as_dict()["endpoints"])
     again = advise.advise_cluster(drift_ctx(STAGE, history=drift_history))
@@ -245,22 +245,22 @@ def test_pooled_probes_do_not_grow_l2_and_a_fresh_probe_does(rolled_out, drift_c
 
 def test_the_first_sweep_after_rollout_is_the_baseline(rolled_out, drift_ctx, drift_history) -> None:  # type: ignore[no-untyped-def]
     from kvfleet.airflow.verification import endpoint_baseline
-    from kvfleet.history.repo import StepEvent, StepKey
+    from kvfleet.history.keys import StepEvent, StepKey
     from kvfleet.stages import verify
 
     ctx = drift_ctx(STAGE)
     ep = _ep(rolled_out.inventory, "retail-assistant")
     h = drift_history
     for run in ("t/rollout", "t/sweep1", "t/sweep2", "t/rollout2"):
-        h.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
-    h.record_step(StepKey("t/rollout", "wave"), StepEvent(f"endpoint:{ep.key}", "endpoint", "changed",
+        h.runs.start(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    h.runs.record_step(StepKey("t/rollout", "wave"), StepEvent(f"endpoint:{ep.key}", "endpoint", "changed",
                                                           cluster=STAGE, endpoint=ep.key))
     assert endpoint_baseline(h, STAGE, ep.key) is None  # no sweep since the rollout
     for run in ("t/sweep1", "t/sweep2"):
         for n in (1000, 2500):
             r = verify.verify_endpoint(ctx, ep, n).as_dict()
             r["detail"] = {**r["detail"], "sweep": True}
-            h.record_verification(StepKey(run, "verify_cluster"), f"verify:{ep.key}:{n}", r)
+            h.verifications.record(StepKey(run, "verify_cluster"), f"verify:{ep.key}:{n}", r)
     base = endpoint_baseline(h, STAGE, ep.key)
     assert base is not None and base["run_key"] == "t/sweep1" and [n for n, _ in base["points"]] == [1000, 2500]
     # judged against it: a probe cannot pass a baseline no real run reaches, and says which baseline it missed
@@ -269,7 +269,7 @@ def test_the_first_sweep_after_rollout_is_the_baseline(rolled_out, drift_ctx, dr
     assert judged.verdict == "degraded" and "own baseline" in (judged.diagnosis or ""), judged
     assert judged.detail["baseline_run"] == "t/sweep1"
     # a later rollout of the endpoint starts over: its first sweep after that will be the new baseline
-    h.record_step(StepKey("t/rollout2", "wave"), StepEvent(f"endpoint:{ep.key}", "endpoint", "changed",
+    h.runs.record_step(StepKey("t/rollout2", "wave"), StepEvent(f"endpoint:{ep.key}", "endpoint", "changed",
                                                            cluster=STAGE, endpoint=ep.key))
     assert endpoint_baseline(h, STAGE, ep.key) is None
 

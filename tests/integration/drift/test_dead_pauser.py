@@ -19,8 +19,8 @@ from driftkit import PROD
 
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import constants as C
+from kvfleet.history.keys import StepKey
 from kvfleet.history.leases import Leases
-from kvfleet.history.repo import StepKey
 from kvfleet.stages import addons, curvine, drift, endpoints, operator_pause, tiered_storage
 from kvfleet.stages.locks import ClusterLock
 
@@ -33,13 +33,13 @@ WAVE_TASK = """
 import sys
 sys.path.insert(0, {here!r})
 from driftkit import PROD, small_inventory
-from kvfleet.history.repo import History
+from kvfleet.history.repos import HistoryRepos
 from kvfleet.stages import endpoints
 from kvfleet.stages.base import StageContext, Timeouts
 from kvfleet.stages.locks import ClusterLock
 
 inv = small_inventory()
-ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=History(),
+ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=HistoryRepos.on(),
                    timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=120, pvc_s=30))
 ep = next(e for e in inv.endpoints if e.cluster == PROD and e.name == {name!r})
 ClusterLock(ctx.history, PROD, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
@@ -126,7 +126,7 @@ def test_sigkill_while_paused_then_the_drift_check_restores_and_the_cluster_is_f
     # ... and the drift check with remediation, three minutes after the death, restores the operator.
     later = killed_at + timedelta(minutes=3)
     run_key = "kvfleet_drift_check/after-the-kill"
-    drift_history.start_run(run_key, dag_id="kvfleet_drift_check", run_id="after-the-kill", trigger="test",
+    drift_history.runs.start(run_key, dag_id="kvfleet_drift_check", run_id="after-the-kill", trigger="test",
                             triggered_by=None, params={})
     check_ctx = drift_ctx(PROD, history=drift_history, step_key=StepKey(run_key, "check_cluster"))
     result = drift.check(check_ctx, remediate=True, now=later)
@@ -139,7 +139,7 @@ def test_sigkill_while_paused_then_the_drift_check_restores_and_the_cluster_is_f
     assert "expired" in restore["detail"]["pauser"]
     state = operator_pause.pause_state(ctx)
     assert state["paused_by"] is None and state["ready"] >= 1
-    steps = [s for s in drift_history.steps(run_key) if s["step"].startswith("drift_remediate:restore_operator")]
+    steps = [s for s in drift_history.runs.steps(run_key) if s["step"].startswith("drift_remediate:restore_operator")]
     assert steps and steps[0]["detail"]["detail"]["restored_from"] == VICTIM  # in the audit trail
 
     # The cluster is free: a new rollout takes the lease (nobody holds it any more).

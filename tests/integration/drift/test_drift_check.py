@@ -17,7 +17,7 @@ from driftkit import PROD, STAGE
 
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 from kvfleet.stages import addons, curvine, drift, endpoints, tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ _runs = iter(range(1, 1000))
 
 def _run_ctx(drift_ctx: Any, history: Any, cluster: str = PROD, **kw: Any) -> Any:
     run_key = f"kvfleet_drift_check/t{next(_runs)}"
-    history.start_run(run_key, dag_id="kvfleet_drift_check", run_id=run_key, trigger="test", triggered_by=None,
+    history.runs.start(run_key, dag_id="kvfleet_drift_check", run_id=run_key, trigger="test", triggered_by=None,
                       params={})
     return drift_ctx(cluster, history=history, step_key=StepKey(run_key, "check_cluster"), **kw)
 
@@ -39,7 +39,7 @@ def _check(drift_ctx: Any, history: Any, cluster: str = PROD, *, remediate: bool
 
 
 def _open(history: Any, cluster: str = PROD) -> list[dict[str, Any]]:
-    return [r for r in history.query("open_drift") if r["cluster"] == cluster]
+    return [r for r in history.queries.rows("open_drift") if r["cluster"] == cluster]
 
 
 def _mutating(sandbox: Any, cluster: str) -> dict[str, list[Any]]:
@@ -113,8 +113,8 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
     for i in (1, 2):
         old = rules.Finding("patch_lost_to_reconcile", PROD, f"Deployment/retail/old-{i}", "volumes", "pvc", "absent",
                             lob="retail", endpoint=f"retail/old-{i}")
-        drift_history.sync_findings(PROD, [old.as_dict()], f"old/{i}", scope_kinds=["patch_lost_to_reconcile"])
-        drift_history.sync_findings(PROD, [], f"old/{i}b", scope_kinds=["patch_lost_to_reconcile"])
+        drift_history.drift.sync(PROD, [old.as_dict()], f"old/{i}", scope_kinds=["patch_lost_to_reconcile"])
+        drift_history.drift.sync(PROD, [], f"old/{i}b", scope_kinds=["patch_lost_to_reconcile"])
 
     generation = twin.store.get("apps", "deployments", ep.name, ep.namespace)["metadata"]["generation"]
     twin.services["operator"].rerender_now(ep.namespace, ep.name)
@@ -134,7 +134,7 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
     assert (url.expected, url.actual) == (C.L2_URL, C.OPERATOR_L2_URL)
     assert first.sync == {"opened": 3, "still_open": 0, "resolved": 0}
     assert first.patch_losses_7d == 3 and first.advice and "3 times in 7 days" in first.advice
-    advice = [s for s in drift_history.steps(first.run_key) if s["step"] == f"drift_advice:{PROD}"]
+    advice = [s for s in drift_history.runs.steps(first.run_key) if s["step"] == f"drift_advice:{PROD}"]
     assert advice and advice[0]["detail"]["recommend"] == "kyverno"
 
     opened = {r["field"]: r for r in _open(drift_history)}
@@ -154,7 +154,7 @@ def test_forced_rerender_after_a_patch_rollout_is_patch_lost_and_remediation_fix
     assert not any(v == "delete" for v, *_ in mutated)  # a patch, never a rollback or a re-create
     # the run observed again after remediating and resolved what it fixed: nothing stays open
     assert _open(drift_history) == []
-    resolved = [r for r in drift_history.query("drift_since", cutoff=datetime.now(UTC) - timedelta(hours=1))
+    resolved = [r for r in drift_history.queries.rows("drift_since", cutoff=datetime.now(UTC) - timedelta(hours=1))
                 if r["endpoint"] == ep.key]
     assert len(resolved) == 3 and all(r["resolved_at"] and r["resolution"] == "remediated"
                                       and r["remediation_action"] == "patch_endpoints" for r in resolved)

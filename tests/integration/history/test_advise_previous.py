@@ -9,23 +9,24 @@ from datetime import timedelta
 
 from sqlalchemy import text
 
-from kvfleet.history.repo import History, StepEvent, StepKey
+from kvfleet.history.keys import StepEvent, StepKey
+from kvfleet.history.repos import HistoryRepos
 from kvfleet.stages import advise
 
 CLUSTER = "ml-stage-usw2"
 EP = "retail/retail-assistant"
 
 
-def _record(history: History, run: str, requests: float) -> None:
+def _record(history: HistoryRepos, run: str, requests: float) -> None:
     """One hourly advise step observing the endpoint's single pod at ``requests``."""
-    history.start_run(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
+    history.runs.start(run, dag_id="t", run_id=run, trigger="test", triggered_by=None, params={})
     observation = {"at": "2026-01-01T00:00:00+00:00", "pods": {"uid-a": requests}}
-    history.record_step(StepKey(run, "advise", 0), StepEvent(
+    history.runs.record_step(StepKey(run, "advise", 0), StepEvent(
         f"advise:{CLUSTER}", "advise", "reported", cluster=CLUSTER,
         detail={"endpoints": [{"endpoint": EP, "verdict": "pays_off", "observation": observation}]}))
 
 
-def test_the_newest_observation_old_enough_is_the_base_not_a_closer_one(history: History) -> None:
+def test_the_newest_observation_old_enough_is_the_base_not_a_closer_one(history: HistoryRepos) -> None:
     _record(history, "t/hour-ago", 100.0)
     _record(history, "t/seconds-ago", 180.0)
     with history.engine.begin() as conn:

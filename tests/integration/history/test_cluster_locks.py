@@ -84,9 +84,9 @@ def test_an_expired_lease_of_a_dead_holder_is_taken_over(history) -> None:  # ty
         ClusterLock(history, "c2", "new-run", "rollout", wait_s=0, clock=clock.now, wait=clock.wait).acquire()
     clock = ManualClock(T0 + timedelta(seconds=ACTIVE_TTL_S + 1))
     lock = ClusterLock(history, "c2", "new-run", "rollout", wait_s=0, clock=clock.now, wait=clock.wait).acquire()
-    assert history.lock_of("c2")["holder"] == "new-run" and lock.taken_over_from == "dead-worker-run"
+    assert history.leases.get("c2")["holder"] == "new-run" and lock.taken_over_from == "dead-worker-run"
     lock.release()
-    assert history.lock_of("c2") is None
+    assert history.leases.get("c2") is None
 
 
 def test_heartbeat_keeps_a_lease_alive_past_its_ttl_on_an_injected_clock(history) -> None:  # type: ignore[no-untyped-def]
@@ -151,11 +151,11 @@ def test_an_unknown_run_state_leaves_the_decision_to_the_ttl(history) -> None:  
 def test_park_keeps_the_lease_for_the_same_run_and_release_frees_it(history) -> None:  # type: ignore[no-untyped-def]
     lock = ClusterLock(history, "k4", "kvfleet_rollout/p", "rollout", wait_s=0).acquire()
     lock.park()
-    assert history.lock_of("k4")["holder"] == "kvfleet_rollout/p"
+    assert history.leases.get("k4")["holder"] == "kvfleet_rollout/p"
     again = ClusterLock(history, "k4", "kvfleet_rollout/p", "rollout", wait_s=0).acquire()  # the next task
     assert Leases(history.engine).get("k4")["state"] == "active"
     again.release()
-    assert history.lock_of("k4") is None
+    assert history.leases.get("k4") is None
 
 
 def test_lease_wait_ends_promptly_on_a_stop_request(history) -> None:  # type: ignore[no-untyped-def]

@@ -25,7 +25,9 @@ from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.history import migrate
 from kvfleet.history.db import OWNER_ROLE, WRITER_ROLE
-from kvfleet.history.repo import History, StepEvent, StepKey, decode_cursor, encode_cursor
+from kvfleet.history.keys import StepEvent, StepKey
+from kvfleet.history.queries import decode_cursor, encode_cursor
+from kvfleet.history.repos import HistoryRepos
 
 pytestmark = pytest.mark.integration
 NOW = datetime.now(UTC)
@@ -76,9 +78,9 @@ def _verification(engine: Engine, at: datetime, lob: str | None, verdict: str, h
                                                      "sp": speedup, "at": at})
 
 
-def test_hit_stats_weekly_from_the_buckets_equals_the_full_aggregate(history: History) -> None:
+def test_hit_stats_weekly_from_the_buckets_equals_the_full_aggregate(history: HistoryRepos) -> None:
     engine = history.engine
-    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+    history.runs.start("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
                       trigger="schedule", triggered_by=None, params={})
     n = [0]
     for i in range(60):  # 40 days back, several per quarter hour, a NULL LOB and NULL figures among them
@@ -93,13 +95,13 @@ def test_hit_stats_weekly_from_the_buckets_equals_the_full_aggregate(history: Hi
         _verification(engine, cutoff + timedelta(seconds=1), "chat", "pass", 0.9, 2.6, n)
         _verification(engine, cutoff - timedelta(seconds=1), "chat", "fail", 0.2, 1.1, n)
     for cutoff in cutoffs:
-        assert _same(history.query("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
+        assert _same(history.queries.rows("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
     with engine.begin() as conn:  # an owner's correction and deletion are followed too
         conn.execute(text("UPDATE hit_verifications SET hit_ratio = 0.1, lob = 'ads' WHERE id % 4 = 0"))
         conn.execute(text("DELETE FROM hit_verifications WHERE id % 9 = 0"))
     for cutoff in cutoffs:
-        assert _same(history.query("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
-    assert history.query("hit_stats_weekly", cutoff=NOW + timedelta(days=1)) == []
+        assert _same(history.queries.rows("hit_stats_weekly", cutoff=cutoff), _rows(engine, FULL_HIT_STATS, cutoff=cutoff))
+    assert history.queries.rows("hit_stats_weekly", cutoff=NOW + timedelta(days=1)) == []
 
 
 def _per_cluster(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -123,20 +125,20 @@ def _finding(fp: str, kind: str = "stale_pods") -> dict[str, Any]:
             "endpoint": f"ns/{fp}", "lob": "rag"}
 
 
-def _seed_drift(history: History) -> None:
+def _seed_drift(history: HistoryRepos) -> None:
     """Findings on two clusters, remediated, refused, failed, resolved, spread over days, and in the UTC day of a
     cutoff on both sides of it."""
     engine = history.engine
-    history.start_run("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
+    history.runs.start("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
                       triggered_by=None, params={})
     run = "kvfleet_drift_check/r"
-    history.sync_findings("c1", [_finding(f"a{i}") for i in range(6)], run)
-    history.sync_findings("c2", [_finding(f"b{i}") for i in range(3)], run)
-    history.record_remediation("a0", {"action": "safe_patch", "outcome": "changed"})
-    history.record_remediation("a1", {"action": "safe_patch", "outcome": "refused"})
-    history.record_remediation("b0", {"action": "safe_patch", "outcome": "failed"})
-    history.resolve_remediated("c1", ["a0"], run)
-    history.sync_findings("c1", [_finding(f"a{i}") for i in range(1, 4)], run)  # a4, a5 gone; a1..a3 touched
+    history.drift.sync("c1", [_finding(f"a{i}") for i in range(6)], run)
+    history.drift.sync("c2", [_finding(f"b{i}") for i in range(3)], run)
+    history.drift.record_remediation("a0", {"action": "safe_patch", "outcome": "changed"})
+    history.drift.record_remediation("a1", {"action": "safe_patch", "outcome": "refused"})
+    history.drift.record_remediation("b0", {"action": "safe_patch", "outcome": "failed"})
+    history.drift.resolve_remediated("c1", ["a0"], run)
+    history.drift.sync("c1", [_finding(f"a{i}") for i in range(1, 4)], run)  # a4, a5 gone; a1..a3 touched
     with engine.begin() as conn:  # spread last_seen over days, as weeks of checks would
         conn.execute(text("UPDATE drift_findings SET first_seen = now() - make_interval(days => id::int * 2, "
                           "hours => id::int), last_seen = now() - make_interval(days => id::int, hours => id::int)"))
@@ -151,14 +153,14 @@ DRIFT_CUTOFFS = (NOW - timedelta(days=30), NOW - timedelta(days=4, hours=5), NOW
                  NOW - timedelta(days=3650))
 
 
-def test_drift_summary_equals_the_counts_over_every_finding(history: History) -> None:
+def test_drift_summary_equals_the_counts_over_every_finding(history: HistoryRepos) -> None:
     _seed_drift(history)
     for cutoff in DRIFT_CUTOFFS:
-        summary = {r.pop("cluster"): r for r in history.query("drift_summary", cutoff=cutoff, cluster=None)}
-        assert summary == _per_cluster(history.query("drift_since", cutoff=cutoff))
-        only = history.query("drift_summary", cutoff=cutoff, cluster="c2")
+        summary = {r.pop("cluster"): r for r in history.queries.rows("drift_summary", cutoff=cutoff, cluster=None)}
+        assert summary == _per_cluster(history.queries.rows("drift_since", cutoff=cutoff))
+        only = history.queries.rows("drift_summary", cutoff=cutoff, cluster="c2")
         assert [r["cluster"] for r in only] == (["c2"] if "c2" in summary else [])
-    assert history.query("drift_summary", cutoff=NOW - timedelta(days=3650), cluster=None)[0]["remediated"] == 1
+    assert history.queries.rows("drift_summary", cutoff=NOW - timedelta(days=3650), cluster=None)[0]["remediated"] == 1
 
 
 def _since(cutoff: datetime) -> str:
@@ -167,14 +169,14 @@ def _since(cutoff: datetime) -> str:
 
 
 @pytest.mark.parametrize("cluster", [None, "c1", "c2", "nope"])
-def test_the_drift_view_counts_as_before_and_its_pages_are_every_finding(history: History,
+def test_the_drift_view_counts_as_before_and_its_pages_are_every_finding(history: HistoryRepos,
                                                                          cluster: str | None) -> None:
     """The kvfleet page's drift view reads drift_summary and pages drift_page: its counts are those it computed
     from every finding (drift_since) before, and its pages, followed by their cursors, are every finding."""
     _seed_drift(history)
     for cutoff in DRIFT_CUTOFFS:
         since = _since(cutoff)
-        every = [r for r in history.query("drift_since", cutoff=Filters(since=since).cutoff())
+        every = [r for r in history.queries.rows("drift_since", cutoff=Filters(since=since).cutoff())
                  if cluster is None or r["cluster"] == cluster]
         got: list[dict[str, Any]] = []
         after = None
@@ -198,7 +200,7 @@ def test_the_drift_view_counts_as_before_and_its_pages_are_every_finding(history
         pages.drift_data(history, Filters(text={"after": other}))
 
 
-def test_the_drift_view_links_its_next_page(history: History) -> None:
+def test_the_drift_view_links_its_next_page(history: HistoryRepos) -> None:
     _seed_drift(history)
     f = Filters(since="3650d", limit=2)
     data = pages.drift_data(history, f)
@@ -213,43 +215,43 @@ def test_the_drift_view_links_its_next_page(history: History) -> None:
     assert f'data-shown="{len(last["findings"])}" data-total="{len(last["findings"])}"' in html
 
 
-def test_open_intents_are_kept_at_write_time(history: History) -> None:
+def test_open_intents_are_kept_at_write_time(history: HistoryRepos) -> None:
     engine = history.engine
-    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+    history.runs.start("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
                       triggered_by="alice", params={})
     key = StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0)
-    done = history.intent(key, "apply_iec", "IEC ns/a", cluster="c1", endpoint="ns/a")
-    history.outcome(done, "changed")
-    orphan = history.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b")
-    other = history.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_1", 0), "scale", "Deployment ns/c",
+    done = history.audit.intent(key, "apply_iec", "IEC ns/a", cluster="c1", endpoint="ns/a")
+    history.audit.outcome(done, "changed")
+    orphan = history.audit.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b")
+    other = history.audit.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_1", 0), "scale", "Deployment ns/c",
                            cluster="c2", endpoint="ns/c")
-    assert history.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b") == orphan  # a retry
-    assert [r["id"] for r in history.open_intents()] == [orphan, other] == [
+    assert history.audit.intent(key, "apply_iec", "IEC ns/b", cluster="c1", endpoint="ns/b") == orphan  # a retry
+    assert [r["id"] for r in history.audit.open_intents()] == [orphan, other] == [
         r["id"] for r in _rows(engine, FULL_OPEN_INTENTS)]
-    assert [r["id"] for r in history.open_intents(endpoint="b")] == [orphan]
-    (run,) = history.query("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
+    assert [r["id"] for r in history.audit.open_intents(endpoint="b")] == [orphan]
+    (run,) = history.queries.rows("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
     assert run["unknown_changes"] == 2
-    history.resolve_intent(orphan, {"replicas": 2}, run_key="kvfleet_drift_check/r9")
-    assert [r["id"] for r in history.open_intents()] == [other] == [r["id"] for r in _rows(engine, FULL_OPEN_INTENTS)]
-    (run,) = history.query("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
+    history.audit.resolve_intent(orphan, {"replicas": 2}, run_key="kvfleet_drift_check/r9")
+    assert [r["id"] for r in history.audit.open_intents()] == [other] == [r["id"] for r in _rows(engine, FULL_OPEN_INTENTS)]
+    (run,) = history.queries.rows("recent_runs", cutoff=NOW - timedelta(days=1), limit=5)
     assert run["unknown_changes"] == 1
 
 
-def test_pages_put_together_are_the_full_listing(history: History) -> None:
+def test_pages_put_together_are_the_full_listing(history: HistoryRepos) -> None:
     engine = history.engine
-    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+    history.runs.start("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
                       trigger="schedule", triggered_by=None, params={})
     n = [0]
     same_time = NOW - timedelta(hours=2)
     for i in range(23):  # ties on `at` too: the id breaks them
         _verification(engine, same_time if i % 4 == 0 else NOW - timedelta(minutes=13 * i), "rag", "pass", 1.0,
                       2.5, n)
-    full = history.query("verifications", cutoff=NOW - timedelta(days=7), lob=None, endpoint=None)
+    full = history.queries.rows("verifications", cutoff=NOW - timedelta(days=7), lob=None, endpoint=None)
     got: list[dict[str, Any]] = []
     after = None
     pages = 0
     while True:
-        rows, after = history.page("verifications_page", limit=5, after=after, cutoff=NOW - timedelta(days=7),
+        rows, after = history.queries.page("verifications_page", limit=5, after=after, cutoff=NOW - timedelta(days=7),
                                    lob=None, endpoint=None)
         got += rows
         pages += 1
@@ -261,20 +263,20 @@ def test_pages_put_together_are_the_full_listing(history: History) -> None:
     assert {(r["at"], r["run_key"]) for r in got} == {(r["at"], r["run_key"]) for r in full}
     assert [r["at"] for r in got] == [r["at"] for r in full]  # same order (newest first)
 
-    history.start_run("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
+    history.runs.start("kvfleet_drift_check/r", dag_id="kvfleet_drift_check", run_id="r", trigger="schedule",
                       triggered_by=None, params={})
-    history.sync_findings("c1", [_finding(f"a{i}") for i in range(7)], "kvfleet_drift_check/r")
+    history.drift.sync("c1", [_finding(f"a{i}") for i in range(7)], "kvfleet_drift_check/r")
     for name, binds, full_name, full_binds in (
             ("open_drift_page", {}, "open_drift", {}),
             ("drift_page", {"cutoff": NOW - timedelta(days=1), "cluster": None}, "drift_since",
              {"cutoff": NOW - timedelta(days=1)})):
         got, after = [], None
         while True:
-            rows, after = history.page(name, limit=2, after=after, **binds)
+            rows, after = history.queries.page(name, limit=2, after=after, **binds)
             got += rows
             if after is None:
                 break
-        full = history.query(full_name, **full_binds)
+        full = history.queries.rows(full_name, **full_binds)
         assert sorted(r["object_ref"] for r in got) == sorted(r["object_ref"] for r in full) and len(got) == 7
         assert len({r["id"] for r in got}) == 7
 
@@ -294,9 +296,9 @@ def test_a_cursor_is_checked() -> None:
             decode_cursor("drift_page", encode_cursor("drift_page", [NOW, bad_id]))
 
 
-def test_the_cli_pages_verifications_and_drift(history: History, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_pages_verifications_and_drift(history: HistoryRepos, capsys: pytest.CaptureFixture[str]) -> None:
     engine = history.engine
-    history.start_run("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
+    history.runs.start("kvfleet_hit_verification/r", dag_id="kvfleet_hit_verification", run_id="r",
                       trigger="schedule", triggered_by=None, params={})
     n = [0]
     for i in range(3):
@@ -353,16 +355,16 @@ def two_roles(pg) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
 ])
 def test_the_writer_reads_the_summaries_and_cannot_write_them(two_roles: tuple[str, str], statement: str) -> None:
     _, writer_url = two_roles
-    history = History(create_engine(writer_url))
-    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+    history = HistoryRepos.on(create_engine(writer_url))
+    history.runs.start("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
                       triggered_by="alice", params={})
-    orphan = history.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0), "apply_iec", "IEC ns/a",
+    orphan = history.audit.intent(StepKey("kvfleet_rollout/r1", "cluster.wave_0", 0), "apply_iec", "IEC ns/a",
                             cluster="c1", endpoint="ns/a")  # the writer's insert fills the owner's summary
-    history.sync_findings("c1", [_finding("a0")], "kvfleet_rollout/r1")
+    history.drift.sync("c1", [_finding("a0")], "kvfleet_rollout/r1")
     with pytest.raises(DBAPIError, match="permission denied|must be owner"), history.engine.begin() as conn:
         conn.execute(text(statement))
-    assert [r["id"] for r in history.open_intents()] == [orphan]
-    assert history.query("drift_summary", cutoff=NOW - timedelta(days=1), cluster=None)[0]["open"] == 1
+    assert [r["id"] for r in history.audit.open_intents()] == [orphan]
+    assert history.queries.rows("drift_summary", cutoff=NOW - timedelta(days=1), cluster=None)[0]["open"] == 1
     history.engine.dispose()
 
 
@@ -373,9 +375,9 @@ FROM drift_findings WHERE first_seen >= :cutoff AND kind = :kind GROUP BY cluste
 """
 
 
-def test_drift_recurrence_counts_one_event_per_object_and_check(history: History) -> None:
+def test_drift_recurrence_counts_one_event_per_object_and_check(history: HistoryRepos) -> None:
     for run in ("kvfleet_drift_check/r1", "kvfleet_drift_check/r2"):
-        history.start_run(run, dag_id="kvfleet_drift_check", run_id=run[-2:], trigger="schedule",
+        history.runs.start(run, dag_id="kvfleet_drift_check", run_id=run[-2:], trigger="schedule",
                           triggered_by=None, params={})
     kind = "patch_lost_to_reconcile"
 
@@ -383,12 +385,12 @@ def test_drift_recurrence_counts_one_event_per_object_and_check(history: History
         return {**_finding(fp, kind), "endpoint": endpoint, "field": field, "object_ref": "Deployment/x"}
 
     # r1: one endpoint lost two fields (one event), a cluster-level object lost one (another event)
-    history.sync_findings("c1", [lost("f1", "ns/a", "volume"), lost("f2", "ns/a", "mount"),
+    history.drift.sync("c1", [lost("f1", "ns/a", "volume"), lost("f2", "ns/a", "mount"),
                                  lost("f3", None, "spec")], "kvfleet_drift_check/r1")
-    history.sync_findings("c2", [lost("f4", "ns/a", "volume")], "kvfleet_drift_check/r1")
-    history.sync_findings("c1", [], "kvfleet_drift_check/r2")  # resolved ...
-    history.sync_findings("c1", [lost("f1", "ns/a", "volume")], "kvfleet_drift_check/r2")  # ... and lost again
-    rows = history.query("drift_recurrence", cutoff=NOW - timedelta(days=1), kind=kind)
+    history.drift.sync("c2", [lost("f4", "ns/a", "volume")], "kvfleet_drift_check/r1")
+    history.drift.sync("c1", [], "kvfleet_drift_check/r2")  # resolved ...
+    history.drift.sync("c1", [lost("f1", "ns/a", "volume")], "kvfleet_drift_check/r2")  # ... and lost again
+    rows = history.queries.rows("drift_recurrence", cutoff=NOW - timedelta(days=1), kind=kind)
     assert [(r["cluster"], r["occurrences"]) for r in rows] == [("c1", 3), ("c2", 1)]
     assert _same(rows, _rows(history.engine, FULL_RECURRENCE, cutoff=NOW - timedelta(days=1), kind=kind))
 
@@ -400,35 +402,35 @@ FLEET_FILTERS = ({"cluster": None, "lob": None}, {"cluster": "c1", "lob": None},
                  {"cluster": "c2", "lob": "chat"}, {"cluster": None, "lob": "nope"})
 
 
-def _fleet_same_as_before(history: History) -> list[dict[str, Any]]:
+def _fleet_same_as_before(history: HistoryRepos) -> list[dict[str, Any]]:
     """ui_fleet (read from endpoint_state) returns what it returned before revision 0009, under every filter."""
     for binds in FLEET_FILTERS:
-        new = history.query("ui_fleet", **binds)
+        new = history.queries.rows("ui_fleet", **binds)
         old = _rows(history.engine, UI_FLEET_BEFORE_0009, **binds)
         assert _same(new, old), (binds, new, old)
-    return history.query("ui_fleet", cluster=None, lob=None)
+    return history.queries.rows("ui_fleet", cluster=None, lob=None)
 
 
-def _step(history: History, run: str, n: int, step: str, stage: str, outcome: str, cluster: str | None,
+def _step(history: HistoryRepos, run: str, n: int, step: str, stage: str, outcome: str, cluster: str | None,
           endpoint: str | None, lob: str | None = None) -> None:
-    history.record_step(StepKey(run, "cluster.wave_1", n), StepEvent(step=step, stage=stage, outcome=outcome,
+    history.runs.record_step(StepKey(run, "cluster.wave_1", n), StepEvent(step=step, stage=stage, outcome=outcome,
                                                                      cluster=cluster, endpoint=endpoint, lob=lob))
 
 
-def _verify(history: History, run: str, n: int, cluster: str, endpoint: str, lob: str | None, verdict: str,
+def _verify(history: HistoryRepos, run: str, n: int, cluster: str, endpoint: str, lob: str | None, verdict: str,
             speedup: float | None) -> None:
-    history.record_verification(StepKey(run, "verify_cluster", n), f"verify:{endpoint}:{n}", {
+    history.verifications.record(StepKey(run, "verify_cluster", n), f"verify:{endpoint}:{n}", {
         "cluster": cluster, "endpoint": endpoint, "lob": lob, "instance_type": "ml.g5.4xlarge",
         "prompt_tokens": 2000, "hit_ratio": 1.0 if verdict == "pass" else 0.4, "speedup": speedup,
         "expected_speedup": 2.4, "verdict": verdict, "diagnosis": None if verdict == "pass" else "l2 read slow"})
 
 
-def _seed_fleet(history: History) -> None:
+def _seed_fleet(history: HistoryRepos) -> None:
     """A small history with every case ui_fleet tells apart, written as the stages write it."""
     for run, dag in (("kvfleet_rollout/r1", "kvfleet_rollout"), ("kvfleet_rollout/r2", "kvfleet_rollout"),
                      ("kvfleet_hit_verification/v1", "kvfleet_hit_verification"),
                      ("kvfleet_drift_check/d1", "kvfleet_drift_check")):
-        history.start_run(run, dag_id=dag, run_id=run.split("/")[1], trigger="schedule", triggered_by=None,
+        history.runs.start(run, dag_id=dag, run_id=run.split("/")[1], trigger="schedule", triggered_by=None,
                           params={})
     n = iter(range(1000))
     for c in ("c1", "c2"):
@@ -453,19 +455,19 @@ def _seed_fleet(history: History) -> None:
     # endpoint steps without a cluster or an endpoint (listed as unknown, nothing joined)
     _step(history, "kvfleet_rollout/r2", next(n), "endpoint:ns/nocluster", "endpoint", "changed", None, "ns/nc")
     _step(history, "kvfleet_rollout/r2", next(n), "endpoint:nothing", "endpoint", "changed", "c2", None)
-    history.sync_findings("c1", [_finding("f1", "stale_pods") | {"endpoint": "ns/e2"},
+    history.drift.sync("c1", [_finding("f1", "stale_pods") | {"endpoint": "ns/e2"},
                                  _finding("f2", "pvc_unbound") | {"endpoint": "ns/e2", "lob": None},
                                  _finding("f3", "operator_paused") | {"endpoint": None, "lob": None},
                                  _finding("f4", "stale_pods") | {"endpoint": "ns/drift-only", "lob": "search"}],
                           "kvfleet_drift_check/d1")
-    history.sync_findings("c2", [_finding("g1", "cr_mismatch") | {"endpoint": "ns/e0", "lob": "chat"}],
+    history.drift.sync("c2", [_finding("g1", "cr_mismatch") | {"endpoint": "ns/e0", "lob": "chat"}],
                           "kvfleet_drift_check/d1")
     with history.engine.begin() as conn:  # two changes of one endpoint at the same time: the id breaks the tie
         conn.execute(text("UPDATE step_events SET at = now() + interval '1 minute' "
                           "WHERE cluster = 'c2' AND endpoint = 'ns/e1' AND outcome IN ('refused', 'failed')"))
 
 
-def test_ui_fleet_from_endpoint_state_equals_the_query_it_replaces(history: History) -> None:
+def test_ui_fleet_from_endpoint_state_equals_the_query_it_replaces(history: HistoryRepos) -> None:
     _seed_fleet(history)
     rows = {(r["cluster"], r["endpoint"]): r for r in _fleet_same_as_before(history)}
     assert rows[("c1", "ns/e0")]["l2_state"] == "failed" and rows[("c1", "ns/e1")]["l2_state"] == "applied"
@@ -500,11 +502,11 @@ def test_ui_fleet_from_endpoint_state_equals_the_query_it_replaces(history: Hist
     assert _rows(engine, "SELECT * FROM endpoint_state") == []  # nothing left behind
 
 
-def test_a_new_verification_step_and_finding_update_the_fleet_view(history: History) -> None:
+def test_a_new_verification_step_and_finding_update_the_fleet_view(history: HistoryRepos) -> None:
     _seed_fleet(history)
 
     def row(cluster: str, endpoint: str) -> dict[str, Any]:
-        return next(r for r in history.query("ui_fleet", cluster=cluster, lob=None) if r["endpoint"] == endpoint)
+        return next(r for r in history.queries.rows("ui_fleet", cluster=cluster, lob=None) if r["endpoint"] == endpoint)
 
     assert row("c2", "ns/e3")["last_verdict"] == "pass"
     _verify(history, "kvfleet_hit_verification/v1", 900, "c2", "ns/e3", None, "fail", 0.9)
@@ -514,9 +516,9 @@ def test_a_new_verification_step_and_finding_update_the_fleet_view(history: Hist
     assert row("c2", "ns/e3")["last_change_outcome"] == "refused"
     _step(history, "kvfleet_drift_check/d1", 902, "drift:ns/e3@3", "drift", "unchanged", "c2", "ns/e3")
     assert row("c2", "ns/e3")["last_change_outcome"] == "refused"  # an unchanged check is not a change
-    history.sync_findings("c2", [_finding("h1", "stale_pods") | {"endpoint": "ns/e3"}], "kvfleet_drift_check/d1")
+    history.drift.sync("c2", [_finding("h1", "stale_pods") | {"endpoint": "ns/e3"}], "kvfleet_drift_check/d1")
     assert (row("c2", "ns/e3")["l2_state"], row("c2", "ns/e3")["open_drift"]) == ("drifted", 1)
-    history.sync_findings("c2", [], "kvfleet_drift_check/d1")  # every finding of c2 gone: resolved
+    history.drift.sync("c2", [], "kvfleet_drift_check/d1")  # every finding of c2 gone: resolved
     assert (row("c2", "ns/e3")["l2_state"], row("c2", "ns/e3")["open_drift"]) == ("failed", 0)
     _verify(history, "kvfleet_hit_verification/v1", 903, "c9", "ns/new", "rag", "pass", 2.6)
     assert row("c9", "ns/new")["l2_state"] == "unknown"
@@ -526,7 +528,7 @@ def test_a_new_verification_step_and_finding_update_the_fleet_view(history: Hist
 def test_revision_0009_fills_the_summary_from_recorded_rows(fresh_db_url: str) -> None:
     engine = create_engine(fresh_db_url)
     migrate.upgrade(engine, "0008_query_rollups")
-    history = History(engine)
+    history = HistoryRepos.on(engine)
     _seed_fleet(history)
     migrate.upgrade(engine)
     assert migrate.current_revision(engine) == "0009_endpoint_state"
@@ -539,11 +541,11 @@ def test_revision_0009_fills_the_summary_from_recorded_rows(fresh_db_url: str) -
     engine.dispose()
 
 
-def test_two_writers_of_one_endpoint_leave_its_newest_verification(history: History) -> None:
+def test_two_writers_of_one_endpoint_leave_its_newest_verification(history: HistoryRepos) -> None:
     """A recount locks the endpoint's row before reading: a writer whose row went in first but whose trigger runs
     while another writer of the endpoint is uncommitted waits for it and then reads its row (a recount that read
     first and upserted after would put the older verification back: this test fails without the lock step)."""
-    history.start_run("kvfleet_hit_verification/v1", dag_id="kvfleet_hit_verification", run_id="v1",
+    history.runs.start("kvfleet_hit_verification/v1", dag_id="kvfleet_hit_verification", run_id="v1",
                       trigger="schedule", triggered_by=None, params={})
     engine = history.engine
     _verify(history, "kvfleet_hit_verification/v1", 0, "c1", "ns/k", None, "pass", 2.5)  # the row exists already
@@ -603,13 +605,13 @@ def test_two_writers_of_one_endpoint_leave_its_newest_verification(history: Hist
 ])
 def test_the_writer_reads_the_endpoint_state_and_cannot_write_it(two_roles: tuple[str, str], statement: str) -> None:
     _, writer_url = two_roles
-    history = History(create_engine(writer_url))
-    history.start_run("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
+    history = HistoryRepos.on(create_engine(writer_url))
+    history.runs.start("kvfleet_rollout/r1", dag_id="kvfleet_rollout", run_id="r1", trigger="manual",
                       triggered_by="alice", params={})
     _step(history, "kvfleet_rollout/r1", 0, "endpoint:ns/a", "endpoint", "changed", "c1", "ns/a", "rag")
-    history.sync_findings("c1", [_finding("a0") | {"endpoint": "ns/a"}], "kvfleet_rollout/r1")
+    history.drift.sync("c1", [_finding("a0") | {"endpoint": "ns/a"}], "kvfleet_rollout/r1")
     with pytest.raises(DBAPIError, match="permission denied|must be owner"), history.engine.begin() as conn:
         conn.execute(text(statement))
-    (row,) = history.query("ui_fleet", cluster=None, lob=None)  # the writer's rows filled the owner's summary
+    (row,) = history.queries.rows("ui_fleet", cluster=None, lob=None)  # the writer's rows filled the owner's summary
     assert (row["endpoint"], row["l2_state"], row["open_drift"]) == ("ns/a", "drifted", 1)
     history.engine.dispose()

@@ -12,7 +12,7 @@ from kvfleet.errors import PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 from kvfleet.stages import addons, curvine, readiness, tiered_storage
 from kvfleet.stages.converge import settle
 
@@ -32,7 +32,7 @@ def _release_reads(sandbox, cluster: str) -> list[str]:  # type: ignore[no-untyp
 
 
 def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_env, make_ctx, history) -> None:  # type: ignore[no-untyped-def]
-    history.start_run("t/converge", dag_id="t", run_id="converge", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/converge", dag_id="t", run_id="converge", trigger="test", triggered_by=None, params={})
     assert _converge(make_ctx, history) == ["changed", "changed", "changed"]
     twin = fleet_env.twin(CLUSTER)
     # full cluster state: tiered storage, ai-toolkit on every node, operator, Curvine with safe flags, PVCs bound
@@ -48,7 +48,7 @@ def test_fresh_cluster_converges_and_a_second_run_makes_no_mutating_call(fleet_e
     assert updates and all("NodeRecovery" in r.params for r in updates)
 
     def recorded_revisions():  # type: ignore[no-untyped-def]
-        step = [s for s in history.steps("t/converge") if s["step"] == "curvine"][-1]
+        step = [s for s in history.runs.steps("t/converge") if s["step"] == "curvine"][-1]
         return [(r["revision"], r["status"], set(r["flags"].values())) for r in step["detail"]["revisions"]]
 
     # the first install (flags true), then the flip to false: each revision's values read once
@@ -161,14 +161,14 @@ def test_addon_create_failed_fails_fast_with_its_health_issue(fleet_env, make_ct
 
 def test_install_ends_with_flags_false_and_a_master_restart_keeps_l2_files(fleet_env, make_ctx, history) -> None:  # type: ignore[no-untyped-def]
     ctx = make_ctx(CLUSTER, history=history)
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
-    history.start_run("t/1", dag_id="t", run_id="1", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/1", dag_id="t", run_id="1", trigger="test", triggered_by=None, params={})
     ctx.step_key = StepKey("t/1", "stages")
     out = curvine.reconcile(ctx)
     assert out.outcome == "changed"
     assert ctx.helm.values(C.CURVINE_RELEASE, "curvine") and not cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, "curvine"))
-    rows = history.query("curvine_history", cluster=CLUSTER)
+    rows = history.queries.rows("curvine_history", cluster=CLUSTER)
     assert [(r["revision"], r["format_master"]) for r in rows] == [(1, True), (2, False)]
 
     twin = fleet_env.twin(CLUSTER)
@@ -188,16 +188,16 @@ def test_release_found_with_format_master_true_is_fixed_and_recorded(fleet_env, 
                      values={"cluster.formatMaster": True})
     assert cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace)) == ["formatMaster"]
 
-    from kvfleet.history.repo import StepKey
+    from kvfleet.history.keys import StepKey
 
-    history.start_run("t/2", dag_id="t", run_id="2", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/2", dag_id="t", run_id="2", trigger="test", triggered_by=None, params={})
     ctx2 = make_ctx(CLUSTER, history=history)
     ctx2.step_key = StepKey("t/2", "stages")
     out = curvine.reconcile(ctx2)
     assert out.outcome == "changed"
     assert out.detail["hazard_fixed"] == {"flags": ["formatMaster"], "result": "changed"}
     assert not cv.flags_set(ctx2.helm.values(C.CURVINE_RELEASE, spec.namespace))
-    steps = history.steps("t/2")
+    steps = history.runs.steps("t/2")
     assert steps[0]["detail"]["hazard_fixed"]["flags"] == ["formatMaster"]
 
 

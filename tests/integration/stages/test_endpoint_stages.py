@@ -21,7 +21,7 @@ from stagekit import (
 
 from kvfleet.errors import PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 from kvfleet.stages import endpoints, executor, operator_pause, verify
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def _url_entries(twin: Any, ep: Any) -> list[str]:
 
 def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(  # type: ignore[no-untyped-def]
         fleet_env, make_ctx, inventory, history) -> None:
-    history.start_run("t/ep", dag_id="t", run_id="ep", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/ep", dag_id="t", run_id="ep", trigger="test", triggered_by=None, params={})
     ctx = converge_cluster(make_ctx, PROD, history=history)
     ctx.step_key = StepKey("t/ep", "wave")
     ep = endpoint(inventory, PROD, "retail-assistant")
@@ -56,7 +56,7 @@ def test_patch_mode_fresh_endpoint_verifies_and_a_second_run_changes_nothing(  #
     assert result.speedup >= result.expected_speedup * (1 - verify.SPEEDUP_TOLERANCE)
     assert result.detail["node_a"] != result.detail["node_b"]  # the two probed pods sit on different nodes
 
-    audit = [s["step"] for s in history.steps("t/ep") if s["stage"] == "operator"]
+    audit = [s["step"] for s in history.runs.steps("t/ep") if s["stage"] == "operator"]
     assert audit == ["operator_pause:t/ep", "operator_restore:t/ep"]
 
     reset_counters(fleet_env)
@@ -89,7 +89,7 @@ def test_failure_between_pause_and_restore_still_restores_the_operator(  # type:
     """scale-to-zero: the first call after every endpoint of the wave is at 0 fails (a 409 injected through the
     twin's admin fault API at that moment); both go back to their replicas, then the operator is restored."""
     inv = with_cluster(inventory, PROD, update_strategy="scale-to-zero")
-    history.start_run("t/drill", dag_id="t", run_id="drill", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/drill", dag_id="t", run_id="drill", trigger="test", triggered_by=None, params={})
     ctx = converge_cluster(make_ctx, PROD, inv=inv, history=history)
     ctx.step_key = StepKey("t/drill", "wave")
     eps = [endpoint(inv, PROD, "retail-assistant"), endpoint(inv, PROD, "payments-disputes")]
@@ -115,7 +115,7 @@ def test_failure_between_pause_and_restore_still_restores_the_operator(  # type:
         at_zero.update(e.key for e in eps)  # the subscriber stays registered: make it inert
     state = operator_pause.pause_state(ctx)
     assert state["paused_by"] is None and state["ready"] >= 1
-    steps = {s["step"]: s for s in history.steps("t/drill")}
+    steps = {s["step"]: s for s in history.runs.steps("t/drill")}
     wave = steps["wave_state:t/drill"]
     assert wave["outcome"] == "failed"
     assert set(wave["detail"]["states"].values()) == {"scaled_to_0"}

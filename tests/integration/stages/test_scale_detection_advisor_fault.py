@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.history.repo import History
+from kvfleet.history.repos import HistoryRepos
 from kvfleet.stages import advise, curvine_scale
 from kvfleet.stages.base import StageContext
 
@@ -26,7 +26,7 @@ GIB = 2**30
 
 
 @pytest.fixture
-def step_events_locked(history: History, fresh_db_url: str) -> Iterator[History]:
+def step_events_locked(history: HistoryRepos, fresh_db_url: str) -> Iterator[HistoryRepos]:
     """A history store whose statements wait at most 0.5 s for a lock, while another session holds
     ``step_events`` exclusively (an open transaction); released at the end."""
     holder = create_engine(fresh_db_url)
@@ -35,7 +35,7 @@ def step_events_locked(history: History, fresh_db_url: str) -> Iterator[History]
         tx = conn.begin()
         conn.execute(text("LOCK TABLE step_events IN ACCESS EXCLUSIVE MODE"))
         try:
-            yield History(impatient)
+            yield HistoryRepos.on(impatient)
         finally:
             tx.rollback()
     impatient.dispose()
@@ -52,12 +52,12 @@ def _state(*, usage: float) -> curvine_scale.PoolState:
         overview={"capacity": capacity, "fs_used": int(usage * capacity), "live_workers": 2})
 
 
-def test_the_detection_decides_on_nodes_and_usage_when_the_advisor_fails(history: History, step_events_locked,  # type: ignore[no-untyped-def]
+def test_the_detection_decides_on_nodes_and_usage_when_the_advisor_fails(history: HistoryRepos, step_events_locked,  # type: ignore[no-untyped-def]
                                                                          example_fleet) -> None:
     inv = load_inventory(example_fleet)
     # the previous capacity snapshot was above the threshold too: usage counts (one spike is not a trend)
-    history.start_run("t/scale", dag_id="t", run_id="scale", trigger="test", triggered_by=None, params={})
-    history.record_capacity(run_key="t/scale", step="scale", cluster=CLUSTER, phase="after",
+    history.runs.start("t/scale", dag_id="t", run_id="scale", trigger="test", triggered_by=None, params={})
+    history.curvine.record_capacity(run_key="t/scale", step="scale", cluster=CLUSTER, phase="after",
                             overview={"capacity": 200 * GIB, "fs_used": 180 * GIB, "live_workers": 2})
     said: list[str] = []
     ctx = StageContext(inventory=inv, cluster=inv.cluster(CLUSTER), history=step_events_locked, aws_conn_id=None,

@@ -19,7 +19,7 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.plan import ROLLING as ROLLING_FIELDS
 from kvfleet.fleet.plan import make_plan
-from kvfleet.history.repo import StepKey
+from kvfleet.history.keys import StepKey
 from kvfleet.stages import addons, curvine, dry_run, endpoints, executor, operator_pause, tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
     printed = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()
                if line.startswith("[") and f"] {A.EQUIVALENT_MARK} " in line]
 
-    history.start_run("t/cmp", dag_id="t", run_id="cmp", trigger="test", triggered_by=None, params={})
+    history.runs.start("t/cmp", dag_id="t", run_id="cmp", trigger="test", triggered_by=None, params={})
     ctx = make_ctx(PROD, inv=inv, history=history)
     ctx.step_key = StepKey("t/cmp", "stages")
     for stage in (tiered_storage, addons, curvine):
@@ -93,7 +93,7 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
     assert sum(f"-f values-{helm[0].values_digest}.yaml" in line for line in printed) == 1
     assert not any("--set" in line for line in printed)
     assert not cv.flags_set(ctx.helm.values(C.CURVINE_RELEASE, spec.namespace))
-    audit = history.query("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1), run_key="t/cmp",
+    audit = history.queries.rows("write_ahead", cutoff=datetime.now(UTC) - timedelta(days=1), run_key="t/cmp",
                           cluster=None, endpoint=None, limit=100)
     assert [(r["target"], r["outcome"]) for r in audit if r["action"] == "helm_upgrade"] == [
         (helm[0].target(), "changed")]

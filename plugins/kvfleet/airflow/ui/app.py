@@ -13,7 +13,7 @@ Routes (relative to the mount point):
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
   their parameters; ``/api/queries/<name>``: one named query's rows (parameters from the query string).
 
-It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``History.query``, as the CLI
+It reads only the kvfleet history, through the named queries in ``sql/queries/`` (``Queries.rows``, as the CLI
 does). Auth is Airflow's: the caller is the user of the JWT in the ``Authorization: Bearer`` header or the UI's
 ``_token`` cookie, resolved by Airflow's own ``get_user`` dependency against the auth manager the API server
 initialised, and must be allowed to read DAG runs (on every route, the schema's included). An HTML request without a
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from alembic.util.exc import CommandError as AlembicError
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -37,6 +37,9 @@ from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
+
+if TYPE_CHECKING:
+    from kvfleet.history.repos import HistoryRepos
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False)
@@ -68,10 +71,10 @@ async def airflow_user(request: Request,
 User = Annotated[Any, Depends(airflow_user)]
 
 
-def _history() -> Any:
-    from kvfleet.history.repo import History
+def _history() -> HistoryRepos:
+    from kvfleet.history.repos import HistoryRepos
 
-    return History()
+    return HistoryRepos.on()
 
 
 def _pending() -> list[Any]:
@@ -94,11 +97,12 @@ def _with_pending(request: Request, view: str, data: dict[str, Any], history: An
     return {**data, "pending": pages.pending_data(pending, history)}
 
 
-def _app_history(request: Request) -> Any:
+def _app_history(request: Request) -> HistoryRepos:
     state = request.app.state
     if getattr(state, "history", None) is None:
         state.history = state.history_factory()
-    return state.history
+    history: HistoryRepos = state.history
+    return history
 
 
 def _filters(request: Request, view: str) -> Filters:
@@ -139,7 +143,7 @@ def list_queries(user: User) -> dict[str, Any]:
 def run_query(name: str, request: Request, user: User) -> dict[str, Any]:
     binds = _filters(request, "query").binds(name)
     return {"query": name, "parameters": catalog.jsonable(binds),
-            "rows": catalog.jsonable(_app_history(request).query(name, **binds))}
+            "rows": catalog.jsonable(_app_history(request).queries.rows(name, **binds))}
 
 
 def api_view(view: str) -> Callable[..., dict[str, Any]]:
@@ -159,7 +163,7 @@ def html_view(view: str) -> Callable[..., HTMLResponse]:
         f = _filters(request, view)
         known_lobs = pages.lobs(history)
         colours = LobColours(known_lobs)
-        ctx = {"clusters": [r["cluster"] for r in history.query("ui_clusters")], "lobs": known_lobs}
+        ctx = {"clusters": [r["cluster"] for r in history.queries.rows("ui_clusters")], "lobs": known_lobs}
         data = _with_pending(request, view, pages.build(view, history, f), history)
         body = pages.RENDERERS[view](data, f, colours, base, ctx)
         return HTMLResponse(pages.page(view, body, base=base, user=user.get_name(), colours=colours))
@@ -187,7 +191,7 @@ def runbook_page(request: Request, user: User) -> Response:
 
 def create_app(history_factory: Callable[[], Any] = _history,
                pending_factory: Callable[[], list[Any]] = _pending) -> FastAPI:
-    """The app; ``history_factory`` builds the History repository (once, on the first request that reads);
+    """The app; ``history_factory`` builds the HistoryRepos repository (once, on the first request that reads);
     ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
                   docs_url=None, redoc_url=None, openapi_url=None)

@@ -1,7 +1,7 @@
 """The named queries the kvfleet page may run, and how a request's query string binds their parameters.
 
 Called by ``kvfleet.airflow.ui.app`` (the generic ``/api/queries/{name}`` route) and ``kvfleet.airflow.ui.pages``
-(the views). Every query is a file in ``sql/queries/`` run through ``History.query`` — the same named queries
+(the views). Every query is a file in ``sql/queries/`` run through ``Queries.rows`` — the same named queries
 the CLI's ``kvfleet audit`` runs — so a figure on the page and the CLI's ``--json`` come from the same SQL.
 
 A new named query plugs in by existing: the catalog lists the folder, reads the bind parameters the SQL names
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet.history.db import sql_dir
-from kvfleet.history.repo import since_to_timedelta
+from kvfleet.history.queries import since_to_timedelta
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 # SQLAlchemy's text() bind syntax: ":name", not "::cast" and not a "\:" escape.
@@ -155,7 +155,7 @@ def _text(key: str, raw: str | None) -> str | None:
 
 
 def run(history: Any, name: str, filters: Filters, **overrides: Any) -> list[dict[str, Any]]:
-    return list(history.query(name, **filters.binds(name, **overrides)))
+    return list(history.queries.rows(name, **filters.binds(name, **overrides)))
 
 
 def jsonable(value: Any) -> Any:

@@ -35,7 +35,7 @@ from kvfleet.airflow.ui.svg import (
 )
 from kvfleet.airflow.ui.templating import render
 from kvfleet.fleet import economics
-from kvfleet.history.repo import decode_cursor
+from kvfleet.history.queries import decode_cursor
 
 VIEWS = ("fleet", "trends", "advisor", "drift", "curvine", "gates", "runs")
 TITLES = {"fleet": "Fleet", "trends": "Verification trends", "advisor": "L2 advisor", "drift": "Drift timeline",
@@ -66,7 +66,7 @@ def _ts(value: Any) -> float | None:
 
 
 def lobs(history: Any) -> list[str]:
-    return [r["lob"] for r in history.query("ui_lobs")]
+    return [r["lob"] for r in history.queries.rows("ui_lobs")]
 
 
 def fleet_data(history: Any, f: Filters) -> dict[str, Any]:
@@ -133,17 +133,18 @@ def drift_data(history: Any, f: Filters) -> dict[str, Any]:
     cutoff = f.cutoff()
     per_cluster = {r["cluster"]: {k: int(r[k]) for k in DRIFT_COUNTS}
                    for r in catalog.run(history, "drift_summary", f, cutoff=cutoff)}
-    rows, next_cursor = history.page(DRIFT_PAGE, limit=f.limit, after=after, cutoff=cutoff, cluster=f.get("cluster"))
+    rows, next_cursor = history.queries.page(DRIFT_PAGE, limit=f.limit, after=after, cutoff=cutoff,
+                                             cluster=f.get("cluster"))
     return {"since": f.since, "per_cluster": per_cluster, "findings": rows, "limit": f.limit, "after": after,
             "next": next_cursor}
 
 
 def curvine_data(history: Any, f: Filters) -> dict[str, Any]:
-    clusters = [r["cluster"] for r in history.query("ui_clusters")]
+    clusters = [r["cluster"] for r in history.queries.rows("ui_clusters")]
     chosen = [f.get("cluster")] if f.get("cluster") else clusters
     return {"clusters": clusters, "curvine": [
-        {"cluster": c, "releases": history.query("curvine_history", cluster=c),
-         "capacity": history.query("capacity_history", cluster=c)} for c in chosen]}
+        {"cluster": c, "releases": history.queries.rows("curvine_history", cluster=c),
+         "capacity": history.queries.rows("capacity_history", cluster=c)} for c in chosen]}
 
 
 def gates_data(history: Any, f: Filters) -> dict[str, Any]:
@@ -177,7 +178,7 @@ def pending_data(pending: Sequence[Any], history: Any) -> list[dict[str, Any]]:
     window = Filters(since=PENDING_WINDOW)
     verifications = catalog.run(history, "verifications", window)
     runs = {r["run_key"]: r for r in catalog.run(history, "recent_runs", window)}
-    drift = history.query("open_drift")
+    drift = history.queries.rows("open_drift")
     out = []
     for g in pending:
         run_key = f"{g.dag_id}/{g.run_id}"

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 import warnings
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml

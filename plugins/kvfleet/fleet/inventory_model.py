@@ -31,8 +31,17 @@ from typing import Annotated, Any, Final, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, \
-    ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kvfleet.fleet import constants as C
@@ -240,12 +249,10 @@ def _choice(allowed: Iterable[str], nullable: bool = False) -> BeforeValidator:
     return BeforeValidator(run)
 
 
-def Choice(options: Iterable[str], nullable: bool = False) -> Any:  # noqa: N802 (a type)
-    """A string field taking one of ``options`` (the schema lists them as its enum)."""
-    values = sorted(options) if isinstance(options, frozenset) else list(options)
-    enum: list[Any] = [*values, None] if nullable else values
-    base: Any = str | None if nullable else str
-    return Annotated[base, _choice(values, nullable), Field(json_schema_extra={"enum": enum})]
+def _enum(options: Iterable[str], nullable: bool = False) -> Any:
+    """The schema's enum of a choice field (beside its ``_choice`` validator)."""
+    values: list[Any] = sorted(options) if isinstance(options, frozenset) else list(options)
+    return Field(json_schema_extra={"enum": [*values, None] if nullable else values})
 
 
 def _pattern(pattern: re.Pattern[str], message: str) -> Check:
@@ -630,12 +637,12 @@ class SettingsIn(_Model):
         "LMCache chunk size in tokens: prompts shorter than one chunk never reach L2.", default=C.CHUNK_SIZE)
     l2_url: Annotated[str, _text(max_len=1024, check=_l2_url)] = _described(
         f"LMCache's remote URL: an fs:// URL under the Curvine mount {C.L2_MOUNT_PATH}/.", default=C.L2_URL)
-    serde: Choice(("naive",)) = _described(
+    serde: Annotated[str, _choice(("naive",)), _enum(("naive",))] = _described(
         "LMCache's remote serde (cachegen has a bug under the fs connector).", default=C.L2_SERDE)
     hash_seed: Annotated[str, BeforeValidator(_hash_seed)] = _described(
         "PYTHONHASHSEED on every pod: one fixed integer string in 0–4294967295, so LMCache keys match across pods.",
         default=C.PYTHONHASHSEED)
-    lmcache_log_format: Choice(LMCACHE_LOG_FORMATS) = _described(
+    lmcache_log_format: Annotated[str, _choice(LMCACHE_LOG_FORMATS), _enum(LMCACHE_LOG_FORMATS)] = _described(
         "The LMCache release whose log lines verification reads.", default="0.3.9")
     operator_pause_threshold_minutes: Annotated[int, _int(1, 1440), Field(ge=1, le=1440)] = _described(
         "Drift reports an operator paused longer than this.", default=30)
@@ -650,7 +657,7 @@ class SettingsIn(_Model):
 
 
 class TieredStorageIn(_Model):
-    mode: Choice(C.TIERED_MODES) = _described(
+    mode: Annotated[str, _choice(C.TIERED_MODES), _enum(C.TIERED_MODES)] = _described(
         "HyperPod managed tiered storage (the L1 CPU tier).", default="Enable")
     memory_percent: Annotated[int, _int(C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)"),
                               Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX)] = _described(
@@ -699,7 +706,7 @@ class CurvineIn(_Model):
         "The StorageClass pods mount L2 through.", default=C.CURVINE_STORAGE_CLASS)
     fs_path: Annotated[str, _text(max_len=4096, check=_fs_path)] = _described("Curvine path of the L2 cache.",
                                                                               default="/l2cache")
-    scale_out: Choice(("report", "auto")) = _described(
+    scale_out: Annotated[str, _choice(("report", "auto")), _enum(("report", "auto"))] = _described(
         "report: the scheduled path only reports capacity; auto: it may add workers.", default="report")
 
     @field_validator("repo_url")
@@ -713,7 +720,7 @@ class CurvineIn(_Model):
 
 
 class AddonIn(_Model):
-    name: Annotated[str, BeforeValidator(lambda v: _addon_name(v)), Field(json_schema_extra={"enum": list(C.ADDON_ORDER)})] = _described(
+    name: Annotated[str, BeforeValidator(lambda v: _addon_name(v)), _enum(C.ADDON_ORDER)] = _described(
         "An EKS add-on kvfleet manages.")
     version: Annotated[str | None, _text(allow_empty=True, check=_addon_version)] = _described(
         "Its version (v + SemVer); none: whatever is installed.", default=None)
@@ -757,10 +764,10 @@ class ClusterIn(_Model):
                                   "approval.", default=False)
     tiered_storage: TieredStorageIn = _described("HyperPod managed tiered storage (L1).",
                                                  default_factory=TieredStorageIn)
-    node_recovery: Annotated[str | None, BeforeValidator(_node_recovery), Field(json_schema_extra={"enum": sorted(C.NODE_RECOVERY_VALUES)})] = _described(
+    node_recovery: Annotated[str | None, BeforeValidator(_node_recovery), _enum(C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
     gpu_nodes: GpuNodesIn = _described("The cluster's GPU nodes: {count, instance_type}.")
-    l2_injection: Choice(L2_INJECTION_CHOICES) = _described(
+    l2_injection: Annotated[str, _choice(L2_INJECTION_CHOICES), _enum(L2_INJECTION_CHOICES)] = _described(
         "How the L2 mount reaches operator pods: auto (kyverno on production, else patch), patch, kyverno.",
         default="auto")
     update_strategy: UpdateStrategy = _described(
@@ -789,8 +796,8 @@ class EndpointIn(_Model):
     instance_type: Annotated[str, _text(check=_instance_type)] = _described(
         "SageMaker instance type of its replicas: the cluster's gpu_nodes.instance_type.")
     replicas: Annotated[int, _int(0, 1000), Field(ge=0, le=1000)] = _described("Replicas (1 GPU each).", default=2)
-    routing: Choice(C.ROUTING_STRATEGIES) = _described("Intelligent routing strategy.",
-                                                                  default="prefixaware")
+    routing: Annotated[str, _choice(C.ROUTING_STRATEGIES), _enum(C.ROUTING_STRATEGIES)] = _described(
+        "Intelligent routing strategy.", default="prefixaware")
     l1: Bool = _described("LMCache's local CPU tier.", default=True)
     l2: Bool = _described("The shared Curvine tier.", default=True)
     image: Annotated[str, _text(max_len=512, check=_image)] = _described("The worker image.", default=DEFAULT_IMAGE)
@@ -801,12 +808,12 @@ class EndpointIn(_Model):
                                                        default_factory=dict)
     update_strategy: UpdateStrategy = _described("This endpoint's update strategy (wins over the cluster's).",
                                                  default=None)
-    workload: Choice(WORKLOADS, nullable=True) = _described(
+    workload: Annotated[str | None, _choice(WORKLOADS, nullable=True), _enum(WORKLOADS, nullable=True)] = _described(
         "What the traffic is; validate warns when routing contradicts it.", default=None)
     model_params_b: Annotated[float | None, _number(MAX_MODEL_PARAMS_B, "write the parameter count in billions, "
                                                     "e.g. 7.62 for a 7B model")] = _described(
         "Parameters in billions (else the catalogue's).", default=None)
-    dtype: Choice(models.DTYPES, nullable=True) = _described(
+    dtype: Annotated[str | None, _choice(models.DTYPES, True), _enum(models.DTYPES, True)] = _described(
         "Weights' dtype, with model_params_b (else the catalogue's).", default=None)
 
 
@@ -989,6 +996,8 @@ def _fleet_document(raw: Any, source: str) -> dict[str, Any]:
     """The top level: a mapping with at least one inventory key. A file that is not one is refused without quoting
     any of its content (``--fleet`` given the wrong file must not print what that file holds)."""
     why = ""
+    if raw is None:
+        return {}  # an empty document: an inventory that declares nothing (refused below: no cluster)
     if not isinstance(raw, dict):
         why = f"its top level is {type_name(raw)}, not a mapping"
     elif raw and not any(k in TOP_KEYS for k in raw if isinstance(k, str)):
@@ -996,7 +1005,7 @@ def _fleet_document(raw: Any, source: str) -> dict[str, Any]:
     if why:
         raise FleetProblems([f"{source}: (top level): not a kvfleet inventory: {why}; --fleet takes the fleet's "
                              "YAML file (see fleet.example.yaml and docs/inventory.md)"])
-    return raw
+    return dict(raw)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -1047,7 +1056,7 @@ def validate_text(text: str, source: str = "fleet.yaml") -> Validated:
 
 def json_schema() -> dict[str, Any]:
     """The inventory's JSON Schema (draft 2020-12), generated from :class:`FleetFile`."""
-    schema = FleetFile.model_json_schema(mode="validation")
+    schema: dict[str, Any] = FleetFile.model_json_schema(mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "kvfleet fleet inventory"
     return _named_collections(schema)
@@ -1193,8 +1202,7 @@ class _Checks:
     def __init__(self, data: dict[str, Any], fleet: FleetFile | None, source: str) -> None:
         self.data, self.source = data, source
         self.found = Found()
-        listed = {k: data.get(k) if isinstance(data.get(k), list) else [] for k in ("lobs", "clusters", "endpoints")}
-        self.raw_lobs, self.raw_clusters, self.raw_eps = listed["lobs"], listed["clusters"], listed["endpoints"]
+        self.raw_lobs, self.raw_clusters, self.raw_eps = (_listed(data, k) for k in ("lobs", "clusters", "endpoints"))
         if fleet is not None:
             self.settings: SettingsIn | None = fleet.settings
             self.lobs: list[LobIn | None] = list(fleet.lobs)
@@ -1214,6 +1222,11 @@ class _Checks:
 
     def label(self, i: int) -> str:
         return yaml_path(("endpoints", i), self.data)
+
+
+def _listed(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    return value if isinstance(value, list) else []
 
 
 def _raw_str(body: Any, key: str, default: str = "") -> str:

@@ -571,7 +571,10 @@ _REQUIRED: Any = ...
 def _described(text: str, default: Any = _REQUIRED, default_factory: Callable[[], Any] | None = None) -> Any:
     """A field's description (the docs table and the schema read it) and its default."""
     if default_factory is not None:
-        return Field(default_factory=default_factory, description=text)
+        value = default_factory()
+        shown = value if isinstance(value, list | dict) else None  # the schema and the docs show plain defaults
+        return Field(default_factory=default_factory, description=text,
+                     json_schema_extra=None if shown is None else {"default": shown})
     return Field(default, description=text)
 
 
@@ -631,9 +634,9 @@ class LobIn(_Model):
 
 
 class SettingsIn(_Model):
-    wave_size: Annotated[int, _int(1, 500), Field(ge=1, le=500)] = _described(
+    wave_size: Annotated[int, Field(ge=1, le=500), _int(1, 500)] = _described(
         "Endpoints per cluster per wave after the canary wave.", default=3)
-    chunk_size: Annotated[int, _int(16, 4096), Field(ge=16, le=4096)] = _described(
+    chunk_size: Annotated[int, Field(ge=16, le=4096), _int(16, 4096)] = _described(
         "LMCache chunk size in tokens: prompts shorter than one chunk never reach L2.", default=C.CHUNK_SIZE)
     l2_url: Annotated[str, _text(max_len=1024, check=_l2_url)] = _described(
         f"LMCache's remote URL: an fs:// URL under the Curvine mount {C.L2_MOUNT_PATH}/.", default=C.L2_URL)
@@ -644,7 +647,7 @@ class SettingsIn(_Model):
         default=C.PYTHONHASHSEED)
     lmcache_log_format: Annotated[str, _choice(LMCACHE_LOG_FORMATS), _enum(LMCACHE_LOG_FORMATS)] = _described(
         "The LMCache release whose log lines verification reads.", default="0.3.9")
-    operator_pause_threshold_minutes: Annotated[int, _int(1, 1440), Field(ge=1, le=1440)] = _described(
+    operator_pause_threshold_minutes: Annotated[int, Field(ge=1, le=1440), _int(1, 1440)] = _described(
         "Drift reports an operator paused longer than this.", default=30)
     curvine_host_path_prefixes: Annotated[list[Annotated[str, BeforeValidator(_prefix_entry)]],
                                           Field(min_length=1, max_length=20)] = _described(
@@ -659,19 +662,19 @@ class SettingsIn(_Model):
 class TieredStorageIn(_Model):
     mode: Annotated[str, _choice(C.TIERED_MODES), _enum(C.TIERED_MODES)] = _described(
         "HyperPod managed tiered storage (the L1 CPU tier).", default="Enable")
-    memory_percent: Annotated[int, _int(C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)"),
-                              Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX)] = _described(
+    memory_percent: Annotated[int, Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX),
+                              _int(C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)")] = _described(
         "InstanceMemoryAllocationPercentage: host memory given to the L1 tier.", default=C.MEMORY_PERCENT_DEFAULT)
 
 
 class GpuNodesIn(_Model):
-    count: Annotated[int, _int(1, 10000), Field(ge=1, le=10000)] = _described("GPU nodes of the cluster.")
+    count: Annotated[int, Field(ge=1, le=10000), _int(1, 10000)] = _described("GPU nodes of the cluster.")
     instance_type: Annotated[str, _text(check=_gpu_instance_type)] = _described(
         "Their SageMaker instance type (kvfleet must know its GPUs).", default="ml.g6e.4xlarge")
 
 
 class CurvineMasterIn(_Model):
-    replicas: Annotated[int, _int(1, 7, odd=True), Field(ge=1, le=7)] = _described(
+    replicas: Annotated[int, Field(ge=1, le=7), _int(1, 7, odd=True)] = _described(
         "Curvine masters (Raft: odd).", default=1)
     storage_class: Annotated[str, _text(check=_storage_class)] = _described(
         "StorageClass of the masters' volumes.", default="ebs-sc")
@@ -680,7 +683,7 @@ class CurvineMasterIn(_Model):
 
 
 class CurvineWorkerIn(_Model):
-    replicas: Annotated[int | None, _int(1, 1000), Field(ge=1, le=1000)] = _described(
+    replicas: Annotated[int | None, Field(ge=1, le=1000), _int(1, 1000)] = _described(
         "Workers; by default one per GPU node (the cluster's gpu_nodes.count).", default=None)
     host_path: Annotated[str, _text(max_len=4096, check=_host_path)] = _described(
         "The node directory (NVMe) a worker stores blocks in; under settings.curvine_host_path_prefixes.",
@@ -795,7 +798,7 @@ class EndpointIn(_Model):
         "The CRD's modelName; a catalogue name sizes the model.")
     instance_type: Annotated[str, _text(check=_instance_type)] = _described(
         "SageMaker instance type of its replicas: the cluster's gpu_nodes.instance_type.")
-    replicas: Annotated[int, _int(0, 1000), Field(ge=0, le=1000)] = _described("Replicas (1 GPU each).", default=2)
+    replicas: Annotated[int, Field(ge=0, le=1000), _int(0, 1000)] = _described("Replicas (1 GPU each).", default=2)
     routing: Annotated[str, _choice(C.ROUTING_STRATEGIES), _enum(C.ROUTING_STRATEGIES)] = _described(
         "Intelligent routing strategy.", default="prefixaware")
     l1: Bool = _described("LMCache's local CPU tier.", default=True)

@@ -662,8 +662,8 @@ class SettingsIn(_Model):
 class TieredStorageIn(_Model):
     mode: Annotated[str, _choice(C.TIERED_MODES), _enum(C.TIERED_MODES)] = _described(
         "HyperPod managed tiered storage (the L1 CPU tier).", default="Enable")
-    memory_percent: Annotated[int, Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX),
-                              _int(C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)")] = _described(
+    memory_percent: Annotated[int, Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX), _int(
+        C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)")] = _described(
         "InstanceMemoryAllocationPercentage: host memory given to the L1 tier.", default=C.MEMORY_PERCENT_DEFAULT)
 
 

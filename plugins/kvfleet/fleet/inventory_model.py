@@ -1183,13 +1183,17 @@ def _validated(model: type[_Model], raw: Any) -> Any:
     except ValidationError as exc:
         errors = exc.errors()
     bad = {e["loc"][0] for e in errors if e["loc"]}
-    if not isinstance(raw, dict) or len(bad) < len({id(e) for e in errors if not e["loc"]}) or \
+    if not isinstance(raw, dict) or any(not e["loc"] for e in errors) or \
             not all(isinstance(b, str) and b in model.model_fields for b in bad):
         return None
     fixed = {k: v for k, v in raw.items() if k not in bad}
     as_written = {}
     for key in bad:
-        if model.model_fields[str(key)].is_required():
+        inner = _inner_model(model.model_fields[str(key)].annotation)
+        sub = _validated(inner, raw.get(key)) if inner is not None and isinstance(raw.get(key), dict) else None
+        if sub is not None:  # a sub-mapping with a bad field: the rest of it still counts
+            fixed[key] = sub
+        elif model.model_fields[str(key)].is_required():
             if key not in _STAND_INS or not isinstance(raw.get(key), str):
                 return None
             fixed[key], as_written[key] = _STAND_INS[str(key)], raw[key]

@@ -1169,15 +1169,31 @@ def webhook_target_problem(url: str, allowed: Iterable[str]) -> str | None:
             "settings.webhook_private_ranges")
 
 
-# Stand-ins for a required field that failed, so the rest of its object is still checked; the value as written
-# replaces the stand-in afterwards (model_copy does not validate), so the cross checks read the user's text.
+# Text fields the cross checks may read as written when they failed (a reference, a name, a type compared as text);
+# a required one is validated with its stand-in, then given back as written (model_copy does not validate).
 _STAND_INS: Final[dict[str, str]] = {"name": "x", "lob": "x", "cluster": "x", "model": "x", "region": "us-east-1",
-                                     "instance_type": "ml.g5.4xlarge"}
+                                     "instance_type": "ml.g5.4xlarge", "namespace": "x", "model_id": "x/x",
+                                     "image": "x"}
+_DROP: Final = object()
+
+
+def _replacement(model: type[_Model], key: str, value: Any) -> tuple[Any, Any] | None:
+    """For a field that failed: (what to validate with, or _DROP for its default; what to put back afterwards, or
+    _DROP); None when the object cannot be built without it."""
+    info = model.model_fields[key]
+    inner = _inner_model(info.annotation)
+    sub = _validated(inner, value) if inner is not None and isinstance(value, dict) else None
+    if sub is not None:  # a sub-mapping with a bad field: the rest of it still counts
+        return sub, _DROP
+    written = value if key in _STAND_INS and isinstance(value, str) else _DROP
+    if info.is_required():
+        return None if written is _DROP else (_STAND_INS[key], written)
+    return _DROP, written
 
 
 def _validated(model: type[_Model], raw: Any) -> Any:
-    """``raw`` validated, or, when some of its fields failed, the object with those fields at their defaults (a
-    required string field as written); None when that cannot be built (the failed fields are reported anyway)."""
+    """``raw`` validated, or, when some of its fields failed, the object without them (their defaults; a text field
+    the cross checks read, as written); None when that cannot be built (the failed fields are reported anyway)."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -1188,15 +1204,14 @@ def _validated(model: type[_Model], raw: Any) -> Any:
         return None
     fixed = {k: v for k, v in raw.items() if k not in bad}
     as_written = {}
-    for key in bad:
-        inner = _inner_model(model.model_fields[str(key)].annotation)
-        sub = _validated(inner, raw.get(key)) if inner is not None and isinstance(raw.get(key), dict) else None
-        if sub is not None:  # a sub-mapping with a bad field: the rest of it still counts
-            fixed[key] = sub
-        elif model.model_fields[str(key)].is_required():
-            if key not in _STAND_INS or not isinstance(raw.get(key), str):
-                return None
-            fixed[key], as_written[key] = _STAND_INS[str(key)], raw[key]
+    for key in map(str, bad):
+        replacement = _replacement(model, key, raw.get(key))
+        if replacement is None:
+            return None
+        if replacement[0] is not _DROP:
+            fixed[key] = replacement[0]
+        if replacement[1] is not _DROP:
+            as_written[key] = replacement[1]
     try:
         return model.model_validate(fixed).model_copy(update=as_written)
     except ValidationError:

@@ -10,6 +10,7 @@ and warnings go to stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -139,9 +140,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"warning: {w.message}", file=sys.stderr)
     # warnings: patch on a production cluster, fewer Curvine workers than GPU nodes, routing against the
     # workload, a model kvfleet cannot size; refusals (a model that does not fit, hash_seed) raised above, exit 2
+    if args.json:
+        _json_dump({"source": inv.source, "warnings": list(inv.warnings), "settings": dataclasses.asdict(inv.settings),
+                    "lobs": [dataclasses.asdict(x) for x in inv.lobs],
+                    "clusters": [dataclasses.asdict(x) for x in inv.clusters],
+                    "endpoints": [dataclasses.asdict(x) for x in inv.endpoints], "prices": dict(inv.prices)})
+        return 0
     noted = f"; {len(caught)} warning(s) on stderr" if caught else ""
     _out(f"{args.fleet}: valid — {len(inv.lobs)} LOBs, {len(inv.clusters)} clusters, "
           f"{len(inv.endpoints)} endpoints{noted}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """The inventory's JSON Schema, generated from the model (kvfleet.fleet.inventory_model)."""
+    from kvfleet.fleet.inventory_model import json_schema
+
+    _out(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0
 
 
@@ -542,7 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate a fleet inventory; exit 2 listing every problem")
     v.add_argument("--fleet", default=DEFAULT_FLEET)
+    v.add_argument("--json", action="store_true", help="print the validated inventory (defaults resolved) as JSON")
     v.set_defaults(func=cmd_validate)
+
+    sc = sub.add_parser("schema", help="print the inventory's JSON Schema (generated from kvfleet's model)")
+    sc.set_defaults(func=cmd_schema)
 
     pl = sub.add_parser("plan", help="print the rollout plan (stages per cluster, then waves)")
     pl.add_argument("--fleet", default=DEFAULT_FLEET)

@@ -286,6 +286,7 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
 # ---- routing per LOB (the inventory's lobs[].notify) -----------------------------------------------------------
 
 ROUTED_FLEET = """
+settings: {webhook_private_ranges: [127.0.0.1/32]}  # the receiver listens on loopback
 lobs:
   - {name: retail, notify: {webhook_url: "%(retail_url)s"}}
   - {name: support}

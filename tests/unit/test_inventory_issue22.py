@@ -7,6 +7,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,7 +50,11 @@ def test_notify_is_optional_and_parsed() -> None:
         notify={"sns_topic_arn": TOPIC, "webhook_url": "https://hooks.example.com/kvfleet"})))
     lob = inv.lob("retail")
     assert (lob.notify_sns_topic_arn, lob.notify_webhook_url) == (TOPIC, "https://hooks.example.com/kvfleet")
-    only_hook = _parse(_with(lambda d: d["lobs"][0].update(notify={"webhook_url": "http://10.0.0.5:8080/h"})))
+    def private_hook(d: dict[str, Any]) -> None:
+        d["lobs"][0].update(notify={"webhook_url": "http://10.0.0.5:8080/h"})
+        d["settings"] = {"webhook_private_ranges": ["10.0.0.0/24"]}  # a private target, allowed explicitly
+
+    only_hook = _parse(_with(private_hook))
     assert only_hook.lob("retail").notify_sns_topic_arn is None
     assert only_hook.lob("retail").notify_webhook_url == "http://10.0.0.5:8080/h"
 

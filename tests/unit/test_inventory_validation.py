@@ -117,6 +117,20 @@ def test_all_problems_are_listed_not_only_the_first() -> None:
     assert len(_problems(_with(many))) == 4
 
 
+def test_field_errors_do_not_hide_the_checks_across_objects() -> None:
+    """A bad field inside an object (Curvine's namespace, an endpoint's model) leaves the rest of that object to the
+    checks across objects: GPU capacity, the host-path prefix, the model's fit, the cluster reference."""
+    def many(d):  # type: ignore[no-untyped-def]
+        d["clusters"][0]["curvine"] = {"namespace": "kube-system", "worker": {"host_path": "/etc/x"}}
+        d["endpoints"][0].update(replicas=5, model="qwen2.5-32b-instruct", cluster="c1")
+        d["endpoints"].append({**d["endpoints"][0], "name": "other", "cluster": "zzz", "replicas": "2", "model": "qwen2-7b"})
+
+    paths = sorted(p.split(": ")[1] for p in _problems(_with(many)))
+    assert paths == ["clusters.c1.curvine.namespace", "clusters.c1.curvine.worker.host_path", "clusters.c1.gpu_nodes",
+                     "endpoints[0](chat).model", "endpoints[0](chat).model", "endpoints[1](other).cluster",
+                     "endpoints[1](other).replicas"], paths
+
+
 def test_remote_url_in_endpoint_env_is_refused() -> None:
     (msg,) = _problems(_with(lambda d: d["endpoints"][0].update(env={"LMCACHE_REMOTE_URL": "fs://x/"})))
     assert "duplicate" in msg

@@ -280,21 +280,10 @@ def tiered_storage_findings(cl: Cluster, mode: str | None, percent: int | None) 
                     f"Mode={want}", f"Mode={have}")]
 
 
-def declared_node_recovery(cl: Cluster) -> str | None:
-    """The NodeRecovery the inventory declares for ``cl``, or None when it declares none (then the live value is
-    kept: stage 1 sends it back unchanged and drift does not judge it). Reads both inventory shapes: a
-    ``node_recovery_declared`` flag beside a defaulted value, or ``node_recovery`` None when not declared."""
-    value = getattr(cl, "node_recovery", None)
-    declared = getattr(cl, "node_recovery_declared", None)
-    if declared is None:
-        return str(value) if value is not None else None
-    return str(value) if declared and value is not None else None
-
-
 def node_recovery_findings(cl: Cluster, live: str | None) -> list[Finding]:
     """A declared NodeRecovery that the cluster does not have; nothing when it is not declared, nor
     when DescribeCluster did not return one (``live`` None: nothing to compare)."""
-    want = declared_node_recovery(cl)
+    want = cl.node_recovery
     if want is None or live is None or live == want:
         return []
     return [Finding("node_recovery_mismatch", cl.name, f"HyperPodCluster/{cl.name}", "NodeRecovery", want, live)]

@@ -26,8 +26,7 @@ the CRDs installed by the chart, three admission controller replicas for high av
 URL can point at a mirror through ``KVFLEET_HELM_REPO_KYVERNO`` (as ``KVFLEET_HELM_REPO_CURVINE`` does for
 Curvine).
 
-Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``install``, the default, or ``refuse``), or the
-inventory cluster's ``kyverno_install`` (read with getattr: a bool) when it has one. Refused: a
+Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``install``, the default, or ``refuse``). Refused: a
 ``PermanentError`` naming the cluster and the exact ``helm`` command, recorded as ``refused``. Installing
 Kyverno creates CRDs, ClusterRoles and bindings that grant wide rights: kvfleet's least-privilege identity in
 ``k8s/rbac`` cannot do it, so a platform team that lets kvfleet install binds it for the install (see
@@ -65,10 +64,7 @@ def repo_url() -> str:
     return os.environ.get(REPO_ENV) or REPO
 
 
-def install_allowed(ctx: StageContext) -> bool:
-    declared = getattr(ctx.cluster, "kyverno_install", None)
-    if isinstance(declared, bool):
-        return declared
+def install_allowed() -> bool:
     mode = (os.environ.get(INSTALL_ENV) or "install").strip().lower()
     if mode not in ("install", "refuse"):
         raise PermanentError(f"{INSTALL_ENV}={mode!r} is not one of install, refuse; unset it to let kvfleet "
@@ -160,8 +156,8 @@ def reconcile(ctx: StageContext) -> Outcome:
                               note="installed; a rollout waits for its webhook")
         ready = wait_ready(ctx)
         return ctx.record("kyverno", STAGE, "unchanged", verified=describe(ready), waited=True)
-    if not install_allowed(ctx):
-        why = f"{INSTALL_ENV}=refuse (or clusters.{cl.name}.kyverno_install: false) does not let kvfleet install it"
+    if not install_allowed():
+        why = f"{INSTALL_ENV}=refuse does not let kvfleet install it"
         ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(), observed=describe(state))
         raise PermanentError(_refusal(ctx, why))
     if ctx.dry_run:

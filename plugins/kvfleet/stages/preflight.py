@@ -310,7 +310,7 @@ class _Checker:
                      f"{kyverno.RESOURCE_WEBHOOK}", severity="warning")
             return
         values = f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n{kyverno.install_command()}"
-        if kyverno.install_allowed(self.ctx):
+        if kyverno.install_allowed():
             self.add("kyverno", f"Kyverno is not installed (kyverno mode); stage 2 installs chart {kyverno.CHART} "
                      f"{kyverno.CHART_VERSION}, which needs the install grant of k8s/rbac/README.md (Kyverno)",
                      f"let stage 2 install it, or install it now:\n{values}", severity="warning")

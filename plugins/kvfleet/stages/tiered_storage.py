@@ -7,7 +7,7 @@ for InService (failing at once with the FailureMessage on a terminal state), the
 ``aws-hyperpod/ai-toolkit`` has a ready pod per node.
 
 NodeRecovery:
-- **declared** in the inventory (``node_recovery:`` present; read by ``fleet.drift.declared_node_recovery``):
+- **declared** in the inventory (``node_recovery:`` present; ``Cluster.node_recovery`` not None):
   kvfleet reconciles the cluster to it. A difference alone is an ``UpdateCluster`` with NodeRecovery only (no
   TieredStorageConfig, so the ai-toolkit daemon is left alone); the change is recorded with the value before.
 - **not declared**: the live value is sent back unchanged, as before — a platform team's choice made outside
@@ -30,7 +30,6 @@ from kvfleet.clients.kube import wait_for
 from kvfleet.errors import ConvergenceTimeout, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
-from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import executor, readiness
 from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
 from kvfleet.stages.converge import converge
@@ -54,7 +53,7 @@ def node_recovery_target(ctx: StageContext, live: str | None) -> tuple[str, str]
     """(the NodeRecovery to send, where it comes from): the inventory's value when it declares one
     ("declared": kvfleet reconciles the cluster to it), else the live value sent back unchanged ("live")."""
     cl = ctx.cluster
-    declared = declared_node_recovery(cl)
+    declared = cl.node_recovery
     if declared is not None:
         if declared not in C.NODE_RECOVERY_VALUES:
             raise PermanentError(f"clusters.{cl.name}.node_recovery: {declared!r} is not one of Automatic, None; "

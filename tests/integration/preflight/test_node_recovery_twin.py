@@ -8,7 +8,6 @@ import time
 import pytest
 from preflightkit import CLUSTER, aws_client, declaring
 
-from kvfleet.fleet.drift import declared_node_recovery
 from kvfleet.stages import tiered_storage
 
 pytestmark = pytest.mark.integration
@@ -69,7 +68,7 @@ def test_undeclared_node_recovery_keeps_the_live_value(fleet_env, inventory, mak
         assert time.monotonic() < deadline, "the cluster did not settle"
         time.sleep(0.05)
     inv = declaring(inventory, CLUSTER, declared=False)  # the inventory names no node_recovery
-    assert declared_node_recovery(inv.cluster(CLUSTER)) is None
+    assert inv.cluster(CLUSTER).node_recovery is None
     fleet_env.aws.reset_request_log()
 
     outcome = tiered_storage.reconcile(make_ctx(inv=inv))

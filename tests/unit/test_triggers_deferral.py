@@ -1,4 +1,4 @@
-"""The deferral plumbing of the rollout (issue 19): a trigger's event mapped onto kvfleet's error model, the
+"""The deferral plumbing of the rollout: a trigger's event mapped onto kvfleet's error model, the
 parallelism-slot form of ``LeaseFreeTrigger`` (any one of several leases; "ours" is the exact holder), its
 serialization, and the deferrable ``@task`` resuming its body with the state it deferred with."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet.airflow.triggers import LeaseFreeTrigger
+from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 
 

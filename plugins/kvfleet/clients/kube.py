@@ -28,7 +28,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients import aws
-from kvfleet.clients.transient import is_network_error
+from kvfleet.clients.transient import certificate_refused, is_network_error
 from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -69,15 +69,27 @@ def network_error(exc: BaseException, what: str) -> TemporaryError:
                           f"{str(exc)[:200]}); retrying observes the live state again", delay=5)
 
 
+def transport_error(exc: BaseException, what: str) -> KvfleetError | None:
+    """A call that failed below HTTP, in kvfleet's error model: no answer (``clients.transient``) is temporary; an
+    API server whose certificate the cluster's CA does not sign is permanent (every retry fails the same way).
+    None for anything else (re-raised as it is)."""
+    if certificate_refused(exc):
+        return PermanentError(f"{what}: the Kubernetes API server's certificate failed verification with the "
+                              f"cluster's CA ({str(exc)[:200]}); kvfleet does not send its token unverified. "
+                              "Check the cluster's endpoint and certificateAuthority (EKS DescribeCluster)")
+    return network_error(exc, what) if is_network_error(exc) else None
+
+
 def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
     except ApiException as exc:
         raise api_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
     except Exception as exc:
-        if is_network_error(exc):
-            raise network_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
-        raise
+        typed = transport_error(exc, what or getattr(fn, "__name__", "kubernetes call"))
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -88,9 +100,10 @@ def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
             return None
         raise api_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
     except Exception as exc:
-        if is_network_error(exc):
-            raise network_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
-        raise
+        typed = transport_error(exc, getattr(fn, "__name__", "kubernetes get"))
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def cluster_ca(what: str, endpoint: str, ca_data: str | None) -> bytes:

@@ -145,7 +145,7 @@ class FleetWatchTrigger(BaseEventTrigger):
         return bool(self.children) and all(c.ready() for c in self.children)
 
     def _delay(self, failures: int) -> float:
-        return min(self.RETRY_MAX_S, self.RETRY_BASE_S * 2 ** min(failures - 1, 20))
+        return float(min(self.RETRY_MAX_S, self.RETRY_BASE_S * 2 ** min(failures - 1, 20)))
 
     async def _clusters(self, found: list[Cluster]) -> AsyncIterator[TriggerEvent]:
         """Read the inventory until it is valid, its clusters into ``found``; yield an ``error`` event for each

@@ -2,11 +2,13 @@
 
 HyperPod DescribeCluster -> ``Orchestrator.Eks.ClusterArn`` -> EKS DescribeCluster (endpoint, CA) -> an EKS
 bearer token (a presigned STS GetCallerIdentity URL carrying ``x-k8s-aws-id``, as ``aws eks get-token`` makes)
--> the official Kubernetes client. ``write_kubeconfig`` gives helm and kubectl the same credentials.
+-> the official Kubernetes client, over TLS verified with that CA (``cluster_ca``: a cluster that reports none is
+refused, the token never sent unverified). ``write_kubeconfig`` gives helm and kubectl the same credentials.
 
 Called by every stage that touches Kubernetes, by ``clients.helm`` (kubeconfig), ``clients.inference`` and
 ``clients.curvine`` (pod proxy). API errors become kvfleet's error model: 404 is ``None`` where a lookup is
-asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message.
+asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message; a call
+without an answer (``clients.transient``) is a ``TemporaryError``, a certificate that fails verification permanent.
 """
 
 from __future__ import annotations

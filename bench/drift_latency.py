@@ -225,14 +225,14 @@ def _converge(inv: Any) -> None:
 
 
 def _rbac_with_watch(target: Path) -> Path:
-    """k8s/rbac plus the drift watch's ``watch`` grants (``kvfleet.airflow.triggers.RBAC_*_RULES``), until
+    """k8s/rbac plus the drift watch's ``watch`` grants (``kvfleet.fleet.watch_rules.RBAC_*_RULES``), until
     k8s/rbac carries them: kvfleet's identity is held to exactly that."""
     import yaml
 
-    from kvfleet.airflow import triggers
+    from kvfleet.fleet import watch_rules
 
-    extra = {"kvfleet:cluster": triggers.RBAC_CLUSTER_RULES,
-             "kvfleet:curvine-namespace": triggers.RBAC_CURVINE_NAMESPACE_RULES}
+    extra = {"kvfleet:cluster": watch_rules.RBAC_CLUSTER_RULES,
+             "kvfleet:curvine-namespace": watch_rules.RBAC_CURVINE_NAMESPACE_RULES}
     target.mkdir(parents=True, exist_ok=True)
     for path in (ROOT / "k8s" / "rbac").iterdir():
         if path.suffix != ".yaml":
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(state: Path, trials: int, quiet_s: float, say: Callable[[str], None], started: float) -> dict[str, Any]:
-    from kvfleet.airflow.triggers import KubeWatchTrigger
+    from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
     from kvfleet.history.repos import HistoryRepos
 
     with _environment(state) as sandbox:

@@ -223,7 +223,7 @@ async def _triggers_together(triggers: list[Any], seconds: float) -> int:
 def triggerer_cost(k: int, seconds: float, poll_s: float) -> dict[str, Any]:
     from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 
-    from kvfleet.airflow.triggers import LeaseFreeTrigger
+    from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
     from kvfleet.history.db import get_engine
     from kvfleet.history.leases import Leases
 

@@ -3,9 +3,10 @@
 A ``KubeWatchTrigger`` per inventory cluster (run by one ``FleetWatchTrigger``, which reads the inventory in the
 triggerer) watches what the drift check compares: the managed InferenceEndpointConfigs, Deployments and Pods, the
 Inference Operator's controller and Curvine's Helm release Secrets. It emits one asset event per burst of changes
-made by someone other than kvfleet (debounced, 15 s of quiet), naming the cluster, through an ``AssetWatcher`` on
-the ``kvfleet_fleet_changed`` asset; this DAG is scheduled on it and runs ``kvfleet.airflow.drift``'s task bodies
-(the same as ``kvfleet_drift_check``) on the clusters the events name.
+kvfleet's field manager did not write (``kvfleet.fleet.watch_rules``; debounced, 15 s of quiet), naming the
+cluster, through an ``AssetWatcher`` on the ``kvfleet_fleet_changed`` asset; this DAG is scheduled on it and runs
+``kvfleet.airflow.drift``'s task bodies (the same as ``kvfleet_drift_check``) on the clusters the events name. An
+invalid inventory is an event naming no cluster: the run reads the inventory itself and fails with its problems.
 ``kvfleet_drift_check`` still runs every 10 minutes: the safety net for anything a watch missed.
 
 Thin by design: at parse time it imports only airflow.sdk, kvfleet's light modules (the Params, the callbacks,
@@ -28,7 +29,7 @@ from airflow.sdk import Asset, AssetWatcher, dag, task
 
 from kvfleet.airflow import callbacks
 from kvfleet.airflow.params import DEFAULT_FLEET, drift_params
-from kvfleet.airflow.triggers import FleetWatchTrigger
+from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger
 
 QUIET_S = float(os.environ.get("KVFLEET_DRIFT_WATCH_QUIET_S", "15"))
 
@@ -57,7 +58,7 @@ def kvfleet_drift_watch() -> None:
     @task
     def scope(params=None, triggering_asset_events=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import drift
-        from kvfleet.airflow.triggers import clusters_of_events, watch_errors_of_events
+        from kvfleet.airflow.triggers.fleet_watch import clusters_of_events, watch_errors_of_events
 
         # the clusters the events name (the Params' scope when there are none: a run triggered by hand)
         return drift.open_run(dict(params), watch_errors_of_events(triggering_asset_events),

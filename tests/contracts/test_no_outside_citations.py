@@ -31,13 +31,6 @@ OUTSIDE = re.compile(
     r"|(?:^|[\s(\[,;])#[0-9]{1,4}\b(?!-)",  # "#19", "(#19)"; not an anchor such as "run-for-real.md#4-..."
     re.MULTILINE)
 
-# Files other work in progress rewrites; their citations are replaced once that work is merged. strict: a file
-# that becomes clean fails here until its entry is removed.
-PENDING = {
-    "plugins/kvfleet/airflow/triggers.py",
-}
-
-
 def _files() -> list[Path]:
     out: list[Path] = []
     for base in SCANNED:
@@ -57,14 +50,8 @@ def _citations(path: Path) -> list[str]:
 
 
 def test_no_outside_citations() -> None:
-    found = [c for p in FILES if str(p.relative_to(ROOT)) not in PENDING for c in _citations(p)]
+    found = [c for p in FILES for c in _citations(p)]
     assert found == [], "cite docs/reference/*.md or docs/architecture.md instead:\n" + "\n".join(found)
-
-
-@pytest.mark.parametrize("rel", sorted(PENDING))
-@pytest.mark.xfail(strict=True, reason="rewritten elsewhere; its citations are replaced after the merge")
-def test_pending_file_is_clean(rel: str) -> None:
-    assert _citations(ROOT / rel) == []
 
 
 def test_the_pattern_catches_what_it_must_and_spares_anchors_and_colours() -> None:

@@ -81,8 +81,9 @@ def test_parsing_a_dag_file_imports_no_heavy_module(path: Path) -> None:
     assert absent == [], f"{path.name}: loaded while parsing: {absent[:20]}"
     assert {m for m in new if m.startswith("kvfleet.")} <= {
         "kvfleet.airflow", "kvfleet.airflow.params", "kvfleet.airflow.callbacks", "kvfleet.airflow.operators",
-        # the drift watch's triggers (their Kubernetes/AWS/history imports happen in run(), in the triggerer)
-        "kvfleet.airflow.triggers",
+        # the drift watch's trigger (the inventory, the per-cluster watch and its clients load in run(), in the
+        # triggerer)
+        "kvfleet.airflow.triggers", "kvfleet.airflow.triggers.events", "kvfleet.airflow.triggers.fleet_watch",
         "kvfleet.fleet", "kvfleet.fleet.gates"}, sorted(m for m in new if m.startswith("kvfleet."))
     # The gates' notifier (callbacks.GateWaitingNotifier) imports kvfleet.airflow.notify (and the gate texts,
     # kvfleet.airflow.gates) when a gate starts waiting, never at parse time.

@@ -1,5 +1,6 @@
-"""kvfleet_drift_watch: one watched asset per inventory cluster (a ``KubeWatchTrigger`` in an ``AssetWatcher``),
-a run scoped to the clusters its asset events name, and the drift check's own task bodies doing the work."""
+"""kvfleet_drift_watch: one watched asset whose watcher (a ``FleetWatchTrigger`` in an ``AssetWatcher``) watches
+every inventory cluster, read by kvfleet's validator; a run scoped to the clusters its asset events name, and the
+drift check's own task bodies doing the work."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.airflow.triggers import KubeWatchTrigger, clusters_of_events, inventory_clusters, watch_errors_of_events
+from kvfleet.airflow.triggers.fleet_watch import clusters_of_events, watch_errors_of_events, watched_clusters
+from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
 
 pytestmark = pytest.mark.e2e
 
@@ -27,11 +29,11 @@ def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: A
         classpath, kwargs = trigger["classpath"], trigger["kwargs"]
     else:
         classpath, kwargs = trigger.serialize()
-    assert classpath == "kvfleet.airflow.triggers.FleetWatchTrigger"
+    assert classpath == "kvfleet.airflow.triggers.fleet_watch.FleetWatchTrigger"
     assert kwargs["fleet"] == DEFAULT_FLEET and kwargs["quiet_s"] == 15.0
     # What the watcher will watch, read in the triggerer: every cluster of the inventory, with its region.
     inventory = [(c["name"], c["region"]) for c in yaml.safe_load(example_fleet.read_text())["clusters"]]
-    assert [(n, r) for n, r, _ in inventory_clusters(str(example_fleet))] == inventory
+    assert [(c.name, c.region) for c in watched_clusters(str(example_fleet))] == inventory
     assert dag.get_task("summary").trigger_rule == "none_failed"
 
 

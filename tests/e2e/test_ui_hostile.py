@@ -165,43 +165,43 @@ def seed_hostile(history: Any) -> dict[str, Any]:
     """A run, a verification, a gate answered by a human, Curvine revisions and capacity, an open drift finding with
     a refused remediation and an advise report: every text field the views show carries markup."""
     from kvfleet.fleet import economics as E
-    from kvfleet.history.repo import StepEvent, StepKey
+    from kvfleet.history.keys import StepEvent, StepKey
 
     cluster, lob = H["cluster"], H["lob"]
     run_key = f"{H['dag']}/{H['run']}"
-    history.start_run(run_key, dag_id=H["dag"], run_id=H["run"], trigger=H["trigger"], triggered_by=H["who"],
+    history.runs.start(run_key, dag_id=H["dag"], run_id=H["run"], trigger=H["trigger"], triggered_by=H["who"],
                       params={})
     key = StepKey(run_key, H["task"], 0)
-    history.record_step(key, StepEvent(f"endpoint:{ENDPOINT}", H["stage"], H["outcome"], cluster=cluster,
+    history.runs.record_step(key, StepEvent(f"endpoint:{ENDPOINT}", H["stage"], "changed", cluster=cluster,
                                        endpoint=ENDPOINT, lob=lob, detail={"cr": H["outcome"]}))
-    history.record_verification(key, "verify:0", {
+    history.verifications.record(key, "verify:0", {
         "cluster": cluster, "endpoint": ENDPOINT, "lob": lob, "instance_type": H["instance"], "prompt_tokens": 2000,
         "hit_ratio": 0.5, "ttft_cold_ms": 600.0, "ttft_warm_ms": 300.0, "speedup": 2.0, "expected_speedup": 2.3,
         "verdict": H["verdict"], "diagnosis": H["diagnosis"]})
-    history.record_step(StepKey(run_key, "cluster.gate_0", 0), StepEvent(
-        "gate_response:cluster.gate_0", "gate", "approved", cluster=cluster,
+    history.runs.record_step(StepKey(run_key, "cluster.gate_0", 0), StepEvent(
+        "gate_response:cluster.gate_0", "gate", "continue", cluster=cluster,
         detail={"chosen": H["chosen"], "asked": "ask_review", "waves": [0]}), actor=H["who"])
-    history.record_curvine_release(cluster=cluster, namespace="curvine", release=H["release"], revision=1,
+    history.curvine.record(cluster=cluster, namespace="curvine", release=H["release"], revision=1,
                                    chart_version=H["chart"], status=H["rstatus"],
                                    flags={"formatMaster": True, "formatWorker": False, "formatJournal": None},
                                    values={}, run_key=run_key, helm_updated="2026-11-30 10:01:00")
-    history.record_capacity(run_key=run_key, step=H["step"], cluster=cluster, phase=H["phase"],
+    history.curvine.record_capacity(run_key=run_key, step=H["step"], cluster=cluster, phase=H["phase"],
                             overview={"capacity": 100 * 2**30, "fs_used": 2**30, "live_workers": 1,
                                       "lost_workers": 0, "files_total": 1, "dir_total": 1})
     finding = {"fingerprint": f"fp:{H['kind']}", "kind": H["kind"], "severity": H["severity"],
                "object_ref": H["object"], "field": H["field"], "expected": H["expected"], "actual": H["actual"],
                "lob": lob, "endpoint": ENDPOINT}
-    history.sync_findings(cluster, [finding], run_key)
-    history.record_remediation(finding["fingerprint"], {"action": H["action"], "outcome": H["remedy"]})
+    history.drift.sync(cluster, [finding], run_key)
+    history.drift.record_remediation(finding["fingerprint"], {"action": H["action"], "outcome": H["remedy"]})
     traffic = E.EndpointTraffic(endpoint=ENDPOINT, instance_type="ml.g5.4xlarge",
                                 lengths=[E.LengthBucket(2600.0, 200.0)], window_s=3600.0, reuse_ratio=0.8)
     advice = {**E.advise_endpoint(traffic).as_dict(), "verdict": H["adv_verdict"], "arithmetic": [H["arith"]],
               "assumptions": [H["assume"]], "lengths": [{"tokens": 2600.0, "requests": 200.0}], "lob": lob}
-    history.record_step(StepKey(run_key, "advise", 0), StepEvent(f"advise:{cluster}", "advise", "reported",
+    history.runs.record_step(StepKey(run_key, "advise", 0), StepEvent(f"advise:{cluster}", "advise", "reported",
                                                                  cluster=cluster, detail={
         "verdicts": {ENDPOINT: H["adv_verdict"]}, "endpoints": [advice], "errors": [H["adv_error"]],
         "capacity": {"recommendation": H["capacity"], "add_workers": 1, "arithmetic": [H["arith"]]}}))
-    history.end_run(run_key, H["rstatus"], {})
+    history.runs.end(run_key, H["rstatus"], {})
     return {"run_key": run_key}
 
 

@@ -53,6 +53,7 @@ GROUP = "kvfleet"
 PATCH_CLUSTER, KYVERNO_CLUSTER = "ml-prod-use1", "ml-stage-usw2"
 ENDPOINT = "retail-assistant"
 # Grants the replay cannot reach, each with the code path that needs it.
+WATCH = "airflow/triggers/kube_watch.py KubeWatchTrigger: the drift watch (its rules: fleet/watch_rules.py)"
 UNREACHED = {
     ("kvfleet:cluster", "", "namespaces", "create"):
         "stages/endpoints.py apply_iec: creates an endpoint namespace that endpoint-namespaces.yaml did not "
@@ -63,11 +64,10 @@ UNREACHED = {
         "stages/curvine_upgrade.py replace_stuck_pods: a rollback after a failed upgrade (the replay's succeeds)",
     # The drift watch runs in Airflow's triggerer, not in the replayed tasks; tests/integration/test_triggers.py
     # runs it against the twin, which enforces these same files.
-    ("kvfleet:cluster", "", "pods", "watch"): "airflow/triggers.py KubeWatchTrigger: the drift watch",
-    ("kvfleet:cluster", "apps", "deployments", "watch"): "airflow/triggers.py KubeWatchTrigger: the drift watch",
-    ("kvfleet:cluster", "inference.sagemaker.aws.amazon.com", "inferenceendpointconfigs", "watch"):
-        "airflow/triggers.py KubeWatchTrigger: the drift watch",
-    ("kvfleet:curvine-namespace", "", "secrets", "watch"): "airflow/triggers.py KubeWatchTrigger: the drift watch",
+    ("kvfleet:cluster", "", "pods", "watch"): WATCH,
+    ("kvfleet:cluster", "apps", "deployments", "watch"): WATCH,
+    ("kvfleet:cluster", "inference.sagemaker.aws.amazon.com", "inferenceendpointconfigs", "watch"): WATCH,
+    ("kvfleet:curvine-namespace", "", "secrets", "watch"): WATCH,
 }
 # Not seen by the emulator: EKS's authenticator calls it with the presigned URL of kvfleet's bearer token.
 TOKEN_ACTIONS = {"sts:GetCallerIdentity"}

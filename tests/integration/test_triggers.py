@@ -1,10 +1,11 @@
-"""kvfleet's triggers (``kvfleet.airflow.triggers``) run as the triggerer runs them: ``run()`` on an asyncio loop,
+"""kvfleet's triggers (the ``kvfleet.airflow.triggers`` package) run as the triggerer runs them: ``run()`` on an asyncio loop,
 against the sandbox (AWS emulator, Kubernetes API emulator with watch) and the embedded PostgreSQL.
 
 Each trigger: re-created from ``serialize()`` it is the same trigger; it waits while waiting is right, ends with
 one ``success`` event when the thing is ready, and with an ``error`` event at once on a terminal state. The watch
-fires on a change made by hand with the real ``kubectl`` and not on one carrying kvfleet's change id, and a watch
-re-created from its checkpoint resumes from its last resourceVersion.
+fires on a change made by hand with the real ``kubectl``, even one stamped with an annotation that claims to be
+kvfleet's, and a watch re-created from its checkpoint resumes from its last resourceVersion. (The watch's pure
+rules are tested alone in ``tests/unit/test_watch_rules.py``.)
 
 The ``timeout`` of ``_first_event`` is a guard against a hang, not a timed assertion."""
 
@@ -25,14 +26,12 @@ from typing import Any
 
 import pytest
 
-from kvfleet.airflow import triggers
-from kvfleet.airflow.triggers import (
-    OWN_CHANGE_ANNOTATION,
-    ClusterReadyTrigger,
-    KubeReadyTrigger,
-    KubeWatchTrigger,
-    LeaseFreeTrigger,
-)
+from kvfleet.airflow.triggers import fleet_watch, kube_watch
+from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger
+from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
+from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
+from kvfleet.airflow.triggers.readiness import ClusterReadyTrigger, KubeReadyTrigger
+from kvfleet.fleet import watch_rules
 from kvfleet.fleet.inventory import Inventory, load_inventory
 
 pytestmark = pytest.mark.integration
@@ -49,7 +48,7 @@ def _inventory() -> Inventory:
 
 
 def rbac_with_watch(target: Path) -> Path:
-    """k8s/rbac with the grants the drift watch needs (``triggers.RBAC_*_RULES``) added to kvfleet's
+    """k8s/rbac with the grants the drift watch needs (``watch_rules.RBAC_*_RULES``) added to kvfleet's
     ClusterRoles: the change proposed for k8s/rbac, applied to this module's sandbox only."""
     import shutil
 
@@ -65,9 +64,9 @@ def rbac_with_watch(target: Path) -> Path:
             name = doc.get("metadata", {}).get("name")
             # k8s/rbac must already grant what the watch declares: nothing is added, the shipped files are tested
             if doc.get("kind") == "ClusterRole" and name == "kvfleet:cluster":
-                _assert_granted(doc["rules"], triggers.RBAC_CLUSTER_RULES, name)
+                _assert_granted(doc["rules"], watch_rules.RBAC_CLUSTER_RULES, name)
             if doc.get("kind") == "ClusterRole" and name == "kvfleet:curvine-namespace":
-                _assert_granted(doc["rules"], triggers.RBAC_CURVINE_NAMESPACE_RULES, name)
+                _assert_granted(doc["rules"], watch_rules.RBAC_CURVINE_NAMESPACE_RULES, name)
         (target / path.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return target
 
@@ -161,9 +160,10 @@ def test_every_trigger_is_recreated_from_its_plain_serialized_kwargs() -> None:
             KubeReadyTrigger("c1", "us-east-1", check="ai_toolkit", args={"mode": "Enable", "nodes": 16},
                              aws_conn_id="aws_x", timeout_s=600),
             KubeWatchTrigger("c1", "us-east-1", quiet_s=3, resource_versions={"Deployment": "42"})]
-    for trigger in made:
+    modules = ["lease", "readiness", "readiness", "kube_watch"]
+    for trigger, module in zip(made, modules, strict=True):
         classpath, _ = trigger.serialize()
-        assert classpath.startswith("kvfleet.airflow.triggers.")
+        assert classpath == f"kvfleet.airflow.triggers.{module}.{type(trigger).__name__}"
         _roundtrip(trigger)
     # The deadline is wall-clock from the first defer: a trigger re-created after a restart keeps it.
     again = _roundtrip(made[0])
@@ -321,20 +321,22 @@ def _ep(fleet: Any, name: str) -> Any:
     return next(e for e in fleet.inventory.endpoints if e.cluster == PROD and e.name == name)
 
 
-def test_watch_fires_once_on_a_kubectl_patch_by_hand_and_not_on_kvfleets_own_change(fleet: Any) -> None:
-    own, by_hand = _ep(fleet, "retail-assistant"), _ep(fleet, "payments-disputes")
+def test_watch_fires_once_on_kubectl_edits_by_hand_even_one_stamped_as_kvfleets_change(fleet: Any) -> None:
+    """An annotation an editor writes (here the ``kvfleet.io/change-id`` a former version trusted) does not hide
+    the edit: only the field manager the API server records tells kvfleet's own writes apart."""
+    stamped, by_hand = _ep(fleet, "retail-assistant"), _ep(fleet, "payments-disputes")
     trigger = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
 
     def both() -> None:
-        # kvfleet's write carries a new change id (here on an annotation the operator does not render: an env
-        # patch would be re-rendered away by the running operator, itself a change); the hand patch does not.
-        _kubectl(fleet, "-n", own.namespace, "annotate", "deployment", own.name, "--overwrite",
-                 f"{OWN_CHANGE_ANNOTATION}=t/run-{uuid.uuid4().hex[:6]}", "kvfleet.io/original-strategy=rolling")
+        # an annotation the operator does not render (an env patch would be re-rendered away by the running
+        # operator, itself a change)
+        _kubectl(fleet, "-n", stamped.namespace, "annotate", "deployment", stamped.name, "--overwrite",
+                 f"kvfleet.io/change-id=t/run-{uuid.uuid4().hex[:6]}", "kvfleet.io/original-strategy=rolling")
         _patch_env(fleet, by_hand, "by-hand-1")()
 
     event = _first_event(trigger, both, ready=trigger.ready)
     assert event["status"] == "changed" and event["cluster"] == PROD, event
-    assert event["objects"] == [f"Deployment:{by_hand.namespace}/{by_hand.name}"]
+    assert event["objects"] == sorted(f"Deployment:{e.namespace}/{e.name}" for e in (stamped, by_hand)), event
     assert set(event["resource_versions"]) == {"InferenceEndpointConfig", "Deployment", "Pod", "Secret"}
 
 
@@ -386,8 +388,6 @@ def test_watch_as_the_triggerer_restarts_it_resumes_from_the_asset_state_store(f
 
 def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: Any, tmp_path: Path) -> None:
     """One trigger for the DAG's asset: a watch per inventory cluster, each event naming its cluster."""
-    from kvfleet.airflow.triggers import FleetWatchTrigger
-
     ep = _ep(fleet, "payments-disputes")
     trigger = _roundtrip(FleetWatchTrigger(str(ROOT / "fleet.example.yaml"), aws_conn_id=None, quiet_s=0.5,
                                            watch_timeout_s=30))
@@ -411,10 +411,8 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
     within the list's timeout; whether the watch starts fresh or resumes a watermark a previous triggerer saved)
     is one ``error`` event naming the cluster, not a silent end and not one per retry; once the API server answers
     again the cluster is watched again: a change made by hand fires."""
-    from kvfleet.airflow.triggers import FleetWatchTrigger
-
     monkeypatch.setattr(FleetWatchTrigger, "RETRY_BASE_S", 0.05)
-    monkeypatch.setattr(triggers, "LIST_TIMEOUT_S", 0.5)  # below the stall's 3 s
+    monkeypatch.setattr(kube_watch, "LIST_TIMEOUT_S", 0.5)  # below the stall's 3 s
     fault, says = OUTAGES[outage]
     ep = _ep(fleet, "payments-disputes")
     store = _AssetStore()
@@ -489,42 +487,14 @@ def test_watch_refused_by_rbac_is_an_error_event_naming_the_grant() -> None:
     def put(item: tuple[str, str, Any]) -> None:
         refused.append(item)
 
-    watcher = triggers._Watcher(triggers.streams()[0], None, "1", put, 5)
+    watcher = kube_watch._Watcher(kube_watch.streams()[0], None, "1", put, 5)
     assert watcher._failed(ApiException(status=403, reason="Forbidden")) is True  # the stream stops
     assert refused == [("InferenceEndpointConfig", "FAILED", {"status": 403, "reason": "Forbidden"})]
     trigger = KubeWatchTrigger(PROD, "us-east-1")
-    kinds = {s.kind: s for s in triggers.streams()}
-    event = trigger._judge(refused[0], kinds, {}, triggers.Burst())
+    kinds = {s.kind: s for s in kube_watch.streams()}
+    event = trigger._judge(refused[0], kinds, {}, watch_rules.Burst())
     assert event is not None and event.payload["status"] == "error"
     assert "HTTP 403" in event.payload["message"] and "RBAC" in event.payload["message"]
-
-
-def test_fingerprint_ignores_status_and_controller_annotations_and_sees_spec_labels_and_annotations() -> None:
-    base = {"metadata": {"name": "d", "labels": {"a": "1"}, "annotations": {"x": "1"}}, "spec": {"replicas": 2},
-            "status": {"readyReplicas": 1}}
-    same = json.loads(json.dumps(base))
-    same["status"]["readyReplicas"] = 2
-    same["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "7"
-    assert triggers.fingerprint(base, ("spec",)) == triggers.fingerprint(same, ("spec",))
-    for path in (("spec", "replicas"), ("metadata", "labels"), ("metadata", "annotations")):
-        other = json.loads(json.dumps(base))
-        other[path[0]][path[1]] = 3 if path[1] == "replicas" else {"changed": "yes"}
-        assert triggers.fingerprint(base, ("spec",)) != triggers.fingerprint(other, ("spec",)), path
-
-
-def test_own_change_is_told_by_field_manager_or_a_new_change_id() -> None:
-    def obj(manager: str | None = None, change: str | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"annotations": {OWN_CHANGE_ANNOTATION: change} if change else {}}
-        if manager:
-            meta["managedFields"] = [{"manager": "kube-controller-manager", "time": "2026-01-01T00:00:00Z"},
-                                     {"manager": manager, "time": "2026-01-01T00:00:01Z"}]
-        return {"metadata": meta}
-
-    assert triggers.is_own_change(None, obj("kvfleet"))
-    assert not triggers.is_own_change(None, obj("kubectl-patch"))
-    assert triggers.is_own_change(obj(change="r1"), obj(change="r2"))
-    # A later hand edit keeps kvfleet's old change id: it is not kvfleet's.
-    assert not triggers.is_own_change(obj(change="r1"), obj(change="r1"))
 
 
 def test_two_failures_are_the_same_trouble_when_their_type_and_status_class_match() -> None:
@@ -532,11 +502,11 @@ def test_two_failures_are_the_same_trouble_when_their_type_and_status_class_matc
     refusal after it, or an unreachable endpoint, is another (and so is reported)."""
     from kubernetes.client.exceptions import ApiException
 
-    key = triggers._cause_key
+    key = fleet_watch.cause_key
     assert key(ApiException(status=500, reason="Internal Server Error")) == key(
         ApiException(status=503, reason="Service Unavailable"))
     assert key(ApiException(status=503)) != key(ApiException(status=403))
     assert key(ConnectionError("connect to 10.0.0.1:443 failed")) == key(ConnectionError("connect to 10.0.0.2:443 failed"))
     assert key(ConnectionError("refused")) != key(TimeoutError("refused"))
-    assert triggers._failure(ApiException(status=503, reason="Service Unavailable")) == (
+    assert fleet_watch.one_line(ApiException(status=503, reason="Service Unavailable")) == (
         "ApiException: HTTP 503 Service Unavailable")

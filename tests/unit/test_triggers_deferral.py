@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kvfleet.airflow.triggers import LeaseFreeTrigger
+from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvfleet.airflow.triggers import next_or_none
+from kvfleet.airflow.triggers.kube_watch import next_or_none
 
 
 async def _watch_loop(queue: asyncio.Queue[int], seen: list[int | None]) -> None:

@@ -6,8 +6,9 @@ what they know into it; whatever escapes unclassified is classified here, so no 
 
 - ``PermanentError`` (bad input, a refused gate, a terminal cloud state): ``AirflowFailException``, no retry;
 - ``TemporaryError``: re-raised, and retried no sooner than its ``delay`` (below);
-- a 409, 429 or 5xx from Kubernetes or AWS, a timeout, a connection refused or reset, a database connection
-  lost: a ``TemporaryError`` (the stages are idempotent: the retry observes again);
+- a 409, 429 or 5xx from Kubernetes or AWS, a call without an answer (``clients.transient``: a timeout, a
+  connection refused or reset), a database connection lost: a ``TemporaryError`` (the stages are idempotent: the
+  retry observes again);
 - bad input that is not a kvfleet error (a missing file, unreadable YAML, a Param that fails validation):
   permanent, its message kept;
 - anything else: permanent, as ``unexpected <type>: <message>``, with the traceback in the task log — a bug or an
@@ -38,13 +39,11 @@ from __future__ import annotations
 import enum
 import functools
 import logging
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar
 
-import urllib3
 from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import (
     AirflowFailException,
@@ -53,13 +52,13 @@ from airflow.sdk.exceptions import (
     AirflowSkipException,
     DownstreamTasksSkipped,
 )
-from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import ClientError
 from kubernetes.client.exceptions import ApiException
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from kvfleet.clients.hyperpod import classify as classify_aws
 from kvfleet.clients.kube import StopRequested, api_error
+from kvfleet.clients.transient import is_network_error
 from kvfleet.errors import PermanentError, TemporaryError
 
 if TYPE_CHECKING:
@@ -70,11 +69,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 TRANSIENT_DELAY_S = 10.0  # a foreign transient error carries no delay of its own
-# Calls that got no answer: the outcome is unknown, the retry observes again.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    ConnectionError, TimeoutError, subprocess.TimeoutExpired, urllib3.exceptions.ProtocolError,
-    urllib3.exceptions.MaxRetryError, urllib3.exceptions.TimeoutError, BotoConnectionError, ConnectionClosedError,
-    ReadTimeoutError)
 # Bad input that is not (yet) a kvfleet error: retrying reads the same input again.
 BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, IsADirectoryError, PermissionError)
 # Airflow's control flow: the task asks Airflow for an outcome; not an error to classify.
@@ -126,7 +120,7 @@ def classify(exc: BaseException, what: str = "task") -> Verdict:
         if isinstance(typed, TemporaryError):
             return Verdict(Kind.TEMPORARY, str(typed), typed.delay)
         return Verdict(Kind.PERMANENT, str(typed))
-    if isinstance(exc, NETWORK_ERRORS) or _database_lost(exc):
+    if is_network_error(exc) or _database_lost(exc):  # no answer: the outcome is unknown
         return Verdict(Kind.TEMPORARY, f"{what}: no answer ({type(exc).__name__}: {str(exc)[:300]}); the retry "
                                        "observes the live state again", TRANSIENT_DELAY_S)
     return Verdict(Kind.UNEXPECTED, f"{what}: unexpected {type(exc).__name__}: {str(exc)[:500]} (not retried: a "

@@ -158,7 +158,7 @@ LEASE_RECHECK_S = 300.0  # a deferred lease wait resumes this often to ask Airfl
 
 def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: float, *,
                    names: list[str] | None = None) -> Any:
-    from kvfleet.airflow.triggers import LeaseFreeTrigger
+    from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
 
     return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(poll_seconds() * 5, 10), timeout_s=req.lock_wait_s,
                             started_at=since, names=names, exact_holder=names is not None,
@@ -308,7 +308,7 @@ def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[st
 def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], state: dict[str, Any]) -> NoReturn:
     """Defer for a wait a stage handed back (``stages.base.Pending``): ``ClusterReadyTrigger`` for the cluster or
     an add-on, ``KubeReadyTrigger`` for a readiness check."""
-    from kvfleet.airflow.triggers import ClusterReadyTrigger, KubeReadyTrigger
+    from kvfleet.airflow.triggers.readiness import ClusterReadyTrigger, KubeReadyTrigger
 
     cl = ctx.cluster
     wait = f"stage:{pending.wait}"
@@ -336,7 +336,7 @@ def _defer_while_addons_move(ctx: StageContext, resume: dict[str, Any], state: d
     to a moving add-on is refused). Read-only calls; a terminal state is left to the stage (it fails at once with
     the service's message). Stage 1 needs no such look: its ``act`` hands back a ``before:cluster`` wait itself
     when the cluster is not InService."""
-    from kvfleet.airflow.triggers import ClusterReadyTrigger
+    from kvfleet.airflow.triggers.readiness import ClusterReadyTrigger
     from kvfleet.fleet import constants as C
 
     cl = ctx.cluster

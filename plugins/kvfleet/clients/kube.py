@@ -2,16 +2,19 @@
 
 HyperPod DescribeCluster -> ``Orchestrator.Eks.ClusterArn`` -> EKS DescribeCluster (endpoint, CA) -> an EKS
 bearer token (a presigned STS GetCallerIdentity URL carrying ``x-k8s-aws-id``, as ``aws eks get-token`` makes)
--> the official Kubernetes client. ``write_kubeconfig`` gives helm and kubectl the same credentials.
+-> the official Kubernetes client, over TLS verified with that CA (``cluster_ca``: a cluster that reports none is
+refused, the token never sent unverified). ``write_kubeconfig`` gives helm and kubectl the same credentials.
 
 Called by every stage that touches Kubernetes, by ``clients.helm`` (kubeconfig), ``clients.inference`` and
 ``clients.curvine`` (pod proxy). API errors become kvfleet's error model: 404 is ``None`` where a lookup is
-asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message.
+asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message; a call
+without an answer (``clients.transient``) is a ``TemporaryError``, a certificate that fails verification permanent.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import logging
 import os
@@ -22,12 +25,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import urllib3
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients import aws
+from kvfleet.clients.transient import certificate_refused, is_network_error
 from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -60,16 +63,23 @@ def api_error(exc: ApiException, what: str) -> Exception:
     return PermanentError(text)
 
 
-# A connection dropped without an answer, refused, reset or timed out: the API server may or may not have applied
-# a write, so the reconciler observes again on retry (every stage is idempotent). Temporary, never a raw traceback.
-NETWORK_ERRORS: tuple[type[BaseException], ...] = (
-    urllib3.exceptions.ProtocolError, urllib3.exceptions.MaxRetryError, urllib3.exceptions.TimeoutError,
-    ConnectionError, TimeoutError)
-
-
 def network_error(exc: BaseException, what: str) -> TemporaryError:
+    """A connection dropped without an answer, refused, reset or timed out (``clients.transient``): the API server
+    may or may not have applied a write, so the reconciler observes again on retry (every stage is idempotent).
+    Temporary, never a raw traceback."""
     return TemporaryError(f"{what}: the Kubernetes API did not answer ({type(exc).__name__}: "
                           f"{str(exc)[:200]}); retrying observes the live state again", delay=5)
+
+
+def transport_error(exc: BaseException, what: str) -> KvfleetError | None:
+    """A call that failed below HTTP, in kvfleet's error model: no answer (``clients.transient``) is temporary; an
+    API server whose certificate the cluster's CA does not sign is permanent (every retry fails the same way).
+    None for anything else (re-raised as it is)."""
+    if certificate_refused(exc):
+        return PermanentError(f"{what}: the Kubernetes API server's certificate failed verification with the "
+                              f"cluster's CA ({str(exc)[:200]}); kvfleet does not send its token unverified. "
+                              "Check the cluster's endpoint and certificateAuthority (EKS DescribeCluster)")
+    return network_error(exc, what) if is_network_error(exc) else None
 
 
 def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
@@ -77,8 +87,11 @@ def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
         return fn(*args, **kwargs)
     except ApiException as exc:
         raise api_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
-    except NETWORK_ERRORS as exc:
-        raise network_error(exc, what or getattr(fn, "__name__", "kubernetes call")) from exc
+    except Exception as exc:
+        typed = transport_error(exc, what or getattr(fn, "__name__", "kubernetes call"))
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -88,33 +101,64 @@ def get_or_none(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         if exc.status == 404:
             return None
         raise api_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
-    except NETWORK_ERRORS as exc:
-        raise network_error(exc, getattr(fn, "__name__", "kubernetes get")) from exc
+    except Exception as exc:
+        typed = transport_error(exc, getattr(fn, "__name__", "kubernetes get"))
+        if typed is None:
+            raise
+        raise typed from exc
+
+
+def cluster_ca(what: str, endpoint: str, ca_data: str | None) -> bytes:
+    """The PEM of the CA that signs ``what``'s API server certificate, from EKS's ``certificateAuthority.data``
+    (base64). kvfleet sends a bearer token to the API server, so it talks to it only over TLS it verifies: an
+    endpoint that is not ``https://`` or a cluster that reports no CA (or one that is not base64) is a
+    ``PermanentError`` naming the cluster, never a connection without verification."""
+    if not endpoint.startswith("https://"):
+        raise PermanentError(f"{what}: the API server endpoint {endpoint[:200]!r} is not https://; kvfleet sends "
+                             "its token over verified TLS only. Check the cluster's endpoint (EKS DescribeCluster)")
+    if not ca_data:
+        raise PermanentError(f"{what}: the cluster reports no certificate authority (EKS certificateAuthority.data "
+                             "is empty), so its API server cannot be verified; kvfleet does not send its token "
+                             "unverified. Check the EKS cluster (DescribeCluster) and try again once it reports one")
+    try:
+        pem = base64.b64decode(ca_data, validate=True)
+    except (binascii.Error, ValueError):
+        raise PermanentError(f"{what}: the cluster's certificate authority (EKS certificateAuthority.data) is not "
+                             "base64; kvfleet does not send its token unverified") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise PermanentError(f"{what}: the cluster's certificate authority (EKS certificateAuthority.data) holds "
+                             "no PEM certificate; kvfleet does not send its token unverified")
+    return pem
 
 
 class ClusterAccess:
-    """Clients for one EKS cluster, with a self-refreshing EKS token."""
+    """Clients for one EKS cluster, with a self-refreshing EKS token, over TLS verified with the cluster's CA
+    (``cluster_ca``: no CA, no access)."""
 
-    def __init__(self, *, eks_name: str, endpoint: str, ca_data: str | None, token_source: Callable[[], str]) -> None:
+    def __init__(self, *, eks_name: str, endpoint: str, ca_data: str | None, token_source: Callable[[], str],
+                 what: str | None = None) -> None:
+        pem = cluster_ca(what or f"EKS cluster {eks_name}", endpoint, ca_data)
         self.eks_name = eks_name
         self.endpoint = endpoint
         self._token_source = token_source
         self._token = ""
         self._token_at = 0.0
         self._lock = threading.Lock()
-        self._ca_file: str | None = None
-        if ca_data and endpoint.startswith("https://"):
-            fd, self._ca_file = tempfile.mkstemp(prefix="kvfleet-ca-", suffix=".pem")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(base64.b64decode(ca_data))
+        fd, self._ca_file = tempfile.mkstemp(prefix="kvfleet-ca-", suffix=".pem")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
         self.ca_data = ca_data
         cfg = k8s.Configuration()
         cfg.host = endpoint
-        cfg.verify_ssl = bool(self._ca_file)
+        cfg.verify_ssl = True
         cfg.ssl_ca_cert = self._ca_file
         # kubernetes 36 reads the key and its prefix under "BearerToken" (the old "authorization" key loses
         # its prefix there).
-        cfg.api_key = {"BearerToken": self.token()}
+        try:
+            cfg.api_key = {"BearerToken": self.token()}
+        except BaseException:
+            Path(self._ca_file).unlink(missing_ok=True)
+            raise
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.refresh_api_key_hook = self._refresh
         # The hourly verification probes up to 32 endpoints of a cluster at once (its max_parallel Param); the
@@ -141,7 +185,8 @@ class ClusterAccess:
             raise TemporaryError(f"EKS cluster {eks_name} has no endpoint yet (status {eks.get('status')})")
         return cls(eks_name=eks_name, endpoint=endpoint,
                    ca_data=(eks.get("certificateAuthority") or {}).get("data"),
-                   token_source=lambda: eks_token(hyperpod.sts, eks_name))
+                   token_source=lambda: eks_token(hyperpod.sts, eks_name),
+                   what=f"HyperPod cluster {cluster_name} (EKS cluster {eks_name})")
 
     def token(self) -> str:
         with self._lock:
@@ -154,9 +199,7 @@ class ClusterAccess:
         cfg.api_key = {"BearerToken": self.token()}
 
     def kubeconfig(self) -> dict[str, Any]:
-        cluster: dict[str, Any] = {"server": self.endpoint}
-        if self.ca_data and self.endpoint.startswith("https://"):
-            cluster["certificate-authority-data"] = self.ca_data
+        cluster: dict[str, Any] = {"server": self.endpoint, "certificate-authority-data": self.ca_data}
         return {
             "apiVersion": "v1", "kind": "Config", "current-context": self.eks_name,
             "clusters": [{"name": self.eks_name, "cluster": cluster}],
@@ -206,8 +249,7 @@ class ClusterAccess:
 
     def close(self) -> None:
         self.api_client.close()
-        if self._ca_file:
-            Path(self._ca_file).unlink(missing_ok=True)
+        Path(self._ca_file).unlink(missing_ok=True)
 
 
 class StopRequested(KvfleetError):

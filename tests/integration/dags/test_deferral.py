@@ -73,7 +73,7 @@ def test_a_contended_lease_and_the_bakes_wait_deferred_and_the_rollout_completes
     # While the other run held c-patch, the stages task was deferred on the lease trigger, not running.
     assert seen, f"cluster.stages never deferred: {ti_states.states('cluster.stages')}"
     assert seen["holder_then"] == OTHER
-    assert _classpath(seen["deferred"]) == "kvfleet.airflow.triggers.LeaseFreeTrigger"
+    assert _classpath(seen["deferred"]) == "kvfleet.airflow.triggers.lease.LeaseFreeTrigger"
     assert seen["deferred"]["next_method"] == "resume"
     assert seen["states_then"][-1] in ("deferred", "queued"), seen["states_then"]  # queued: dag.test's inline run
     stages = ti_states.states("cluster.stages")

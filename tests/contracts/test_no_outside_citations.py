@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [ROOT / "plugins", ROOT / "dags", ROOT / "docs", ROOT / "sandbox", ROOT / "tests", ROOT / "bench",
            ROOT / "README.md"]

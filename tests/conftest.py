@@ -37,8 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # below, in this state directory); airflow_env then names its writer and owner roles for every process.
     os.environ["KVFLEET_HISTORY_URL"] = "embedded"
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
-    from kvfleet.airflow.local_env import airflow_env
     from kvfleet.history.db import EmbeddedPostgres
+    from kvfleet_local.env import airflow_env
 
     pg = EmbeddedPostgres(tmp / "state").start()
     _state["pg"] = pg

@@ -4,6 +4,9 @@
 #   the sandbox (`kvfleet sandbox up`), a keeper holding the embedded PostgreSQL open (kvfleet history + Airflow
 #   metadata), and Airflow's api-server, scheduler, dag-processor and triggerer (LocalExecutor), with the
 #   execution API URL and one JWT secret shared by all of them; then prints the URL and the login.
+# Nothing listens beyond 127.0.0.1: the scheduler and the triggerer run without their log servers (Airflow 3.3
+# binds those to every interface, ports 8793/8794, and has no setting for their address); with the LocalExecutor
+# every task runs here and the api-server reads the log files from AIRFLOW_HOME/logs directly.
 # `tools/down.sh` (make down) stops them by those pid files. Settings (environment):
 #   KVFLEET_UP_PORT (8080), KVFLEET_FLEET (fleet.example.yaml), KVFLEET_STATE_DIR (./.state), KVFLEET_UP_USER (admin).
 set -euo pipefail
@@ -17,6 +20,9 @@ FLEET="$(cd "$ROOT" && realpath "${KVFLEET_FLEET:-fleet.example.yaml}")"
 USER_NAME="${KVFLEET_UP_USER:-admin}"
 export PATH="$ROOT/.tools/bin:$ROOT/.venv/bin:$PATH"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/kvfleet-runtime-$(id -u)}"
+# The history is the embedded PostgreSQL, by explicit choice (kvfleet does not fall back to it on its own); the
+# environment file written below then names the keeper's server by its URLs.
+export KVFLEET_HISTORY_URL=embedded
 mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 
 say() { printf '==> %s\n' "$*"; }
@@ -85,7 +91,7 @@ PASSWORD="$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))[sys.a
 "$PY" - "$UP" "$PORT" "$USER_NAME" >"$UP/env" <<'ENV'
 import shlex, sys
 from pathlib import Path
-from kvfleet.airflow.local_env import airflow_env
+from kvfleet_local.env import airflow_env
 
 class Ready:  # the keeper's server, seen through the URLs it wrote
     def __init__(self, up: Path) -> None:
@@ -144,9 +150,9 @@ start() {  # name, then the command; own process group (down signals the group),
 }
 say "starting Airflow on 127.0.0.1:$PORT"
 start api-server "$PY" -m airflow api-server --host 127.0.0.1 --port "$PORT" --workers 1
-start scheduler "$PY" -m airflow scheduler
+start scheduler "$PY" -m airflow scheduler --skip-serve-logs
 start dag-processor "$PY" -m airflow dag-processor
-start triggerer "$PY" -m airflow triggerer
+start triggerer "$PY" -m airflow triggerer --skip-serve-logs
 
 for _ in $(seq 1 300); do
   if "$PY" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$PORT/api/v2/monitor/health', timeout=2)" 2>/dev/null; then

@@ -1,4 +1,4 @@
-"""The `kvfleet` command: validate, plan, audit, db, sandbox, demo.
+"""The `kvfleet` command: validate, plan, audit, db, sandbox.
 
 Entry point declared in pyproject.toml. Every subcommand works without Airflow running; `audit` and `db` use
 the history database (embedded PostgreSQL when none is configured). Exit codes: 0 ok, 2 invalid input
@@ -628,10 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("sandbox_args", nargs=argparse.REMAINDER)
     sb.set_defaults(func=cmd_sandbox)
 
-    dm = sub.add_parser("demo", help="start the sandbox and embedded PostgreSQL, run kvfleet_rollout, print results")
-    dm.add_argument("--fleet", default=DEFAULT_FLEET)
-    dm.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
-    dm.set_defaults(func=lambda ns: __import__("kvfleet.demo", fromlist=["run"]).run(ns))
     return p
 
 
@@ -665,9 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
     # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.
-    # The sandbox and demo commands print their own progress and keep stdout.
+    # The sandbox command prints its own progress and keeps stdout.
     quiet = args.command in ("validate", "audit", "db", "gate") or (
-        bool(getattr(args, "json", False)) and args.command not in ("sandbox", "demo"))
+        bool(getattr(args, "json", False)) and args.command != "sandbox")
     if quiet:
         _STDOUT.append(sys.stdout)
         sys.stdout = sys.stderr

@@ -1,7 +1,8 @@
 """The running sandbox: one AWS emulator, one Kubernetes API per inventory cluster, controllers attached.
 
 Called from ``kvfleet sandbox up`` (through :mod:`kvfleet_sandbox.cli`, in a detached child or in the
-foreground), from ``kvfleet demo`` and from the integration-test fixtures (``tests/integration/conftest.py``).
+foreground), from the demo (``kvfleet_local.demo``, as a process) and from the integration-test fixtures
+(``tests/integration/conftest.py``).
 It turns an inventory into the fleet a platform team would already have *before* kvfleet touches it:
 
 - per cluster, a :class:`KubeStore` served by a :class:`KubeApiServer` on 127.0.0.1, pre-filled with what a

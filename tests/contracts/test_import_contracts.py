@@ -7,6 +7,8 @@ including the ones inside functions, which import-linter's static graph also see
 - product code never imports ``sandbox``; ``sandbox`` imports only ``kvfleet.fleet.constants``, the inventory model
   (``kvfleet.fleet.inventory_model``, through which the twin reads a fleet file) and ``kvfleet.paths`` of the
   product, and the inventory model itself reaches nothing of the product outside ``kvfleet.fleet``;
+- ``kvfleet_local`` (the demo and the local Airflow environment, in the twin's distribution) may use the product but
+  reaches the twin as a process only; neither the product nor the twin imports it;
 - there is no import cycle between kvfleet modules;
 - no module name shadows the standard library.
 """
@@ -22,10 +24,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "plugins" / "kvfleet"
 SANDBOX = ROOT / "sandbox" / "kvfleet_sandbox"
+LOCAL = ROOT / "sandbox" / "kvfleet_local"
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(SANDBOX.parent if path.is_relative_to(SANDBOX) else PKG.parent).with_suffix("")
+    rel = path.relative_to(SANDBOX.parent if path.is_relative_to(SANDBOX.parent) else PKG.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -33,7 +36,7 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    roots = [PKG, *(p for p in [SANDBOX] if p.exists())]
+    roots = [PKG, *(p for p in [SANDBOX, LOCAL] if p.exists())]
     return {_module_name(p): p for root in roots for p in root.rglob("*.py")}
 
 
@@ -62,7 +65,7 @@ def _imports(name: str, path: Path) -> set[str]:
                 mod = node.module or ""
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names)
-    return {m for m in out if m.split(".")[0] in ("kvfleet", "kvfleet_sandbox")}
+    return {m for m in out if m.split(".")[0] in ("kvfleet", "kvfleet_sandbox", "kvfleet_local")}
 
 
 MODULES = _modules()
@@ -74,6 +77,8 @@ def _layer(name: str) -> str:
     parts = name.split(".")
     if parts[0] == "kvfleet_sandbox":
         return "sandbox"
+    if parts[0] == "kvfleet_local":
+        return "local"
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -120,6 +125,14 @@ def test_what_the_sandbox_imports_reaches_only_kvfleet_fleet() -> None:
     reached = set().union(*(_reachable(m) for m in SANDBOX_MAY_IMPORT[1:] if m in GRAPH))
     assert "kvfleet.fleet.yaml_safe" in reached  # the model reads through the bounded loader
     assert sorted(m for m in reached if not (m.startswith("kvfleet.fleet") or m == "kvfleet.paths")) == []
+
+
+def test_local_reaches_the_twin_as_a_process_and_nothing_imports_it() -> None:
+    assert "kvfleet_local.env" in RAW and "kvfleet_local.demo" in RAW
+    assert [f"{n} imports {d}" for n, deps in RAW.items() if _layer(n) == "local"
+            for d in deps if d.startswith("kvfleet_sandbox")] == []
+    assert [f"{n} imports {d}" for n, deps in RAW.items() if _layer(n) != "local"
+            for d in deps if d.startswith("kvfleet_local")] == []
 
 
 def _edges(v: str) -> set[str]:

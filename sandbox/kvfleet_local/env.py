@@ -1,4 +1,4 @@
-"""Environment for running Airflow locally on kvfleet's embedded PostgreSQL (the demo and the DAG tests).
+"""Environment for running Airflow locally on kvfleet's embedded PostgreSQL (the demo, `make up`, the test suite).
 
 Airflow reads its configuration from the environment at import time, so callers build this mapping first,
 export it, and only then import Airflow. Airflow's metadata lives in the embedded server's ``airflow``

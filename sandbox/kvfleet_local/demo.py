@@ -1,16 +1,17 @@
-"""`kvfleet demo` (what `make demo` runs): the main job, end to end, on one machine.
+"""`python -m kvfleet_local.demo` or `kvfleet-demo` (what `make demo` runs): the main job, end to end, on one machine.
 
 1. start the embedded PostgreSQL (kvfleet history + Airflow metadata) and the sandbox fleet;
 2. run `airflow dags test kvfleet_rollout` against the example inventory, exactly as a platform team would
    trigger it, with connections pointing at the sandbox;
 3. print the per-LOB summary, each cluster's Curvine workers and capacity, and `kvfleet audit runs`;
 4. stop everything it started.
+
+Not part of the kvfleet wheel: it lives in the twin's distribution (kvfleet-sandbox), beside the twin it drives.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -20,9 +21,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from kvfleet.airflow.local_env import airflow_env
 from kvfleet.history.db import EmbeddedPostgres
 from kvfleet.paths import state_dir
+from kvfleet_local.env import airflow_env
 
 
 def _step(msg: str) -> None:
@@ -54,9 +55,6 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def _sandbox_env(stack: ExitStack, fleet: Path, root: Path, keep: bool) -> dict[str, str]:
     """Start the sandbox as its own process (`kvfleet sandbox up`), as a user would, and read what it exports.
     kvfleet never imports the sandbox: it reaches it through the env file only, and stops it with `down`."""
-    if importlib.util.find_spec("kvfleet_sandbox") is None:
-        print("    (sandbox not available in this build: the rollout only plans)")
-        return {}
     state = root / "sandbox"
     sandbox_cli = [sys.executable, "-m", "kvfleet_sandbox.cli"]
     env = dict(os.environ)
@@ -148,3 +146,15 @@ def run(args: argparse.Namespace) -> int:
         _run([sys.executable, "-m", "kvfleet.cli", "audit", "runs"], env)
     print("\nall stopped. Re-run with `make demo`; query history with `kvfleet audit ...`.")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvfleet-demo", description="start the sandbox and an embedded "
+                                     "PostgreSQL, run kvfleet_rollout, print the results, stop everything")
+    parser.add_argument("--fleet", default=os.environ.get("KVFLEET_FLEET", "fleet.example.yaml"))
+    parser.add_argument("--keep", action="store_true", help="leave the sandbox running afterwards")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

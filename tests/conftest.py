@@ -33,6 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ["KVFLEET_STATE_DIR"] = str(tmp / "state")
+    # The DAG runs of the suite name the checkout's fleets and those the tests write under the temp directory.
+    os.environ["KVFLEET_FLEET_PATHS"] = os.pathsep.join([str(ROOT), tempfile.gettempdir()])
     os.environ.pop("KVFLEET_HISTORY_URL", None)
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
     from kvfleet.airflow.local_env import airflow_env

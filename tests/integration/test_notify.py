@@ -15,7 +15,8 @@ import boto3
 import pytest
 
 from kvfleet.airflow import notify
-from kvfleet.airflow.notify import NotifySettings, SettingError
+from kvfleet.airflow.notify import NotifySettings
+from kvfleet.settings import ConfigError
 from kvfleet_sandbox.aws import AwsEmulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -165,20 +166,20 @@ def test_nothing_configured_sends_nothing() -> None:
     ({"KVFLEET_NOTIFY_TIMEOUT_S": "600"}, ["KVFLEET_NOTIFY_TIMEOUT_S", "'600'", "from 1 to 60"]),
 ])
 def test_bad_settings_name_the_variable_value_and_range(env: dict[str, str], names: list[str]) -> None:
-    with pytest.raises(SettingError) as info:
-        NotifySettings.from_env(env)
+    with pytest.raises(ConfigError) as info:
+        NotifySettings.load(env)
     for name in names:
         assert name in str(info.value)
     assert "s3cret" not in str(info.value)
 
 
 def test_settings_from_env() -> None:
-    s = NotifySettings.from_env({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": "arn:aws:sns:eu-west-1:123456789012:kvfleet",
+    s = NotifySettings.load({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": "arn:aws:sns:eu-west-1:123456789012:kvfleet",
                                  "KVFLEET_NOTIFY_WEBHOOK_URL": "https://hooks.example.com/x",
                                  "KVFLEET_AIRFLOW_URL": "https://airflow.example.com/"})
     assert (s.region, s.aws_conn_id, s.timeout_s, s.enabled) == ("eu-west-1", "aws_default", 5.0, True)
     assert s.links.view("fleet") == "https://airflow.example.com/kvfleet/fleet"
-    assert not NotifySettings.from_env({"KVFLEET_AIRFLOW_URL": "x"}).enabled
+    assert not NotifySettings.load({"KVFLEET_AIRFLOW_URL": "https://airflow.example.com"}).enabled
 
 
 def test_a_bad_setting_turns_notifications_off_without_failing(monkeypatch: pytest.MonkeyPatch,
@@ -461,9 +462,9 @@ def test_an_operator_paused_past_its_threshold_is_named_and_a_refused_remediatio
 def test_global_always_copies_every_routed_event(routed_fleet: Any, emulator: AwsEmulator, topic: str,
                                                  receiver: Receiver) -> None:
     env = {"KVFLEET_NOTIFY_WEBHOOK_URL": receiver.url, "KVFLEET_NOTIFY_GLOBAL": "always"}
-    assert NotifySettings.from_env(env).global_always
-    with pytest.raises(SettingError, match="KVFLEET_NOTIFY_GLOBAL: 'sometimes' is not fallback or always"):
-        NotifySettings.from_env({**env, "KVFLEET_NOTIFY_GLOBAL": "sometimes"})
+    assert NotifySettings.load(env).global_always
+    with pytest.raises(ConfigError, match="KVFLEET_NOTIFY_GLOBAL='sometimes': .*allowed: fallback or always"):
+        NotifySettings.load({**env, "KVFLEET_NOTIFY_GLOBAL": "sometimes"})
     from kvfleet.fleet.inventory import load_inventory
 
     event = notify.Event("run_ended", "kvfleet test", "body")

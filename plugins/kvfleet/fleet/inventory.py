@@ -33,6 +33,7 @@ import yaml
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import hardware, models, yaml_safe
+from kvfleet.fleet.repo_rule import repo_url_problem
 
 MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
@@ -64,7 +65,6 @@ IMAGE_REF = re.compile(rf"^{_IMG_DOMAIN}?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
                        r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$")
 # A Hugging Face repo id: [owner/]name, letters, digits, '-', '_', '.'; no '--' or '..'; at most 96 characters.
 HF_PART = re.compile(r"^[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?$")
-REPO_URL = re.compile(r"^(https?)://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?(/[A-Za-z0-9._~%/+-]*)?$")
 # Characters helm's --set parser (pkg/strvals, FACTS §7.5) gives a meaning inside a value.
 HELM_SPECIAL = frozenset(",={}[]\\")
 # A host path kvfleet hands to helm and Kubernetes: absolute, plain characters only.
@@ -583,15 +583,10 @@ def _chart_version(r: _Reader, value: str, path: str, what: str) -> None:
 
 
 def _repo_url(r: _Reader, value: str, allow_http: bool, path: str) -> None:
-    if not value:
-        return
-    m = REPO_URL.fullmatch(value)
-    if not m:
-        r.problem(path, f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user "
-                  "name, query or spaces); use e.g. https://curvineio.github.io/helm-charts")
-    elif m.group(1) == "http" and not allow_http:
-        r.problem(path, f"{show(value)} is plain http: charts fetched over it can be altered in transit; use "
-                  "https://, or set allow_insecure_repo: true beside it for a repository you trust on your network")
+    problem = repo_url_problem(value, allow_http=allow_http, shown=show(value),
+                               allowance="set allow_insecure_repo: true beside it")
+    if problem:
+        r.problem(path, problem)
 
 
 def _curvine(r: _Reader, raw: dict[str, Any], path: str, gpu_nodes: int) -> CurvineSpec:

@@ -24,13 +24,15 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import (BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource,
+                               SettingsConfigDict)
 from pydantic_settings.sources.utils import parse_env_vars
 
 from kvfleet.errors import PermanentError
@@ -48,6 +50,8 @@ NOT_SETTINGS = frozenset({
 SNS_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
 PG_SCHEMES = re.compile(r"^postgres(ql)?(\+[a-z0-9_]+)?$")
 _warned: set[str] = set()
+# The mapping load_settings(env) reads instead of os.environ, for the duration of that call.
+_ENV: ContextVar[Mapping[str, str] | None] = ContextVar("kvfleet_settings_env", default=None)
 
 
 class ConfigError(PermanentError):
@@ -168,6 +172,17 @@ class Settings(BaseSettings):
     debug: bool = Field(False, description="The CLI prints the traceback of an unexpected error.",
                         json_schema_extra=_extra("paths", "true or false"))
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment only (no .env file, no secrets directory): ``load_settings``' mapping, else
+        ``os.environ``."""
+        env = _ENV.get()
+        return (init_settings, _EnvSource(settings_cls, os.environ if env is None else env))
+
     @field_validator("fleet_paths", mode="before")
     @classmethod
     def _split_paths(cls, value: Any) -> Any:
@@ -283,11 +298,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     bad variable; logs (once per process) each ``KVFLEET_`` variable that is no setting, with the nearest name."""
     env = os.environ if env is None else env
     warn_unknown(env)
+    token = _ENV.set(env)
     try:
-        return Settings.model_validate(_EnvSource(Settings, env)())
+        return Settings()
     except ValidationError as exc:
         problems = [_message(e, env) for e in exc.errors(include_url=False)]
         raise ConfigError("; ".join(problems)) from None
+    finally:
+        _ENV.reset(token)
 
 
 def unknown_variables(env: Mapping[str, str]) -> dict[str, str | None]:

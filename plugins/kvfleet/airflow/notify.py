@@ -259,10 +259,12 @@ def _post_webhook(event: Event, settings: NotifySettings) -> None:
     try:
         with _OPENER.open(request, timeout=settings.timeout_s) as response:
             status = int(response.status)
-    except urllib.error.HTTPError as exc:  # a 3xx (not followed), 4xx or 5xx
+    except urllib.error.HTTPError as exc:
         exc.close()
-        raise RuntimeError(f"{_safe_url(settings.webhook_url)} answered HTTP {exc.code}, not 2xx (redirects are "
-                           "not followed)") from None
+        if 300 <= exc.code < 400:
+            raise RuntimeError(f"{_safe_url(settings.webhook_url)} answered HTTP {exc.code}, a redirect: not "
+                               "followed (point the webhook at its final URL)") from None
+        raise
     if not 200 <= status < 300:
         raise RuntimeError(f"{_safe_url(settings.webhook_url)} answered HTTP {status}, not 2xx")
 

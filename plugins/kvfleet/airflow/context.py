@@ -134,9 +134,8 @@ def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = ()
     handler (waits end promptly), and lease liveness from Airflow."""
     from kvfleet.clients.kube import install_sigterm_handler
     from kvfleet.history.repo import History
-    from kvfleet.stages.base import StageContext
-
     from kvfleet.settings import load_settings
+    from kvfleet.stages.base import StageContext
 
     info = run_info()
     settings = load_settings()

@@ -236,6 +236,10 @@ class Settings(BaseSettings):
         """``fleet`` (a DAG run's ``fleet`` Param) when it is one of, or inside, :attr:`allowed_fleet_paths`; else
         a ConfigError naming the value, the allowed paths and the fix. Symbolic links are resolved first."""
         allowed = self.allowed_fleet_paths
+        if any(a == Path(a.anchor) for a in allowed):  # e.g. a relative KVFLEET_FLEET in a worker whose cwd is /
+            raise ConfigError(f"{PREFIX}FLEET_PATHS: the allowed inventory paths ({', '.join(map(str, allowed))}) "
+                              f"include the filesystem root, which allows every file; set {PREFIX}FLEET_PATHS to "
+                              f"the inventories' directory, or {PREFIX}FLEET to an absolute path")
         path = Path(str(fleet)).expanduser().resolve()
         if any(path == a or path.is_relative_to(a) for a in allowed):
             return str(fleet)

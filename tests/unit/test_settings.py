@@ -184,6 +184,16 @@ def test_a_run_may_name_only_the_configured_inventory_paths(tmp_path: Path) -> N
     assert listed.allowed_fleet_paths == (fleets.resolve(), other.resolve())
 
 
+def test_the_filesystem_root_is_never_an_allowed_inventory_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative KVFLEET_FLEET in a worker whose working directory is / would otherwise allow every file."""
+    monkeypatch.chdir("/")
+    s = load_settings({"KVFLEET_FLEET": "fleet.yaml"})
+    with pytest.raises(ConfigError, match="include the filesystem root, which allows every file"):
+        s.check_fleet_path("/etc/passwd")
+    with pytest.raises(ConfigError, match="filesystem root"):
+        load_settings({"KVFLEET_FLEET_PATHS": "/srv/fleet:/"}).check_fleet_path("/srv/fleet/a.yaml")
+
+
 def test_a_dag_task_refuses_a_fleet_param_outside_the_paths(monkeypatch: pytest.MonkeyPatch, example_fleet: Path,
                                                             tmp_path: Path) -> None:
     from kvfleet.airflow.context import scoped, scoped_inventory

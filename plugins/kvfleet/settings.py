@@ -72,10 +72,10 @@ def _http_url(value: str, what: str) -> str:
         return value
     try:
         parts = urlsplit(value)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:  # a port over 65535 or not a number
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or " " in value:
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # a port over 65535 or not a number, an unclosed IPv6 bracket
+        ok = False
+    if not ok or " " in value:
         raise ValueError(f"is not {what}")
     return value
 

@@ -35,6 +35,7 @@ def test_defaults_without_any_variable() -> None:
      ["KVFLEET_NOTIFY_WEBHOOK_URL='https://hooks.example.com:99999/…'", "port from 1 to 65535"]),
     ({"KVFLEET_HISTORY_URL": "mysql://writer:pa55word@db.example.com/kvfleet"},
      ["KVFLEET_HISTORY_URL='mysql://db.example.com/…'", "`embedded` or a postgresql:// URL"]),
+    ({"KVFLEET_AIRFLOW_URL": "http://[::1/"}, ["KVFLEET_AIRFLOW_URL='http://[::1/'", "http(s)://"]),
     ({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": "kvfleet-topic"}, ["KVFLEET_NOTIFY_SNS_TOPIC_ARN='kvfleet-topic'", "arn:aws:sns:"]),
 ])
 def test_a_bad_value_names_the_variable_the_value_the_range_and_the_fix(env: dict[str, str], words: list[str]) -> None:

@@ -652,8 +652,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
-        if getattr(args, "fleet", "") is None:  # --fleet not given: the setting, read now
-            args.fleet = load_settings().fleet
+        settings = load_settings()  # read now: a bad KVFLEET_* value exits 2, an unknown name is warned about
+        if getattr(args, "fleet", "") is None:  # --fleet not given: the setting
+            args.fleet = settings.fleet
         return int(args.func(args))
     except (InventoryError, ConfigError) as exc:
         print(str(exc), file=sys.stderr)

@@ -322,6 +322,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(work / "run"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     os.environ["KVFLEET_STATE_DIR"] = str(work / "state")
+    os.environ["KVFLEET_FLEET_PATHS"] = str(work)  # the generated fleet files a run's `fleet` Param names
     pg = EmbeddedPostgres(work / "state").start()
     try:
         os.environ.update(airflow_env(work / "airflow", pg))

@@ -16,7 +16,6 @@ Runbook: docs/runbook.md.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 
 # `task` comes from airflow.sdk.definitions.decorators, which airflow.sdk imports lazily, on first use. It is
@@ -28,16 +27,14 @@ import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import Asset, AssetWatcher, dag, task
 
 from kvfleet.airflow import callbacks
-from kvfleet.airflow.params import DEFAULT_FLEET, drift_params
+from kvfleet.airflow.params import default_fleet, drift_params, drift_watch_quiet_s
 from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger
-
-QUIET_S = float(os.environ.get("KVFLEET_DRIFT_WATCH_QUIET_S", "15"))
 
 # One asset for the fleet: its watcher reads the inventory in the triggerer and watches every cluster there, so
 # this file does no I/O at parse time and a cluster added to the inventory is watched without a DAG change.
 FLEET_CHANGED = Asset(name="kvfleet_fleet_changed", group="kvfleet", watchers=[AssetWatcher(
-    name="kvfleet_fleet_watch", trigger=FleetWatchTrigger(DEFAULT_FLEET, aws_conn_id="aws_default",
-                                                         quiet_s=QUIET_S))])
+    name="kvfleet_fleet_watch", trigger=FleetWatchTrigger(default_fleet(), aws_conn_id="aws_default",
+                                                         quiet_s=drift_watch_quiet_s()))])
 
 
 @dag(

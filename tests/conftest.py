@@ -36,6 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # The history fails closed without a URL: the suite chooses the embedded server explicitly (the one started
     # below, in this state directory); airflow_env then names its writer and owner roles for every process.
     os.environ["KVFLEET_HISTORY_URL"] = "embedded"
+    # The DAG runs of the suite name the checkout's fleets and those the tests write under the temp directory.
+    os.environ["KVFLEET_FLEET_PATHS"] = os.pathsep.join([str(ROOT), tempfile.gettempdir()])
     os.environ.pop("AIRFLOW_CONN_KVFLEET_HISTORY", None)
     from kvfleet.history.db import EmbeddedPostgres
     from kvfleet_local.env import airflow_env

@@ -2,8 +2,8 @@
 
 Entry point declared in pyproject.toml. Every subcommand works without Airflow running; `audit` and `db` use
 the history database (embedded PostgreSQL when none is configured). Exit codes: 0 ok, 2 invalid input
-(inventory, arguments, configuration), 1 anything else that failed (`audit verify` on a broken chain). An error
-is one line on stderr, never a traceback (KVFLEET_DEBUG=1 shows it). `--json` prints JSON alone on stdout; logs
+(inventory, arguments, a bad ``KVFLEET_*`` setting), 1 anything else that failed (`audit verify` on a broken chain).
+An error is one line on stderr, never a traceback (KVFLEET_DEBUG=1 shows it). `--json` prints JSON alone on stdout; logs
 and warnings go to stderr.
 """
 
@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable, InventoryError, KvfleetError
 from kvfleet.fleet.inventory import InventoryWarning, load_inventory
 from kvfleet.fleet.plan import make_plan, render_plan_text
+from kvfleet.settings import ConfigError, load_settings
 
 if TYPE_CHECKING:
     from kvfleet.history.repos import HistoryRepos
 
-DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
+FLEET_HELP = "the fleet inventory YAML (default: $KVFLEET_FLEET, else fleet.example.yaml)"
 # The same range as the kvfleet_rollout DAG Param `wave_size` (kvfleet.airflow.params; a unit test keeps them equal).
 WAVE_SIZE_RANGE = (1, 500)
 LIMIT_RANGE = (1, 100_000)
@@ -556,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="validate a fleet inventory; exit 2 listing every problem")
-    v.add_argument("--fleet", default=DEFAULT_FLEET)
+    v.add_argument("--fleet", default=None, help=FLEET_HELP)
     v.add_argument("--json", action="store_true", help="print the validated inventory (defaults resolved) as JSON")
     v.set_defaults(func=cmd_validate)
 
@@ -564,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_schema)
 
     pl = sub.add_parser("plan", help="print the rollout plan (stages per cluster, then waves)")
-    pl.add_argument("--fleet", default=DEFAULT_FLEET)
+    pl.add_argument("--fleet", default=None, help=FLEET_HELP)
     pl.add_argument("--lob", action="append", help="restrict to a line of business (repeatable)")
     pl.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
     pl.add_argument("--wave-size", type=_int_in("--wave-size", *WAVE_SIZE_RANGE), default=None,
@@ -576,13 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     pf = sub.add_parser("preflight", help="check each cluster's prerequisites; exit 1 listing what is missing "
                                           "and the fix")
-    pf.add_argument("--fleet", default=DEFAULT_FLEET)
+    pf.add_argument("--fleet", default=None, help=FLEET_HELP)
     pf.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
     pf.add_argument("--json", action="store_true")
     pf.set_defaults(func=cmd_preflight)
 
     ad = sub.add_parser("advise", help="does L2 pay off per endpoint, and how big must Curvine be (read-only)")
-    ad.add_argument("--fleet", default=DEFAULT_FLEET)
+    ad.add_argument("--fleet", default=None, help=FLEET_HELP)
     ad.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
     ad.add_argument("--threshold", type=_float_in("--threshold", 0.05, 1.0), default=0.8,
                     help="recommend more Curvine workers above this share of capacity (0.05–1.0, default 0.8)")
@@ -676,8 +677,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
+        settings = load_settings()  # read now: a bad KVFLEET_* value exits 2, an unknown name is warned about
+        if getattr(args, "fleet", "") is None:  # --fleet not given: the setting
+            args.fleet = settings.fleet
         return int(args.func(args))
-    except InventoryError as exc:
+    except (InventoryError, ConfigError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
     except (HistoryConfigError, HistoryUnreachable) as exc:  # the history is misconfigured or does not answer
@@ -696,11 +700,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         print("kvfleet: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # never a traceback for a user; KVFLEET_DEBUG=1 shows it
-        if os.environ.get("KVFLEET_DEBUG"):
+        if _debug():
             raise
         first = (str(exc).strip().splitlines() or [""])[0][:500]
         print(f"kvfleet: {type(exc).__name__}: {first} (KVFLEET_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
+
+
+def _debug() -> bool:
+    try:
+        return load_settings().debug
+    except ConfigError:  # the error being reported comes first; a bad KVFLEET_DEBUG shows no traceback
+        return False
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """Where kvfleet's files are: the source checkout, the SQL files and the local state directory.
 
-A leaf module (it imports nothing of kvfleet), so every layer may use it: ``clients.helm`` looks for the pinned
-``helm`` under the checkout, ``history`` reads its migrations and queries from ``sql_dir()`` and keeps the embedded
-PostgreSQL in ``state_dir()``, and the sandbox keeps its default state under ``state_dir() / "sandbox"``.
+Near a leaf (it imports only ``kvfleet.settings``, which imports only the errors and the chart-URL rule), so
+every layer may use it: ``clients.helm`` looks for the pinned ``helm`` under the checkout, ``history`` reads its
+migrations and queries from ``sql_dir()`` and keeps the embedded PostgreSQL in ``state_dir()``, and the sandbox
+keeps its default state under ``state_dir() / "sandbox"``.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from kvfleet.settings import load_settings
 
 
 def project_root() -> Path:
@@ -18,11 +20,11 @@ def project_root() -> Path:
 
 def sql_dir() -> Path:
     """Alembic migrations and the named audit queries: ``$KVFLEET_SQL_DIR`` or ``<checkout>/sql``."""
-    return Path(os.environ.get("KVFLEET_SQL_DIR") or project_root() / "sql")
+    return Path(load_settings().sql_dir or project_root() / "sql")
 
 
 def state_dir() -> Path:
     """Local state (embedded PostgreSQL, sandbox, demo): ``$KVFLEET_STATE_DIR`` or ``./.state``; created."""
-    path = Path(os.environ.get("KVFLEET_STATE_DIR") or Path.cwd() / ".state")
+    path = Path(load_settings().state_dir or Path.cwd() / ".state")
     path.mkdir(parents=True, exist_ok=True)
     return path

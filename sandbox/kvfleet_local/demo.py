@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         _step("starting the embedded PostgreSQL (kvfleet history + Airflow metadata)")
         pg = EmbeddedPostgres(root).start()
         stack.callback(pg.stop)
-        env = {**os.environ, **airflow_env(root / "airflow", pg)}
+        env = {**os.environ, **airflow_env(root / "airflow", pg), "KVFLEET_FLEET_PATHS": str(fleet)}
         (root / "airflow" / "plugins").mkdir(parents=True, exist_ok=True)
         print(f"    history: {env['KVFLEET_HISTORY_URL']}")
 

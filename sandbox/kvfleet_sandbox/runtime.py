@@ -137,6 +137,9 @@ class Sandbox:
         if repo:
             env["KVFLEET_HELM_REPO_CURVINE"] = str(repo)
             env["KVFLEET_HELM_REPO_KYVERNO"] = str(repo)  # the same repository serves the Kyverno stand-in
+            # The stand-in repository is plain http on 127.0.0.1: allowed explicitly, by the same rule as the
+            # inventory's allow_insecure_repo (kvfleet refuses an http override without it).
+            env["KVFLEET_HELM_REPO_ALLOW_INSECURE"] = "true"
         return env
 
     def ports(self) -> list[int]:

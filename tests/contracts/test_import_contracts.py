@@ -2,8 +2,11 @@
 including the ones inside functions, which import-linter's static graph also sees.
 
 - ``fleet`` imports no other kvfleet layer (only ``kvfleet.errors``, the shared error model);
-- ``clients`` import no ``stages``, ``airflow`` or ``history`` (only ``fleet``, ``errors`` and ``paths``);
-- ``kvfleet.paths`` (where the checkout, the SQL files and the state directory are) is a leaf;
+- ``clients`` import no ``stages``, ``airflow`` or ``history`` (only ``fleet``, ``errors``, ``paths`` and
+  ``settings``);
+- ``kvfleet.settings`` (every ``KVFLEET_*`` variable) imports only ``kvfleet.errors`` and the chart-URL rule
+  ``kvfleet.fleet.repo_rule``; ``kvfleet.paths`` (where the checkout, the SQL files and the state directory are)
+  imports only ``kvfleet.settings``;
 - product code never imports ``sandbox``; ``sandbox`` imports only ``kvfleet.fleet.constants``, the inventory model
   (``kvfleet.fleet.inventory_model``, through which the twin reads a fleet file) and ``kvfleet.paths`` of the
   product, and the inventory model itself reaches nothing of the product outside ``kvfleet.fleet``;
@@ -98,13 +101,16 @@ def test_fleet_imports_no_other_layer() -> None:
 
 
 def test_clients_import_no_stages_airflow_or_history() -> None:
-    assert _violations("clients", ("kvfleet.clients", "kvfleet.fleet", "kvfleet.errors", "kvfleet.paths")) == []
+    assert _violations("clients", ("kvfleet.clients", "kvfleet.fleet", "kvfleet.errors", "kvfleet.paths",
+                                   "kvfleet.settings")) == []
 
 
-def test_paths_is_a_leaf() -> None:
-    """``kvfleet.paths`` is shared by clients, history and the sandbox, so it may import nothing of kvfleet."""
-    assert "kvfleet.paths" in RAW
-    assert sorted(RAW["kvfleet.paths"]) == []
+def test_paths_and_settings_are_near_leaves() -> None:
+    """``kvfleet.paths`` and ``kvfleet.settings`` are shared by every layer and the sandbox, so they import only
+    each other's foundations: the settings, the error model and the pure chart-URL rule."""
+    assert sorted(RAW["kvfleet.paths"]) == ["kvfleet.settings", "kvfleet.settings.load_settings"]
+    assert GRAPH["kvfleet.settings"] == {"kvfleet.errors", "kvfleet.fleet.repo_rule"}
+    assert RAW["kvfleet.fleet.repo_rule"] == set()
 
 
 def test_product_code_never_imports_the_sandbox() -> None:
@@ -124,7 +130,9 @@ def test_what_the_sandbox_imports_reaches_only_kvfleet_fleet() -> None:
     """The modules the sandbox may import pull in, transitively, nothing of the product but ``kvfleet.fleet``."""
     reached = set().union(*(_reachable(m) for m in SANDBOX_MAY_IMPORT[1:] if m in GRAPH))
     assert "kvfleet.fleet.yaml_safe" in reached  # the model reads through the bounded loader
-    assert sorted(m for m in reached if not (m.startswith("kvfleet.fleet") or m == "kvfleet.paths")) == []
+    # kvfleet.paths reads its one setting (the state directory) through kvfleet.settings
+    assert sorted(m for m in reached if not (m.startswith("kvfleet.fleet")
+                                             or m in ("kvfleet.paths", "kvfleet.settings", "kvfleet.errors"))) == []
 
 
 def test_local_reaches_the_twin_as_a_process_and_nothing_imports_it() -> None:

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: Any, example_fleet: Any) -> None:
-    from kvfleet.airflow.params import DEFAULT_FLEET
+    from kvfleet.airflow.params import default_fleet
 
     dag = dagbag.get_dag("kvfleet_drift_watch")
     assert dag is not None and dag.catchup is False and dag.max_active_runs == 1
@@ -30,7 +30,7 @@ def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: A
     else:
         classpath, kwargs = trigger.serialize()
     assert classpath == "kvfleet.airflow.triggers.fleet_watch.FleetWatchTrigger"
-    assert kwargs["fleet"] == DEFAULT_FLEET and kwargs["quiet_s"] == 15.0
+    assert kwargs["fleet"] == default_fleet() and kwargs["quiet_s"] == 15.0
     # What the watcher will watch, read in the triggerer: every cluster of the inventory, with its region.
     inventory = [(c["name"], c["region"]) for c in yaml.safe_load(example_fleet.read_text())["clusters"]]
     assert [(c.name, c.region) for c in watched_clusters(str(example_fleet))] == inventory

@@ -15,7 +15,8 @@ import boto3
 import pytest
 
 from kvfleet.airflow import notify
-from kvfleet.airflow.notify import NotifySettings, SettingError
+from kvfleet.airflow.notify import NotifySettings
+from kvfleet.settings import ConfigError
 from kvfleet_sandbox.aws import AwsEmulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -153,6 +154,92 @@ def test_failures_are_logged_never_raised_and_not_retried(emulator: AwsEmulator,
     assert notify.send(event, settings(webhook=gone.url)) == {"webhook": "failed: URLError"}
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/hooks?token=s3cret", "http://127.0.0.1:port/x",
+                                 "http://[::1/x", "http://user:pw@127.0.0.1:0/x"])
+def test_send_never_raises_on_a_hostile_webhook_url(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A LOB's webhook URL reaches send() as written in the inventory: a port out of range is a failed
+    destination, logged without the URL's secret, never an exception."""
+    results = notify.send(notify.Event("run_ended", "kvfleet test", "body"), settings(webhook=url))
+    assert list(results) == ["webhook"] and results["webhook"].startswith("failed: ")
+    assert "s3cret" not in caplog.text and "pw@" not in caplog.text
+
+
+class _Redirector:
+    """Answers every request with a 302 to ``location``; the internal address it points at records any hit."""
+
+    def __init__(self, location: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(302)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+class _Internal:
+    """The "internal address" a redirect points at: counts every request, whatever its method."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                hits.append(f"{self.command} {self.path}")
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET = do_PUT = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/latest/meta-data/"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def test_a_webhook_redirect_is_never_followed() -> None:
+    internal = _Internal()
+    redirector = _Redirector(internal.url)
+    try:
+        results = notify.send(notify.Event("run_ended", "kvfleet test", "body"), settings(webhook=redirector.url))
+    finally:
+        redirector.stop()
+        internal.stop()
+    assert results == {"webhook": "failed: RuntimeError"}
+    assert internal.hits == []
+
+
 def test_nothing_configured_sends_nothing() -> None:
     notifier = notify.gate_waiting_notifier(NotifySettings())
     notifier(gate_context())
@@ -165,20 +252,20 @@ def test_nothing_configured_sends_nothing() -> None:
     ({"KVFLEET_NOTIFY_TIMEOUT_S": "600"}, ["KVFLEET_NOTIFY_TIMEOUT_S", "'600'", "from 1 to 60"]),
 ])
 def test_bad_settings_name_the_variable_value_and_range(env: dict[str, str], names: list[str]) -> None:
-    with pytest.raises(SettingError) as info:
-        NotifySettings.from_env(env)
+    with pytest.raises(ConfigError) as info:
+        NotifySettings.load(env)
     for name in names:
         assert name in str(info.value)
     assert "s3cret" not in str(info.value)
 
 
 def test_settings_from_env() -> None:
-    s = NotifySettings.from_env({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": "arn:aws:sns:eu-west-1:123456789012:kvfleet",
+    s = NotifySettings.load({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": "arn:aws:sns:eu-west-1:123456789012:kvfleet",
                                  "KVFLEET_NOTIFY_WEBHOOK_URL": "https://hooks.example.com/x",
                                  "KVFLEET_AIRFLOW_URL": "https://airflow.example.com/"})
     assert (s.region, s.aws_conn_id, s.timeout_s, s.enabled) == ("eu-west-1", "aws_default", 5.0, True)
     assert s.links.view("fleet") == "https://airflow.example.com/kvfleet/fleet"
-    assert not NotifySettings.from_env({"KVFLEET_AIRFLOW_URL": "x"}).enabled
+    assert not NotifySettings.load({"KVFLEET_AIRFLOW_URL": "https://airflow.example.com"}).enabled
 
 
 def test_a_bad_setting_turns_notifications_off_without_failing(monkeypatch: pytest.MonkeyPatch,
@@ -463,9 +550,9 @@ def test_an_operator_paused_past_its_threshold_is_named_and_a_refused_remediatio
 def test_global_always_copies_every_routed_event(routed_fleet: Any, emulator: AwsEmulator, topic: str,
                                                  receiver: Receiver) -> None:
     env = {"KVFLEET_NOTIFY_WEBHOOK_URL": receiver.url, "KVFLEET_NOTIFY_GLOBAL": "always"}
-    assert NotifySettings.from_env(env).global_always
-    with pytest.raises(SettingError, match="KVFLEET_NOTIFY_GLOBAL: 'sometimes' is not fallback or always"):
-        NotifySettings.from_env({**env, "KVFLEET_NOTIFY_GLOBAL": "sometimes"})
+    assert NotifySettings.load(env).global_always
+    with pytest.raises(ConfigError, match="KVFLEET_NOTIFY_GLOBAL='sometimes': .*allowed: fallback or always"):
+        NotifySettings.load({**env, "KVFLEET_NOTIFY_GLOBAL": "sometimes"})
     from kvfleet.fleet.inventory import load_inventory
 
     event = notify.Event("run_ended", "kvfleet test", "body")

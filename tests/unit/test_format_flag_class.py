@@ -13,6 +13,7 @@ import yaml
 from kvfleet.clients import helm as helm_client
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import curvine_values as cv
+from kvfleet.settings import load_settings
 from kvfleet.stages import curvine_upgrade as up
 from kvfleet.stages import executor
 
@@ -112,7 +113,7 @@ def test_overrides_reach_helm_as_a_yaml_values_file_with_the_comma_kept_inside_o
 def test_the_upgrade_command_ends_with_the_flags_false_file() -> None:
     h = helm_client.Helm(_Access())
     spec = SimpleNamespace(chart="curvine", namespace="curvine", repo_url="http://r")
-    ctx = SimpleNamespace(helm=h, cluster=SimpleNamespace(curvine=spec))
+    ctx = SimpleNamespace(helm=h, cluster=SimpleNamespace(curvine=spec), settings=load_settings({}))
     try:
         action = up.upgrade_action(ctx, "0.3.3-alpha", {"config.log.level": "DEBUG"}, 1,  # type: ignore[arg-type]
                                    "curvine-0.3.2-alpha")

@@ -16,6 +16,7 @@ from kvfleet.history.keys import StepKey
 
 if TYPE_CHECKING:
     from kvfleet.fleet.inventory import Inventory
+    from kvfleet.settings import Settings
     from kvfleet.stages.base import StageContext
 
 log = logging.getLogger(__name__)
@@ -107,12 +108,16 @@ def airflow_run_alive(holder: str) -> bool | None:
 
 
 def scoped(fleet: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
-           endpoints: Iterable[str] | None = ()) -> Inventory:
-    """The inventory at ``fleet`` narrowed to a run's scope (empty: all). Unknown names: a PermanentError."""
+           endpoints: Iterable[str] | None = (), settings: Settings | None = None) -> Inventory:
+    """The inventory at ``fleet`` (a run's ``fleet`` Param) narrowed to the run's scope (empty: all). Unknown names:
+    a PermanentError. Only the configured inventory paths are read (``KVFLEET_FLEET_PATHS``, by default the
+    directory of ``KVFLEET_FLEET``): a run naming any other file on the worker is refused (ConfigError) first."""
     from kvfleet.fleet.inventory import load_inventory
+    from kvfleet.settings import load_settings
 
-    return load_inventory(fleet).select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
-                                        endpoints=list(endpoints or ()) or None)
+    inventory = load_inventory((settings or load_settings()).check_fleet_path(fleet))
+    return inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
+                            endpoints=list(endpoints or ()) or None)
 
 
 def scoped_inventory(params: Mapping[str, Any]) -> Inventory:
@@ -129,14 +134,16 @@ def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = ()
     handler (waits end promptly), and lease liveness from Airflow."""
     from kvfleet.clients.kube import install_sigterm_handler
     from kvfleet.history.repos import HistoryRepos
+    from kvfleet.settings import load_settings
     from kvfleet.stages.base import StageContext
 
     info = run_info()
-    inv = scoped(fleet, lobs=lobs, clusters=clusters, endpoints=endpoints)
+    settings = load_settings()
+    inv = scoped(fleet, lobs=lobs, clusters=clusters, endpoints=endpoints, settings=settings)
     install_sigterm_handler()
     return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
                         dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id,
-                        holder_alive=airflow_run_alive)
+                        holder_alive=airflow_run_alive, settings=settings)
 
 
 def stage_context(cluster: str, params: Mapping[str, Any]) -> StageContext:

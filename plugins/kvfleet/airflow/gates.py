@@ -19,12 +19,13 @@ Airflow renders the HITL body as markdown; a subject is one line of plain text.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode
+
+from kvfleet.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger(__name__)
 SUBJECT_MAX = 200
@@ -362,10 +363,9 @@ def load_wave_evidence(history: Any, run_key: str, cluster: str, endpoints: Iter
 # ---- entry points for the operators (read the evidence, build the text; never raise) ---------------------------
 
 
-def airflow_base_url(env: Mapping[str, str] | None = None) -> str:
+def airflow_base_url(settings: Settings) -> str:
     """The UI's public URL: ``KVFLEET_AIRFLOW_URL``, else Airflow's ``[api] base_url``, else empty (no links)."""
-    env = os.environ if env is None else env
-    url = env.get("KVFLEET_AIRFLOW_URL", "").strip()
+    url = settings.airflow_url
     if not url:
         try:
             from airflow.configuration import conf
@@ -376,10 +376,16 @@ def airflow_base_url(env: Mapping[str, str] | None = None) -> str:
     return url.rstrip("/")
 
 
-def links_from_env(env: Mapping[str, str] | None = None) -> Links:
-    env = os.environ if env is None else env
-    base = airflow_base_url(env)
-    return Links(page=f"{base}/kvfleet" if base else "", runbook=env.get("KVFLEET_RUNBOOK_URL", "").strip())
+def links_from_settings(settings: Settings | None = None) -> Links:
+    """The links of a gate's text, from ``settings`` (default: read now). Never raises: a bad setting is logged
+    and the text has no links."""
+    try:
+        chosen = settings or load_settings()
+    except ConfigError as exc:
+        log.error("kvfleet: the gate's text has no links: %s", exc)
+        return Links()
+    base = airflow_base_url(chosen)
+    return Links(page=f"{base}/kvfleet" if base else "", runbook=chosen.runbook_url)
 
 
 def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: str, params: Mapping[str, Any],
@@ -403,7 +409,7 @@ def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: 
     tolerance = float(params.get("speedup_tolerance") or SPEEDUP_TOLERANCE)
     return wave_gate_text(asked=asked, run_key=run_key, wave=wave, verifications=rows, open_drift=drift,
                           reason=reason, tolerance=tolerance, slot=slot, options=options, default=default,
-                          timeout=timeout, links=links_from_env())
+                          timeout=timeout, links=links_from_settings())
 
 
 def for_curvine_approval(*, run_key: str, params: Mapping[str, Any], preflight: Sequence[Mapping[str, Any]],
@@ -420,4 +426,4 @@ def for_curvine_approval(*, run_key: str, params: Mapping[str, Any], preflight: 
     except Exception:
         log.exception("kvfleet: the open drift could not be read for the approval's text")
     return curvine_approval_text(run_key=run_key, version=str(params.get("version") or ""), clusters=clusters,
-                                 preflight=preflight, open_drift=drift, timeout=timeout, links=links_from_env())
+                                 preflight=preflight, open_drift=drift, timeout=timeout, links=links_from_settings())

@@ -2,7 +2,8 @@
 found (or a remediation refused). Sent to an SNS topic (through Airflow's AWS connection and the amazon
 provider's ``SnsHook``: boto3 ``sns.publish``) and/or a generic webhook (one HTTP POST of JSON).
 
-Settings (environment; see docs/notifications.md):
+Settings (environment, read through ``kvfleet.settings`` when a notification is sent; see docs/notifications.md
+and docs/settings.md):
 
 - ``KVFLEET_NOTIFY_SNS_TOPIC_ARN``: the topic; ``KVFLEET_NOTIFY_AWS_CONN_ID`` (default ``aws_default``) and
   ``KVFLEET_NOTIFY_REGION`` (default: the topic ARN's region);
@@ -35,16 +36,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
+from kvfleet.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from kvfleet.history.repos import HistoryRepos
@@ -54,10 +55,6 @@ SNS_SUBJECT_MAX = 99  # SNS: fewer than 100 characters, no line breaks
 SNS_MESSAGE_MAX = 200_000  # SNS allows 256 KiB
 RUN_END_STATUSES = frozenset({"failed", "completed_with_failures"})
 GATE_WAITING, RUN_ENDED, DRIFT_FOUND = "gate_waiting", "run_ended", "drift_found"
-
-
-class SettingError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -73,34 +70,18 @@ class NotifySettings:
     label: str = ""  # "" for the global destinations, else the LOB whose destinations these are
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> NotifySettings:
-        """The settings from the environment; raises SettingError naming the variable, value and fix."""
-        env = os.environ if env is None else env
-        topic = env.get("KVFLEET_NOTIFY_SNS_TOPIC_ARN", "").strip()
-        if topic and not (topic.startswith("arn:") and topic.count(":") >= 5):
-            raise SettingError(f"KVFLEET_NOTIFY_SNS_TOPIC_ARN: {topic[:120]!r} is not an SNS topic ARN; use "
-                               "arn:aws:sns:<region>:<account>:<topic>")
-        url = env.get("KVFLEET_NOTIFY_WEBHOOK_URL", "").strip()
-        if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname):
-            raise SettingError(f"KVFLEET_NOTIFY_WEBHOOK_URL: {_safe_url(url)!r} is not an http(s) URL; use "
-                               "https://host/path")
-        raw = env.get("KVFLEET_NOTIFY_TIMEOUT_S", "").strip() or "5"
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = -1.0
-        if not 1 <= timeout <= 60:
-            raise SettingError(f"KVFLEET_NOTIFY_TIMEOUT_S: {raw[:20]!r} is not a number of seconds from 1 to 60; "
-                               "pick one in range (default 5)")
-        region = env.get("KVFLEET_NOTIFY_REGION", "").strip() or (topic.split(":")[3] if topic else "") or None
-        mode = env.get("KVFLEET_NOTIFY_GLOBAL", "").strip() or "fallback"
-        if mode not in ("fallback", "always"):
-            raise SettingError(f"KVFLEET_NOTIFY_GLOBAL: {mode[:40]!r} is not fallback or always; use fallback (the "
-                               "global destinations get what no LOB of the inventory takes) or always")
-        return cls(sns_topic_arn=topic, aws_conn_id=env.get("KVFLEET_NOTIFY_AWS_CONN_ID", "").strip() or "aws_default",
-                   region=region, webhook_url=url, timeout_s=timeout,
-                   airflow_url=airflow_base_url(env),
-                   runbook_url=env.get("KVFLEET_RUNBOOK_URL", "").strip(), global_always=mode == "always")
+    def from_settings(cls, s: Settings) -> NotifySettings:
+        """The notification part of kvfleet's settings (``kvfleet.settings``, validated there)."""
+        topic = s.notify_sns_topic_arn
+        return cls(sns_topic_arn=topic, aws_conn_id=s.notify_aws_conn_id or "aws_default",
+                   region=s.notify_region or (topic.split(":")[3] if topic else "") or None,
+                   webhook_url=s.notify_webhook_url, timeout_s=s.notify_timeout_s, airflow_url=airflow_base_url(s),
+                   runbook_url=s.runbook_url, global_always=s.notify_global == "always")
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> NotifySettings:
+        """Read now from ``env`` (default: the environment); raises ConfigError naming the variable, value and fix."""
+        return cls.from_settings(load_settings(env))
 
     @property
     def enabled(self) -> bool:
@@ -113,9 +94,11 @@ class NotifySettings:
 
 
 def _safe_url(url: str) -> str:
-    """A URL for the log: scheme, host and port only (a webhook's path or query often carries its secret)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname or '?'}{f':{parts.port}' if parts.port else ''}/…"
+    """A URL for the log: scheme, host and port only, as written (a webhook's path or query often carries its
+    secret, and a user name its password). String operations only: never raises, whatever the URL."""
+    scheme, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+    return f"{scheme}://{netloc[:80] or '?'}/…"
 
 
 @dataclass(frozen=True)
@@ -202,14 +185,14 @@ def send_routed(event: Event, settings: NotifySettings, lobs: Iterable[str | Non
 
 
 def load_fleet(path: Any) -> Any | None:
-    """The inventory at ``path`` (a run's ``fleet`` Param), or None (logged) when it cannot be read: the event
-    then goes to the global destinations."""
+    """The inventory at ``path`` (a run's ``fleet`` Param), or None (logged) when it cannot be read or is outside
+    the configured inventory paths (``KVFLEET_FLEET_PATHS``): the event then goes to the global destinations."""
     if not path:
         return None
     try:
         from kvfleet.fleet.inventory import load_inventory
 
-        return load_inventory(str(path))
+        return load_inventory(load_settings().check_fleet_path(str(path)))
     except Exception as exc:
         log.warning("kvfleet: notification routing reads no LOB destinations: the inventory %s could not be "
                     "read (%s: %s)", str(path)[:200], type(exc).__name__, str(exc)[:200])
@@ -261,12 +244,30 @@ def _publish_sns(event: Event, settings: NotifySettings) -> None:
                            message_attributes={k: v for k, v in event.attributes.items() if v})
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook's redirect is never followed (it could point the POST, or a GET after it, at an internal
+    address): the 3xx is the answer, and a failure."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _post_webhook(event: Event, settings: NotifySettings) -> None:
     body = json.dumps(event.payload(), default=str).encode()
     request = urllib.request.Request(settings.webhook_url, data=body, method="POST",
                                      headers={"Content-Type": "application/json", "User-Agent": "kvfleet-notify"})
-    with urllib.request.urlopen(request, timeout=settings.timeout_s) as response:
-        status = int(response.status)
+    try:
+        with _OPENER.open(request, timeout=settings.timeout_s) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if 300 <= exc.code < 400:
+            raise RuntimeError(f"{_safe_url(settings.webhook_url)} answered HTTP {exc.code}, a redirect: not "
+                               "followed (point the webhook at its final URL)") from None
+        raise
     if not 200 <= status < 300:
         raise RuntimeError(f"{_safe_url(settings.webhook_url)} answered HTTP {status}, not 2xx")
 
@@ -367,8 +368,8 @@ def _settings(settings: NotifySettings | None) -> NotifySettings | None:
     if settings is not None:
         return settings
     try:
-        return NotifySettings.from_env()
-    except SettingError as exc:
+        return NotifySettings.load()
+    except ConfigError as exc:
         log.error("kvfleet: notifications are off: %s", exc)
         return None
 

@@ -3,21 +3,25 @@ before anything changes. Every Param of every kvfleet DAG is defined here (the D
 functions), with its default, a title, a description and, where numeric, its range: the Airflow trigger form
 shows all of them.
 
-Imported by the DAG files at parse time, so it stays light: ``airflow.sdk`` and the standard library only, no
-I/O. The constants at the end are the DAG shapes that the DAG files need at parse time (and the task bodies,
-which import heavier modules, must agree with; ``tests/dags/test_dag_integrity.py`` checks it).
+Imported by the DAG files at parse time, so it stays light: ``airflow.sdk``, the standard library and
+``kvfleet.settings`` (pydantic-settings), no I/O. The settings are read when a Param is made, i.e. when a DAG
+file is parsed, never at import. The constants at the end are the DAG shapes that the DAG files need at parse time
+(and the task bodies, which import heavier modules, must agree with; ``tests/dags/test_dag_integrity.py`` checks
+it).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import os
+import logging
 from typing import Any
 
 from airflow.sdk import Param
 
-DEFAULT_FLEET = os.environ.get("KVFLEET_FLEET", "fleet.example.yaml")
+from kvfleet.settings import ConfigError, Settings, load_settings
+
+log = logging.getLogger(__name__)
 
 _NAMES: dict[str, Any] = {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9][-A-Za-z0-9:/._]*$"}}
 
@@ -59,9 +63,31 @@ def _copied_cheaply(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def default_fleet() -> str:
+    """``KVFLEET_FLEET``, read now. A bad setting does not hide the DAGs: the Param gets the model's default, this
+    logs the error, and every task fails on it (permanently) when it builds its settings."""
+    try:
+        return load_settings().fleet
+    except ConfigError as exc:
+        log.error("kvfleet: %s", exc)
+        return str(Settings.model_fields["fleet"].default)
+
+
+def drift_watch_quiet_s() -> float:
+    """``KVFLEET_DRIFT_WATCH_QUIET_S``, read now (the drift watch's trigger is made when its DAG file is parsed);
+    a bad setting: logged, and the model's default."""
+    try:
+        return load_settings().drift_watch_quiet_s
+    except ConfigError as exc:
+        log.error("kvfleet: %s", exc)
+        return float(Settings.model_fields["drift_watch_quiet_s"].default)
+
+
 def fleet_param() -> Param:
-    return Param(DEFAULT_FLEET, type="string", minLength=1, title="Fleet inventory",
-                 description="Path of the fleet inventory YAML (inside the Airflow image or on a shared volume).")
+    return Param(default_fleet(), type="string", minLength=1, title="Fleet inventory",
+                 description="Path of the fleet inventory YAML (inside the Airflow image or on a shared volume). "
+                             "Only the configured inventory paths are read (KVFLEET_FLEET_PATHS, by default the "
+                             "directory of KVFLEET_FLEET); any other file is refused.")
 
 
 def scope_params() -> dict[str, Param]:

@@ -70,7 +70,7 @@ from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.history.runs import Runs
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
-from kvfleet.stages.base import Pending, StageContext, poll_seconds
+from kvfleet.stages.base import Pending, StageContext
 from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
 def _lease(ctx: StageContext, req: RolloutRequest) -> ClusterLock:
     info = run_info()
     return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
-                       wait_s=req.lock_wait_s, poll_s=min(poll_seconds() * 5, 10),
+                       wait_s=req.lock_wait_s, poll_s=min(ctx.poll_s * 5, 10),
                        progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_LEASE_TTL_S)
 
 
@@ -160,7 +160,7 @@ def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: f
                    names: list[str] | None = None) -> Any:
     from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
 
-    return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(poll_seconds() * 5, 10), timeout_s=req.lock_wait_s,
+    return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(ctx.poll_s * 5, 10), timeout_s=req.lock_wait_s,
                             started_at=since, names=names, exact_holder=names is not None,
                             recheck_s=LEASE_RECHECK_S)
 
@@ -317,12 +317,12 @@ def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], stat
     if pending.check is not None:
         ctx.say(f"{pending.what}: waiting in the triggerer")
         trigger = KubeReadyTrigger(cl.name, cl.region, check=pending.check, args=dict(pending.args or {}),
-                                   aws_conn_id=ctx.aws_conn_id, poll_s=poll_seconds(), timeout_s=pending.timeout_s,
+                                   aws_conn_id=ctx.aws_conn_id, poll_s=ctx.poll_s, timeout_s=pending.timeout_s,
                                    started_at=since)
     else:
         ctx.say(f"{pending.what}: waiting for {'ACTIVE' if pending.addon else 'InService'} in the triggerer")
         trigger = ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=pending.addon,
-                                      poll_s=poll_seconds(), timeout_s=pending.timeout_s, started_at=since)
+                                      poll_s=ctx.poll_s, timeout_s=pending.timeout_s, started_at=since)
     _defer(trigger, {**state, "wait": wait, "since": since})
 
 
@@ -350,7 +350,7 @@ def _defer_while_addons_move(ctx: StageContext, resume: dict[str, Any], state: d
     since = _waited(resume, wait)
     ctx.say(f"stage 2: EKS add-on {addon} on {eks} is {first[1]}: deferring until it is ready")
     _defer(ClusterReadyTrigger(cl.name, cl.region, aws_conn_id=ctx.aws_conn_id, addon=addon,
-                               poll_s=poll_seconds(), timeout_s=ctx.timeouts.addon_s, started_at=since),
+                               poll_s=ctx.poll_s, timeout_s=ctx.timeouts.addon_s, started_at=since),
            {**state, "wait": wait, "since": since})
 
 

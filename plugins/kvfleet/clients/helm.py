@@ -44,6 +44,7 @@ from typing import Any
 
 from kvfleet.errors import PermanentError, TemporaryError
 from kvfleet.paths import project_root
+from kvfleet.settings import load_settings
 
 log = logging.getLogger(__name__)
 # helm's own words (helm v3/v4: pkg/storage/driver ``ErrReleaseNotFound``, pkg/action ``errPending``, and the
@@ -115,7 +116,7 @@ def classify(err: str, text: str) -> TemporaryError | PermanentError:
 
 
 def helm_binary() -> str:
-    found = os.environ.get("KVFLEET_HELM") or shutil.which("helm")
+    found = load_settings().helm or shutil.which("helm")
     if not found:  # the pinned binary `make tools` unpacks beside a source checkout
         local = project_root() / ".tools" / "bin" / "helm"
         found = str(local) if local.exists() else None

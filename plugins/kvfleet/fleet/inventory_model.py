@@ -46,6 +46,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import hardware, models, yaml_safe
+from kvfleet.fleet.repo_rule import REPO_URL
 
 MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
@@ -78,8 +79,6 @@ IMAGE_REF = re.compile(rf"{_IMG_DOMAIN}?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
                        r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?", _A)
 # A Hugging Face repo id part: letters, digits, '-', '_', '.'.
 HF_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?", _A)
-REPO_URL = re.compile(r"(https?)://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+-]*)?",
-                      _A)
 # Characters helm's --set parser gives a meaning inside a value (docs/reference/curvine.md, helm --set).
 HELM_SPECIAL = frozenset(",={}[]\\")
 # A host path kvfleet hands to helm and Kubernetes: absolute, plain characters only.
@@ -411,6 +410,7 @@ def _l2_url(value: str) -> str | None:
 
 
 def _repo_url(value: str) -> str | None:
+    # The one URL pattern, shared with the environment's chart-mirror overrides (kvfleet.fleet.repo_rule).
     return None if REPO_URL.fullmatch(value) else (
         f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user name, query or spaces); "
         "use e.g. https://curvineio.github.io/helm-charts")

@@ -49,6 +49,7 @@ from kvfleet.errors import HistoryConfigError, HistoryUnreachable
 # The path helpers live in the leaf module kvfleet.paths (clients and the sandbox use them too); re-exported
 # here for callers that import them from the history.
 from kvfleet.paths import project_root, sql_dir, state_dir
+from kvfleet.settings import load_settings
 
 __all__ = ["AIRFLOW_DB", "EMBEDDED", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres",
            "dispose_engines", "embedded", "get_engine", "history_url", "migration_url", "new_engine", "owner_url",
@@ -293,7 +294,7 @@ def embedded(root: Path | None = None) -> EmbeddedPostgres:
 def _writer_setting() -> str:
     """``KVFLEET_HISTORY_URL`` or the ``kvfleet_history`` connection: a URL, or ``embedded``. Anything else
     (nothing configured, a lookup that fails) is a HistoryConfigError, before anything is started or written."""
-    url = (os.environ.get("KVFLEET_HISTORY_URL") or "").strip() or _airflow_connection_url()
+    url = load_settings().history_url.strip() or _airflow_connection_url()
     if not url:
         raise HistoryConfigError(f"no history database is configured (KVFLEET_HISTORY_URL is not set and there is "
                                  f"no Airflow connection kvfleet_history); {_FIX}")
@@ -315,7 +316,7 @@ def history_url() -> str:
 
 def owner_url() -> str | None:
     """The owner's URL, for migrations: None when only one role is configured (migrate with the writer's)."""
-    url = os.environ.get("KVFLEET_HISTORY_OWNER_URL") or _airflow_connection_url("kvfleet_history_owner")
+    url = load_settings().history_owner_url or _airflow_connection_url("kvfleet_history_owner")
     if url and url.strip().lower() != EMBEDDED:
         return _normalise(url)
     if url or _embedded_chosen():
@@ -334,29 +335,16 @@ def _same_database(a: str, b: str) -> bool:
             == (ub.host, ub.port, ub.database, ub.query.get("host")))
 
 
-def _seconds(env: str, default: float) -> float:
-    raw = os.environ.get(env)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 1 <= value <= 86_400:
-        raise HistoryConfigError(f"{env}: {raw!r} is not a number of seconds from 1 to 86400; set it to e.g. "
-                                 f"{default:g}, or unset it for the default ({default:g})")
-    return value
-
-
 def _timeouts(url: str) -> dict[str, Any]:
     """libpq's connect timeout (whole seconds, at least 2: libpq's own floor) and the session's statement
     timeout, unless the URL sets them itself."""
     query = make_url(url).query
+    settings = load_settings()
     args: dict[str, Any] = {}
     if "connect_timeout" not in query:
-        args["connect_timeout"] = max(2, math.ceil(_seconds(CONNECT_TIMEOUT_ENV, 10)))
+        args["connect_timeout"] = max(2, math.ceil(settings.history_connect_timeout_s))
     if "options" not in query:
-        args["options"] = f"-c statement_timeout={int(_seconds(STATEMENT_TIMEOUT_ENV, 300) * 1000)}"
+        args["options"] = f"-c statement_timeout={int(settings.history_statement_timeout_s * 1000)}"
     return args
 
 

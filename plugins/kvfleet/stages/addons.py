@@ -33,7 +33,7 @@ from kvfleet.clients.kube import wait_for
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import CreateAddon, UpdateAddon, canonical
 from kvfleet.stages import executor, kyverno, readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext
 from kvfleet.stages.converge import converge
 
 STAGE = "operator_addons"
@@ -98,7 +98,7 @@ def verify_operator(ctx: StageContext) -> str:
     """The operator's controller is Ready (found wherever it is installed: ``operator_pause.find_controller``,
     the add-on's name, the Helm chart's name or its labels) and the InferenceEndpointConfig CRD is served
     (``stages.readiness.operator``)."""
-    return wait_for(lambda: readiness.operator(ctx.kube), timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(),
+    return wait_for(lambda: readiness.operator(ctx.kube), timeout_s=ctx.timeouts.pods_s, poll_s=ctx.poll_s,
                     what=f"[{ctx.cluster.name}] {readiness.WHAT['operator']}", progress=ctx.progress)
 
 

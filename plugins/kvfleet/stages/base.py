@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,6 +22,7 @@ from kvfleet.history.audit import WriteAhead
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.outcomes import Status
+from kvfleet.settings import Settings, load_settings
 
 if TYPE_CHECKING:  # imported when first used (a dry run that only needs AWS never loads the Kubernetes client)
     from kvfleet.clients.helm import Helm
@@ -32,17 +32,24 @@ if TYPE_CHECKING:  # imported when first used (a dry run that only needs AWS nev
 log = logging.getLogger("kvfleet")
 
 
-def poll_seconds() -> float:
-    """How often waits poll: 5 s against real AWS; the demo and tests set KVFLEET_POLL_SECONDS lower."""
-    return float(os.environ.get("KVFLEET_POLL_SECONDS", "5"))
-
-
-@dataclass
+@dataclass(frozen=True)
 class Timeouts:
-    cluster_update_s: float = float(os.environ.get("KVFLEET_TIMEOUT_CLUSTER_S", 3600))
-    addon_s: float = float(os.environ.get("KVFLEET_TIMEOUT_ADDON_S", 1200))
-    pods_s: float = float(os.environ.get("KVFLEET_TIMEOUT_PODS_S", 1800))
-    pvc_s: float = float(os.environ.get("KVFLEET_TIMEOUT_PVC_S", 300))
+    """Patience per kind of wait, per try (``KVFLEET_TIMEOUT_*``); a StageContext takes them from its settings
+    unless given some."""
+
+    cluster_update_s: float = 3600.0
+    addon_s: float = 1200.0
+    pods_s: float = 1800.0
+    pvc_s: float = 300.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Timeouts:
+        return cls(cluster_update_s=settings.timeout_cluster_s, addon_s=settings.timeout_addon_s,
+                   pods_s=settings.timeout_pods_s, pvc_s=settings.timeout_pvc_s)
+
+
+# A StageContext built without ``timeouts`` takes them from its ``settings`` (compared by identity).
+FROM_SETTINGS = Timeouts(-1.0, -1.0, -1.0, -1.0)
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,9 @@ class StageContext:
     dry_run: bool = False
     history: HistoryRepos | None = None
     aws_conn_id: str | None = "aws_default"
-    timeouts: Timeouts = field(default_factory=Timeouts)
+    # Every KVFLEET_* setting, read when the context is built (``kvfleet.settings``).
+    settings: Settings = field(default_factory=load_settings)
+    timeouts: Timeouts = FROM_SETTINGS
     progress: Callable[[str], None] = log.info
     planned: list[PlannedAction] = field(default_factory=list)
     # Lease liveness: is the run holding a lease still running? (True / False / None: cannot tell.) Set by the
@@ -127,6 +136,15 @@ class StageContext:
     holder_alive: Callable[[str], bool | None] | None = None
     # Per-context memo of discovered names (e.g. which Deployment is the operator's controller).
     memo: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.timeouts is FROM_SETTINGS:
+            self.timeouts = Timeouts.from_settings(self.settings)
+
+    @property
+    def poll_s(self) -> float:
+        """How often this context's waits poll (``KVFLEET_POLL_SECONDS``)."""
+        return self.settings.poll_seconds
 
     @cached_property
     def hyperpod(self) -> HyperPodClient:

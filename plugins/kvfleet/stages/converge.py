@@ -9,7 +9,7 @@ from typing import Any
 
 from kvfleet.clients.kube import wait_for
 from kvfleet.stages import readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext
 
 
 def settle(ctx: StageContext, pending: Pending) -> None:
@@ -17,14 +17,14 @@ def settle(ctx: StageContext, pending: Pending) -> None:
     check polled with ``clients.kube.wait_for``)."""
     if pending.check is not None:
         name, args = pending.check, dict(pending.args or {})
-        wait_for(lambda: readiness.check(ctx.kube, name, args), timeout_s=pending.timeout_s, poll_s=poll_seconds(),
+        wait_for(lambda: readiness.check(ctx.kube, name, args), timeout_s=pending.timeout_s, poll_s=ctx.poll_s,
                  what=f"[{ctx.cluster.name}] {readiness.WHAT[name]}", progress=ctx.progress)
     elif pending.addon is None:
-        ctx.hyperpod.wait_cluster(ctx.cluster.name, timeout_s=pending.timeout_s, poll_s=poll_seconds(),
+        ctx.hyperpod.wait_cluster(ctx.cluster.name, timeout_s=pending.timeout_s, poll_s=ctx.poll_s,
                                   progress=ctx.say)
     else:
         ctx.hyperpod.wait_addon(pending.eks or ctx.hyperpod.require_cluster(ctx.cluster.name).eks_cluster_name,
-                                pending.addon, timeout_s=pending.timeout_s, poll_s=poll_seconds(), progress=ctx.say)
+                                pending.addon, timeout_s=pending.timeout_s, poll_s=ctx.poll_s, progress=ctx.say)
 
 
 def converge(ctx: StageContext, act: Callable[[StageContext, dict[str, Any]], Pending | None],

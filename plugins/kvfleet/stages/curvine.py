@@ -23,7 +23,6 @@ hazard gate, the busy-cluster gate (lease and running rollout), the values diff 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,15 +38,16 @@ from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
 from kvfleet.fleet.inventory_model import size_to_bytes
 from kvfleet.stages import executor, readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext
 from kvfleet.stages.converge import converge
 
 STAGE = "curvine"
 
 
 def repo_url(ctx: StageContext) -> str:
-    """The chart repository: the inventory's, unless the connection-level override names a mirror."""
-    return os.environ.get("KVFLEET_HELM_REPO_CURVINE") or ctx.cluster.curvine.repo_url
+    """The chart repository: the inventory's, unless ``KVFLEET_HELM_REPO_CURVINE`` names a mirror (checked by the
+    same rule as the inventory's: ``kvfleet.fleet.repo_rule``)."""
+    return ctx.settings.helm_repo_curvine or ctx.cluster.curvine.repo_url
 
 
 def storage_class_manifest(ctx: StageContext) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> s
         running = [p for p in pods if getattr(p.status, "phase", None) == "Running"]
         return len(running) >= want and len(running) == len(pods), f"{len(running)}/{want} Curvine pods Running"
 
-    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 1.0),
                     what=f"[{ctx.cluster.name}] curvine pods", progress=ctx.progress)
 
 
@@ -116,7 +116,7 @@ def wait_rolled_out(ctx: StageContext, timeout_s: float | None = None,
             each_poll()
         return rollout_state(ctx)
 
-    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+    return wait_for(check, timeout_s=timeout_s or ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 1.0),
                     what=f"[{ctx.cluster.name}] curvine rollout", progress=ctx.progress)
 
 
@@ -319,7 +319,7 @@ def ensure_pvcs(ctx: StageContext) -> dict[str, str]:
 def _wait_bound(ctx: StageContext, ns: str) -> None:
     """One namespace's PVC to Bound, in this process (``readiness.curvine_pvcs`` says why it stays Pending)."""
     wait_for(lambda: readiness.curvine_pvcs(ctx.kube, namespaces=[ns]), timeout_s=ctx.timeouts.pvc_s,
-             poll_s=min(poll_seconds(), 1.0), what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}",
+             poll_s=min(ctx.poll_s, 1.0), what=f"[{ctx.cluster.name}] PVC {ns}/{C.CURVINE_PVC}",
              progress=ctx.progress)
 
 
@@ -333,7 +333,7 @@ def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | Non
     args = _capacity_args(ctx, workers)
     state = wait_for(lambda: readiness.curvine_capacity(ctx.kube, **args),
                      timeout_s=ctx.timeouts.pods_s if timeout_s is None else timeout_s,
-                     poll_s=min(poll_seconds(), 1.0), what=f"[{ctx.cluster.name}] Curvine master API",
+                     poll_s=min(ctx.poll_s, 1.0), what=f"[{ctx.cluster.name}] Curvine master API",
                      progress=ctx.progress)
     snap = CurvineMaster(ctx.kube, spec.namespace).overview().snapshot()
     if ctx.history is not None:

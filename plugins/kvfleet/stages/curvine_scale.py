@@ -36,7 +36,7 @@ from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.inventory_model import size_to_bytes
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages import executor
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, StageContext
 from kvfleet.stages.locks import ClusterLock
 from kvfleet.stages.readiness import CAPACITY_TOLERANCE
 
@@ -328,7 +328,7 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     if ctx.history is None:
         raise PermanentError("a Curvine scale-out needs the history store (cluster lease and records)")
     lock = ClusterLock(ctx.history, ctx.cluster.name, holder, PURPOSE, wait_s=req.lock_wait_s,
-                       poll_s=poll_seconds(), progress=ctx.progress)
+                       poll_s=ctx.poll_s, progress=ctx.progress)
     with _refusals_recorded(ctx):
         lock.acquire()
     try:
@@ -350,7 +350,7 @@ def _scale_locked(ctx: StageContext, req: ScaleRequest, state: PoolState, target
         names = {stage3._worker_name(w) for w in master.workers()["live_workers"]}
         return names == want, f"live workers {len(names)}/{target}: {', '.join(sorted(names))}"
 
-    wait_for(live, timeout_s=req.timeout_s, poll_s=min(poll_seconds(), 1.0),
+    wait_for(live, timeout_s=req.timeout_s, poll_s=min(ctx.poll_s, 1.0),
              what=f"[{ctx.cluster.name}] new Curvine workers live in /api/workers", progress=ctx.progress)
     stage3.wait_rolled_out(ctx, req.timeout_s)
     after = stage3.capacity_snapshot(ctx, STAGE, "after")

@@ -48,7 +48,7 @@ from kvfleet.fleet.curvine_gates import normalize_overrides as normalize_overrid
 from kvfleet.fleet.curvine_gates import refuse_flag_overrides as refuse_flag_overrides
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages import curvine_scale, executor
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, StageContext
 from kvfleet.stages.locks import ClusterLock
 
 STAGE = "curvine-upgrade"
@@ -221,7 +221,7 @@ def post_checks(ctx: StageContext, before: Mapping[str, Any], files: list[dict[s
 
     problems = []
     try:
-        wait_for(workers_back, timeout_s=req.timeout_s, poll_s=min(poll_seconds(), 1.0),
+        wait_for(workers_back, timeout_s=req.timeout_s, poll_s=min(ctx.poll_s, 1.0),
                  what=f"[{ctx.cluster.name}] Curvine workers registered", progress=ctx.progress)
     except KvfleetError as exc:
         problems.append(f"live workers not back: {exc}")
@@ -371,7 +371,7 @@ def upgrade(ctx: StageContext, req: UpgradeRequest, *, holder: str) -> Outcome:
         return ctx.record("upgrade", STAGE, "planned", version=req.version, **pre.as_dict())
     if ctx.history is None:
         raise PermanentError("a Curvine upgrade needs the history store (cluster lease and records)")
-    lock = ClusterLock(ctx.history, cluster, holder, PURPOSE, wait_s=req.lock_wait_s, poll_s=poll_seconds(),
+    lock = ClusterLock(ctx.history, cluster, holder, PURPOSE, wait_s=req.lock_wait_s, poll_s=ctx.poll_s,
                        progress=ctx.progress)
     try:
         lock.acquire()

@@ -69,7 +69,7 @@ from kvfleet.fleet.endpoint_spec import (
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.plan import DEFAULT_STRATEGY, ROLLING, SURGE, StrategyChoice, choose_wave_strategies
 from kvfleet.stages import executor, operator_pause
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, StageContext
 
 STAGE = "endpoint"
 
@@ -133,7 +133,7 @@ def wait_complete(ctx: StageContext, eps: list[Endpoint]) -> None:
             raise PermanentError(f"operator reports DeploymentFailed for {', '.join(failed)} on {ctx.cluster.name}")
         return not pending, "all DeploymentComplete" if not pending else "waiting: " + ", ".join(pending)
 
-    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 1.0),
              what=f"[{ctx.cluster.name}] rendered Deployments", progress=ctx.progress)
 
 

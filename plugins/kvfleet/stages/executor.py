@@ -26,7 +26,7 @@ from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.endpoint_spec import overlay_violations
 from kvfleet.stages import operator_pause
-from kvfleet.stages.base import StageContext, poll_seconds
+from kvfleet.stages.base import StageContext
 
 _JOURNAL = "executor.journal"
 
@@ -171,7 +171,7 @@ def _wait_pods(ctx: StageContext, a: A.WaitPods) -> None:
                                + (f" ({len(pods)} pods)" if len(pods) != want else ""))
         return not waiting, "; ".join(waiting) or "all pods in place"
 
-    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 1.0),
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 1.0),
              what=f"[{ctx.cluster.name}] wave pods", progress=ctx.progress)
 
 
@@ -190,7 +190,7 @@ def _wait_rolled_out(ctx: StageContext, a: A.WaitRolledOut) -> None:
         waiting = [key for key, want in a.want if not _rolled_out(read_deployment(ctx, *key.split("/", 1)), want)]
         return not waiting, "waiting: " + ", ".join(waiting) if waiting else "all observed and fully available"
 
-    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 0.5),
              what=f"[{ctx.cluster.name}] Deployments rolled out", progress=ctx.progress)
 
 

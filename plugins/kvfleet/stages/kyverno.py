@@ -24,7 +24,7 @@ The install (facts and sources: ``tests/conformance/facts/kyverno_chart.yaml``):
 ``kyverno`` (Kyverno's install docs: never a shared or system namespace), values as a file (:data:`VALUES`:
 the CRDs installed by the chart, three admission controller replicas for high availability). The repository
 URL can point at a mirror through ``KVFLEET_HELM_REPO_KYVERNO`` (as ``KVFLEET_HELM_REPO_CURVINE`` does for
-Curvine).
+Curvine; both obey the inventory's https rule, ``kvfleet.fleet.repo_rule``).
 
 Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``install``, the default, or ``refuse``). Refused: a
 ``PermanentError`` naming the cluster and the exact ``helm`` command, recorded as ``refused``. Installing
@@ -35,14 +35,14 @@ Kyverno creates CRDs, ClusterRoles and bindings that grant wide rights: kvfleet'
 
 from __future__ import annotations
 
-import os
 import shlex
 from typing import Any
 
 from kvfleet.clients.helm import render
 from kvfleet.clients.kube import call, get_or_none, wait_for
 from kvfleet.errors import KvfleetError, PermanentError
-from kvfleet.stages.base import Outcome, StageContext, poll_seconds
+from kvfleet.settings import Settings, load_settings
+from kvfleet.stages.base import Outcome, StageContext
 
 STAGE = "kyverno"
 RELEASE = "kyverno"
@@ -57,25 +57,21 @@ ADMISSION_SELECTOR = "app.kubernetes.io/component=admission-controller,app.kuber
 ADMISSION_DEPLOYMENT = "kyverno-admission-controller"  # the chart's name for release "kyverno"
 RESOURCE_WEBHOOK = "kyverno-resource-mutating-webhook-cfg"  # pkg/config/config.go MutatingWebhookConfigurationName
 INSTALL_ENV = "KVFLEET_KYVERNO_INSTALL"
-REPO_ENV = "KVFLEET_HELM_REPO_KYVERNO"
 
 
-def repo_url() -> str:
-    return os.environ.get(REPO_ENV) or REPO
+def repo_url(settings: Settings | None = None) -> str:
+    """The chart repository: :data:`REPO`, unless ``KVFLEET_HELM_REPO_KYVERNO`` names a mirror."""
+    return (settings or load_settings()).helm_repo_kyverno or REPO
 
 
-def install_allowed() -> bool:
-    mode = (os.environ.get(INSTALL_ENV) or "install").strip().lower()
-    if mode not in ("install", "refuse"):
-        raise PermanentError(f"{INSTALL_ENV}={mode!r} is not one of install, refuse; unset it to let kvfleet "
-                             "install Kyverno where it is missing")
-    return mode == "install"
+def install_allowed(ctx: StageContext) -> bool:
+    return ctx.settings.kyverno_install == "install"
 
 
-def install_command(values_file: str = "kyverno-values.yaml") -> str:
+def install_command(settings: Settings | None = None, values_file: str = "kyverno-values.yaml") -> str:
     """The exact command a platform team runs (the values in the file are :data:`VALUES`)."""
-    words = ["helm", "upgrade", "--install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION,
-             "-n", NAMESPACE, "--create-namespace", "-f", values_file]
+    words = ["helm", "upgrade", "--install", RELEASE, CHART, "--repo", repo_url(settings), "--version",
+             CHART_VERSION, "-n", NAMESPACE, "--create-namespace", "-f", values_file]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -88,7 +84,7 @@ def values_yaml() -> str:
 def _refusal(ctx: StageContext, why: str) -> str:
     return (f"cluster {ctx.cluster.name} is in kyverno mode (clusters.{ctx.cluster.name}.l2_injection: kyverno) "
             f"and Kyverno is missing; {why}. Install it, then run the rollout again:\n"
-            f"cat > kyverno-values.yaml <<'EOF'\n{values_yaml()}EOF\n{install_command()}")
+            f"cat > kyverno-values.yaml <<'EOF'\n{values_yaml()}EOF\n{install_command(ctx.settings)}")
 
 
 # ---- observation ----------------------------------------------------------------------------------------------
@@ -133,7 +129,7 @@ def wait_ready(ctx: StageContext) -> dict[str, Any]:
         last.update(observe(ctx))
         return is_ready(last), describe(last)
 
-    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=poll_seconds(), what=f"[{ctx.cluster.name}] Kyverno",
+    wait_for(check, timeout_s=ctx.timeouts.pods_s, poll_s=ctx.poll_s, what=f"[{ctx.cluster.name}] Kyverno",
              progress=ctx.progress)
     return last
 
@@ -156,27 +152,28 @@ def reconcile(ctx: StageContext) -> Outcome:
                               note="installed; a rollout waits for its webhook")
         ready = wait_ready(ctx)
         return ctx.record("kyverno", STAGE, "unchanged", verified=describe(ready), waited=True)
-    if not install_allowed():
+    if not install_allowed(ctx):
         why = f"{INSTALL_ENV}=refuse does not let kvfleet install it"
-        ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(), observed=describe(state))
+        ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(ctx.settings),
+                   observed=describe(state))
         raise PermanentError(_refusal(ctx, why))
     if ctx.dry_run:
-        ctx.plan(STAGE, install_command(), diff=f"+ Kyverno {CHART_VERSION} in namespace {NAMESPACE} "
+        ctx.plan(STAGE, install_command(ctx.settings), diff=f"+ Kyverno {CHART_VERSION} in namespace {NAMESPACE} "
                  f"(values: {values_yaml().strip()})\n  then wait: admission controller available, "
                  f"MutatingWebhookConfiguration {RESOURCE_WEBHOOK}")
-        return ctx.record("kyverno", STAGE, "planned", command=install_command())
+        return ctx.record("kyverno", STAGE, "planned", command=install_command(ctx.settings))
     _install(ctx, state)
     ready = wait_ready(ctx)
     ctx.say(f"kyverno: installed {CHART} {CHART_VERSION}; {describe(ready)}")
-    return ctx.record("kyverno", STAGE, "changed", chart=f"{CHART} {CHART_VERSION}", repo=repo_url(),
+    return ctx.record("kyverno", STAGE, "changed", chart=f"{CHART} {CHART_VERSION}", repo=repo_url(ctx.settings),
                       namespace=NAMESPACE, values=VALUES, verified=describe(ready))
 
 
 def _install(ctx: StageContext, state: dict[str, Any]) -> None:
     # upgrade --install: a release an earlier try left failed (no admission Deployment) is upgraded, not refused
     # with "cannot re-use a name"
-    args = ["upgrade", "--install", RELEASE, CHART, "--repo", repo_url(), "--version", CHART_VERSION, "-n", NAMESPACE,
-            "--create-namespace", "-f", ctx.helm.values_file(VALUES, "kyverno")]
+    args = ["upgrade", "--install", RELEASE, CHART, "--repo", repo_url(ctx.settings), "--version", CHART_VERSION,
+            "-n", NAMESPACE, "--create-namespace", "-f", ctx.helm.values_file(VALUES, "kyverno")]
     ctx.say(f"kyverno: {render(['helm', *args])}   # Kyverno missing: {describe(state)}")
     with ctx.write_ahead("helm_install", f"release {NAMESPACE}/{RELEASE} {CHART_VERSION} (Kyverno)") as wa:
         try:
@@ -184,8 +181,8 @@ def _install(ctx: StageContext, state: dict[str, Any]) -> None:
         except KvfleetError as exc:  # a 403 is no transient failure: refuse with the command, do not retry
             if "forbidden" in str(exc).lower():
                 why = f"kvfleet's identity may not install it (helm: {str(exc)[:300]})"
-                ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command())
+                ctx.record("kyverno", STAGE, "refused", reason=why, command=install_command(ctx.settings))
                 raise PermanentError(_refusal(ctx, why)) from exc
             raise
         if wa is not None:
-            wa.detail = {"chart": f"{CHART} {CHART_VERSION}", "repo": repo_url(), "values": VALUES}
+            wa.detail = {"chart": f"{CHART} {CHART_VERSION}", "repo": repo_url(ctx.settings), "values": VALUES}

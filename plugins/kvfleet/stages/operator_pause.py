@@ -32,7 +32,7 @@ from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import PauseOperator, RestoreOperator
 from kvfleet.history.leases import run_key_of
-from kvfleet.stages.base import StageContext, poll_seconds
+from kvfleet.stages.base import StageContext
 
 _MEMO = "operator_deployment"
 
@@ -140,7 +140,7 @@ def apply_pause(ctx: StageContext, action: PauseOperator) -> int:
               "spec": {"replicas": 0}}, what="pause the inference operator")
     ctx.say(f"operator paused (scaled to 0 by {holder}; will restore to {restore_to})")
     wait_for(lambda: (pause_state(ctx)["ready"] == 0, f"ready {pause_state(ctx)['ready']}"),
-             timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
+             timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 0.5),
              what=f"[{ctx.cluster.name}] operator controller at 0", progress=ctx.progress)
     return restore_to
 
@@ -163,7 +163,7 @@ def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) 
     started = time.monotonic()
     if wait:
         wait_for(lambda: (pause_state(ctx)["ready"] >= 1, f"ready {pause_state(ctx)['ready']}"),
-                 timeout_s=ctx.timeouts.pods_s, poll_s=min(poll_seconds(), 0.5),
+                 timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 0.5),
                  what=f"[{ctx.cluster.name}] operator controller restored", progress=ctx.progress)
     ctx.say(f"operator restored to {replicas} replica(s) ({time.monotonic() - started:.1f}s)")
     return {"restored": True, "replicas": replicas, "was_paused_by": state["paused_by"],

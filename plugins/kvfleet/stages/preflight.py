@@ -309,8 +309,9 @@ class _Checker:
                      f"{kyverno.ADMISSION_SELECTOR}; kubectl get mutatingwebhookconfiguration "
                      f"{kyverno.RESOURCE_WEBHOOK}", severity="warning")
             return
-        values = f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n{kyverno.install_command()}"
-        if kyverno.install_allowed():
+        command = kyverno.install_command(self.ctx.settings)
+        values = f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n{command}"
+        if kyverno.install_allowed(self.ctx):
             self.add("kyverno", f"Kyverno is not installed (kyverno mode); stage 2 installs chart {kyverno.CHART} "
                      f"{kyverno.CHART_VERSION}, which needs the install grant of k8s/rbac/README.md (Kyverno)",
                      f"let stage 2 install it, or install it now:\n{values}", severity="warning")

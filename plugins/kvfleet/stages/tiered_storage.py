@@ -31,7 +31,7 @@ from kvfleet.errors import ConvergenceTimeout, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import UpdateCluster
 from kvfleet.stages import executor, readiness
-from kvfleet.stages.base import Outcome, Pending, StageContext, poll_seconds
+from kvfleet.stages.base import Outcome, Pending, StageContext
 from kvfleet.stages.converge import converge
 
 STAGE = "tiered_storage"
@@ -45,7 +45,7 @@ def _matches(live: TieredStorage, mode: str, percent: int) -> bool:
 
 def _verify_daemonset(ctx: StageContext, mode: str, nodes: int) -> str:
     return wait_for(lambda: readiness.ai_toolkit(ctx.kube, mode=mode, nodes=nodes), timeout_s=ctx.timeouts.pods_s,
-                    poll_s=poll_seconds(), what=f"[{ctx.cluster.name}] {readiness.WHAT['ai_toolkit']}",
+                    poll_s=ctx.poll_s, what=f"[{ctx.cluster.name}] {readiness.WHAT['ai_toolkit']}",
                     progress=ctx.progress)
 
 

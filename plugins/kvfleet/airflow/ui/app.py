@@ -37,6 +37,7 @@ from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
+from kvfleet.settings import ConfigError
 
 if TYPE_CHECKING:
     from kvfleet.history.repos import HistoryRepos
@@ -126,6 +127,12 @@ async def history_unavailable(request: Request, exc: Exception) -> Response:
                         status_code=503)
 
 
+async def bad_setting(request: Request, exc: Exception) -> Response:
+    """A ``KVFLEET_*`` setting of the API server is bad: the message names it, its value and the fix."""
+    log.error("kvfleet page: %s", exc)
+    return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
 async def bad_query(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, QueryError)
     return JSONResponse({"detail": str(exc)}, status_code=exc.status)
@@ -200,6 +207,7 @@ def create_app(history_factory: Callable[[], Any] = _history,
     app.state.history = None
     app.add_exception_handler(NotSignedIn, not_signed_in)
     app.add_exception_handler(QueryError, bad_query)
+    app.add_exception_handler(ConfigError, bad_setting)
     app.add_exception_handler(SQLAlchemyError, history_unavailable)
     app.add_exception_handler(AlembicError, history_unavailable)
     app.get("/", include_in_schema=False)(index)

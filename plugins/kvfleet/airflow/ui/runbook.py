@@ -8,13 +8,13 @@ checkout the package runs from) with GitHub-style heading anchors, so the same `
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from markupsafe import Markup, escape
 
 from kvfleet.airflow.gates import RUNBOOK_ANCHORS, Links
+from kvfleet.settings import load_settings
 
 HEADING = re.compile(r"<h([1-6])>(.*?)</h\1>", re.S)
 TAG = re.compile(r"<[^>]+>")
@@ -26,7 +26,7 @@ TOPIC_OF_DAG = {"kvfleet_rollout": "rollout", "kvfleet_drift_check": "drift",
 
 
 def external_url() -> str:
-    return os.environ.get("KVFLEET_RUNBOOK_URL", "").strip()
+    return load_settings().runbook_url
 
 
 def href(base: str, topic: str) -> str:
@@ -39,7 +39,7 @@ def href(base: str, topic: str) -> str:
 
 def source() -> Path | None:
     """The runbook's markdown: ``KVFLEET_RUNBOOK_PATH``, or ``docs/runbook.md`` of the checkout."""
-    configured = os.environ.get("KVFLEET_RUNBOOK_PATH", "").strip()
+    configured = load_settings().runbook_path.strip()
     candidates = [Path(configured)] if configured else []
     candidates.append(Path(__file__).resolve().parents[4] / "docs" / "runbook.md")
     return next((p for p in candidates if p.is_file()), None)

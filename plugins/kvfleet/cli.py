@@ -257,7 +257,7 @@ def _refuse_foreign_filters(args: argparse.Namespace) -> None:
         value = getattr(args, dest)
         if value in (None, False) or args.what in takers:
             continue
-        shown = f"--{dest}" if value is True else f"--{dest} {value}"
+        shown = f"--{dest}" if value is True else f"--{dest} {str(value)[:80]}"
         raise UsageError(f"kvfleet audit {args.what}: {shown} does not filter this listing; only "
                          f"{', '.join(takers)} take --{dest}: drop it or use one of those")
 

@@ -317,7 +317,7 @@ def test_the_cli_pages_verifications_and_drift(history: HistoryRepos, capsys: py
     assert cli.main(["audit", "drift", "--after", cursor]) == 2
     assert "cursor is for another listing" in capsys.readouterr().err
     assert cli.main(["audit", "runs", "--after", cursor]) == 2
-    assert "--after pages drift and verifications only" in capsys.readouterr().err
+    assert "only verifications, drift take --after" in capsys.readouterr().err
 
 
 # ---- the roles --------------------------------------------------------------------------------------------

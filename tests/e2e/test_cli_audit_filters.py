@@ -75,7 +75,7 @@ def _seed_run(history: HistoryRepos, run_id: str, at: datetime) -> None:
                              endpoint=endpoint)
         history.drift.sync(cluster, [{"fingerprint": f"{cluster}|{run_id}", "kind": "patch_lost", "lob": lob,
                                       "endpoint": endpoint, "severity": "high", "object_ref": f"iec/{endpoint}"}],
-                           run_key, scope_kinds=())
+                           run_key, scope_kinds=["patch_lost"])  # r2's check resolves r1's finding
         history.curvine.record(cluster=cluster, namespace="curvine", release="curvine",
                                revision=1 if run_id == "r1" else 2, chart_version="0.3.2", status="deployed",
                                flags={}, values={}, run_key=run_key)
@@ -94,8 +94,9 @@ def _seed_run(history: HistoryRepos, run_id: str, at: datetime) -> None:
 
 @pytest.fixture(scope="module")
 def seeded_env(pg) -> Any:  # type: ignore[no-untyped-def]
-    """One history for the module: run r1 20 days ago, r2 an hour ago. r1's drift was resolved by r2's check; r2
-    opened one finding per cluster and found one still open since 20 days; r2 also resolved one of today."""
+    """One history for the module, per cluster: run r1 20 days ago, r2 an hour ago. r2's check resolved r1's
+    finding and left its own open; a later check found one finding still open (last seen 20 days ago, as if
+    that check had stalled since) and resolved one opened today."""
     import uuid
 
     from kvfleet.history.db import dispose_engines, get_engine

@@ -281,19 +281,21 @@ def cases(now: datetime, sample: dict[str, Any]) -> list[Case]:
     c, ep, run, rollout = sample["cluster"], sample["endpoint"], sample["run_key"], sample["rollout_key"]
     short = ep.split("/", 1)[1]
     first, deep = {"limit": 100, "skip": 0}, {"limit": 100, "skip": 5000}
+    unfiltered = {"lob": None, "cluster": None, "endpoint": None}
     return [
         ("audit runs (7d, 50)", "recent_runs", {"cutoff": d7, "limit": 50}, None),
         ("page runs (30d, 500)", "recent_runs", {"cutoff": d30, "limit": 500}, None),
-        ("audit verifications (7d, page 1)", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": None},
+        ("audit verifications (7d, page 1)", "verifications_page", {"cutoff": d7, **unfiltered},
          first),
-        ("audit verifications (7d, page 51)", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": None},
+        ("audit verifications (7d, page 51)", "verifications_page", {"cutoff": d7, **unfiltered},
          deep),
-        ("audit verifications --endpoint", "verifications_page", {"cutoff": d7, "lob": None, "endpoint": short},
+        ("audit verifications --endpoint", "verifications_page", {"cutoff": d7, **unfiltered, "endpoint": short},
          first),
-        ("audit verifications --lob", "verifications_page", {"cutoff": d7, "lob": "rag", "endpoint": None}, first),
+        ("audit verifications --lob", "verifications_page", {"cutoff": d7, **unfiltered, "lob": "rag"},
+         first),
         ("gate evidence: verifications --endpoint", "verifications", {"cutoff": d7, "lob": None, "endpoint": short},
          None),
-        ("audit drift --open (page 1)", "open_drift_page", {}, first),
+        ("audit drift --open (page 1)", "open_drift_page", {"cutoff": None, "cluster": None}, first),
         ("page / gates: open drift", "open_drift", {}, None),
         ("audit drift (7d, page 1)", "drift_page", {"cutoff": d7, "cluster": None}, first),
         ("audit drift (7d, page 51)", "drift_page", {"cutoff": d7, "cluster": None}, deep),
@@ -316,7 +318,7 @@ def cases(now: datetime, sample: dict[str, Any]) -> list[Case]:
         ("audit curvine: releases", "curvine_history", {"cluster": c}, None),
         ("audit curvine: capacity", "capacity_history", {"cluster": c}, None),
         ("last rollout", "last_run", {"dag_id": "kvfleet_rollout"}, None),
-        ("audit rollout (by LOB)", "rollout_by_lob", {"run_key": rollout}, None),
+        ("audit rollout (by LOB)", "rollout_by_lob", {"run_key": rollout, "lob": None}, None),
         ("dry-run plan", "planned_actions", {"run_key": rollout}, None),
         ("hit stats weekly (30d)", "hit_stats_weekly", {"cutoff": d30}, None),
         ("page clusters", "ui_clusters", {}, None),

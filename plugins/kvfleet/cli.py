@@ -184,10 +184,10 @@ def _history() -> HistoryRepos:
     return HistoryRepos.on()
 
 
-def _cutoff(since: str) -> datetime:
+def _cutoff(since: str | None) -> datetime | None:
     from kvfleet.history.queries import since_cutoff
 
-    return since_cutoff(since, datetime.now(UTC))
+    return None if since is None else since_cutoff(since, datetime.now(UTC))
 
 
 Table = tuple[list[dict[str, Any]], list[str]]
@@ -209,14 +209,15 @@ def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[di
 
 
 def _verifications(h: Any, args: argparse.Namespace) -> Table:
-    rows = _paged(h, args, "verifications_page", cutoff=_cutoff(args.since), lob=args.lob, endpoint=args.endpoint)
+    rows = _paged(h, args, "verifications_page", cutoff=_cutoff(args.since), lob=args.lob, cluster=args.cluster,
+                  endpoint=args.endpoint)
     return rows, ["at", "run", "cluster", "endpoint", "lob", "prompt_tokens", "hit_ratio", "ttft_cold_ms",
                   "ttft_warm_ms", "speedup", "expected_speedup", "verdict", "diagnosis"]
 
 
 def _drift(h: Any, args: argparse.Namespace) -> Table:
-    rows = (_paged(h, args, "open_drift_page") if args.open
-            else _paged(h, args, "drift_page", cutoff=_cutoff(args.since), cluster=args.cluster))
+    rows = _paged(h, args, "open_drift_page" if args.open else "drift_page", cutoff=_cutoff(args.since),
+                  cluster=args.cluster)
     return rows, (["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual", "first_seen",
                    "last_seen"] + ([] if args.open else ["resolved_at", "resolution"])
                   + ["remediation_action", "remediation_outcome"])
@@ -251,16 +252,42 @@ _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gat
            "endpoint": _endpoint}
 
 
+# Every filter option of `kvfleet audit` and the subcommands it narrows; any other subcommand refuses it (exit 2)
+# rather than list every row. tests/e2e/test_cli_audit_filters.py runs each pair of the parser against this.
+AUDIT_FILTERS: dict[str, tuple[str, ...]] = {
+    "run": ("rollout", "gates", "changes"),
+    "since": ("runs", "verifications", "drift", "endpoint", "gates", "changes"),
+    "limit": ("runs", "verifications", "drift", "gates", "changes"),
+    "after": _PAGED,
+    "lob": ("rollout", "verifications"),
+    "endpoint": ("verifications", "endpoint", "changes"),
+    "cluster": ("verifications", "drift", "curvine", "changes"),
+    "open": ("drift",),
+}
+DEFAULT_SINCE = "7d"
+
+
+def _refuse_foreign_filters(args: argparse.Namespace) -> None:
+    """Exit 2 naming a filter given to a subcommand that does not narrow by it."""
+    for dest, takers in AUDIT_FILTERS.items():
+        value = getattr(args, dest)
+        if value in (None, False) or args.what in takers:
+            continue
+        shown = f"--{dest}" if value is True else f"--{dest} {str(value)[:80]}"
+        raise UsageError(f"kvfleet audit {args.what}: {shown} does not filter this listing; only "
+                         f"{', '.join(takers)} take --{dest}: drop it or use one of those")
+
+
 def _check_audit_args(args: argparse.Namespace) -> None:
+    _refuse_foreign_filters(args)
+    if args.since is None and not (args.what == "drift" and args.open):  # open drift: however old, by default
+        args.since = DEFAULT_SINCE
     if args.what == "curvine" and not args.cluster:
         raise UsageError("kvfleet audit curvine: --cluster is required")
     if args.what == "endpoint" and not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
     if args.limit is None:  # a page of 100 for the paged listings, 50 rows for the others (as before)
         args.limit = PAGE_SIZE if args.what in _PAGED else 50
-    if args.after is not None and args.what not in _PAGED:
-        raise UsageError(f"kvfleet audit {args.what}: --after pages {' and '.join(sorted(_PAGED))} only; "
-                         "drop it (--limit caps this listing)")
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -317,7 +344,7 @@ def _audit_rollout(h: Any, args: argparse.Namespace) -> int:
                 _out("no kvfleet_rollout run recorded yet")
             return 0
         run_key = last[0]["run_key"]
-    rows = h.queries.rows("rollout_by_lob", run_key=run_key)
+    rows = h.queries.rows("rollout_by_lob", run_key=run_key, lob=args.lob)
     if args.json:
         _json_dump({"run_key": run_key, "lobs": rows})
         return 0
@@ -597,15 +624,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      "changes", "verify"],
                    help="changes: write-ahead records; verify: check the audit log's hash chain")
     a.add_argument("--run", help="rollout, gates, changes: the run key (dag_id/run_id); rollout: default the newest")
-    a.add_argument("--since", type=_since, default="7d", help="7d, 12h, 30m (at most 36500d)")
+    a.add_argument("--since", type=_since, default=None,
+                   help="runs, verifications, drift, endpoint, gates, changes: 7d, 12h, 30m (at most 36500d; "
+                        f"default {DEFAULT_SINCE}, drift --open: every open finding)")
     a.add_argument("--limit", type=_int_in("--limit", *LIMIT_RANGE), default=None,
                    help="rows per page for verifications and drift (default 100), per listing for runs, gates "
                         "and changes (default 50)")
     a.add_argument("--after", metavar="CURSOR", help="verifications, drift: the page after this cursor (the "
                                                      "'next' value the previous page printed)")
-    a.add_argument("--lob")
-    a.add_argument("--endpoint")
-    a.add_argument("--cluster")
+    a.add_argument("--lob", help="rollout, verifications: one line of business")
+    a.add_argument("--endpoint", help="verifications, endpoint (required), changes: namespace/name or name")
+    a.add_argument("--cluster", help="verifications, drift, curvine (required), changes: one cluster")
     a.add_argument("--open", action="store_true", help="drift: only findings open now")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_audit)

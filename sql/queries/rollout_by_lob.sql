@@ -1,4 +1,5 @@
 -- Per-LOB summary of one rollout run: endpoints moved, unchanged, skipped, failed, and verification figures.
+-- :lob keeps one line of business when not NULL (`kvfleet audit rollout --lob`).
 WITH ep AS (
     SELECT DISTINCT ON (cluster, endpoint) cluster, endpoint, lob, outcome
     FROM step_events
@@ -22,4 +23,5 @@ SELECT COALESCE(ep.lob, v.lob) AS lob,
        AVG(v.expected_speedup) AS avg_expected
 FROM ep FULL OUTER JOIN v ON v.cluster = ep.cluster AND v.endpoint = ep.endpoint
 GROUP BY 1
+HAVING CAST(:lob AS text) IS NULL OR COALESCE(ep.lob, v.lob) = :lob
 ORDER BY 1

@@ -566,7 +566,7 @@ def finish_rollout(clusters: list[str], last_slots: list[Any] | None, params: di
     history = HistoryRepos.on()
     if req.dry_run:
         _print_dry_run(history, info.run_key)
-    rows = history.queries.rows("rollout_by_lob", run_key=info.run_key)
+    rows = history.queries.rows("rollout_by_lob", run_key=info.run_key, lob=None)
     lines = [f"{'LOB':<12}{'moved':>7}{'same':>7}{'skipped':>9}{'failed':>8}{'pass':>6}{'other':>7}"
              f"{'hit':>7}{'speedup':>9}{'expected':>10}"]
     for r in rows:

@@ -246,13 +246,13 @@ def test_pages_put_together_are_the_full_listing(history: HistoryRepos) -> None:
     for i in range(23):  # ties on `at` too: the id breaks them
         _verification(engine, same_time if i % 4 == 0 else NOW - timedelta(minutes=13 * i), "rag", "pass", 1.0,
                       2.5, n)
-    full = history.queries.rows("verifications", cutoff=NOW - timedelta(days=7), lob=None, endpoint=None)
+    full = history.queries.rows("verifications", cutoff=NOW - timedelta(days=7), lob=None, cluster=None, endpoint=None)
     got: list[dict[str, Any]] = []
     after = None
     pages = 0
     while True:
         rows, after = history.queries.page("verifications_page", limit=5, after=after, cutoff=NOW - timedelta(days=7),
-                                   lob=None, endpoint=None)
+                                   lob=None, cluster=None, endpoint=None)
         got += rows
         pages += 1
         if after is None:
@@ -267,7 +267,7 @@ def test_pages_put_together_are_the_full_listing(history: HistoryRepos) -> None:
                       triggered_by=None, params={})
     history.drift.sync("c1", [_finding(f"a{i}") for i in range(7)], "kvfleet_drift_check/r")
     for name, binds, full_name, full_binds in (
-            ("open_drift_page", {}, "open_drift", {}),
+            ("open_drift_page", {"cutoff": None, "cluster": None}, "open_drift", {}),
             ("drift_page", {"cutoff": NOW - timedelta(days=1), "cluster": None}, "drift_since",
              {"cutoff": NOW - timedelta(days=1)})):
         got, after = [], None
@@ -317,7 +317,7 @@ def test_the_cli_pages_verifications_and_drift(history: HistoryRepos, capsys: py
     assert cli.main(["audit", "drift", "--after", cursor]) == 2
     assert "cursor is for another listing" in capsys.readouterr().err
     assert cli.main(["audit", "runs", "--after", cursor]) == 2
-    assert "--after pages drift and verifications only" in capsys.readouterr().err
+    assert "only verifications, drift take --after" in capsys.readouterr().err
 
 
 # ---- the roles --------------------------------------------------------------------------------------------

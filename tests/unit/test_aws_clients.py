@@ -12,7 +12,8 @@ import boto3
 import pytest
 
 from kvfleet.clients import aws
-from kvfleet.clients.kube import K8S_AWS_ID_HEADER, eks_token
+from kvfleet.clients.aws import EKS_CLUSTER_HEADER
+from kvfleet.clients.kube import eks_token
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +74,7 @@ def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() 
 
     def slow_signer(request: Any, **_: Any) -> None:  # after kvfleet's hook
         time.sleep(0.002)
-        seen.append((threading.current_thread().name, request.headers[K8S_AWS_ID_HEADER]))
+        seen.append((threading.current_thread().name, request.headers[EKS_CLUSTER_HEADER]))
 
     sts.meta.events.register_first("before-sign.sts.GetCallerIdentity", slow)
     sts.meta.events.register("before-sign.sts.GetCallerIdentity", slow_signer)
@@ -98,9 +99,9 @@ def test_the_cluster_header_is_added_to_kvfleets_tokens_only() -> None:
 
     token = eks_token(sts, "cluster-a")
     url = base64.urlsafe_b64decode(token.removeprefix("k8s-aws-v1.") + "==").decode()
-    assert K8S_AWS_ID_HEADER in signed_headers(url).split(";")
+    assert EKS_CLUSTER_HEADER in signed_headers(url).split(";")
     other = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
-    assert K8S_AWS_ID_HEADER not in signed_headers(other).split(";")
+    assert EKS_CLUSTER_HEADER not in signed_headers(other).split(";")
 
 
 def test_a_reused_sts_client_has_the_cluster_header_hook_before_it_is_shared() -> None:
@@ -111,4 +112,4 @@ def test_a_reused_sts_client_has_the_cluster_header_hook_before_it_is_shared() -
     sts = aws.client("sts", "us-east-1", None)
     with aws.signing_for_eks("cluster-b"):  # not through eks_token: the hook is there already
         url = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
-    assert K8S_AWS_ID_HEADER in parse_qs(urlsplit(url).query)["X-Amz-SignedHeaders"][0].split(";")
+    assert EKS_CLUSTER_HEADER in parse_qs(urlsplit(url).query)["X-Amz-SignedHeaders"][0].split(";")

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.airflow import boundary
-from kvfleet.airflow.boundary import Kind, TemporaryDelayPolicy, classify, permanent_fails_fast, task_boundary
+from kvfleet.airflow.boundary import Kind, TemporaryDelayPolicy, classify, task_boundary
 from kvfleet.clients.kube import StopRequested
 from kvfleet.errors import (
     ConvergenceTimeout,
@@ -56,10 +56,8 @@ def test_permanent_fails_fast_without_retry(exc: PermanentError) -> None:
     assert str(caught.value) == str(exc) and caught.value.__cause__ is exc
 
 
-def test_permanent_fails_fast_is_the_boundary_and_keeps_the_return_value() -> None:
-    assert permanent_fails_fast is task_boundary
-
-    @permanent_fails_fast
+def test_the_boundary_keeps_the_return_value() -> None:
+    @task_boundary
     def body(x: int) -> int:
         return x + 1
 

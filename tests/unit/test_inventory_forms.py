@@ -1,5 +1,6 @@
 """The list form and the mapping form (keyed by name) of `clusters:`/`endpoints:`/`lobs:` give the same fleet, read by
-the validator (`load_inventory`), by the CLI (`kvfleet validate --json`) and by the twin's reader."""
+the validator (`load_inventory`), by the CLI (`kvfleet validate --json`), by the drift watch in the triggerer
+(`fleet_watch.watched_clusters`) and by the twin's reader."""
 
 from __future__ import annotations
 
@@ -67,6 +68,16 @@ def test_the_cli_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
     inv = _load(forms[0])
     assert a["clusters"] == [json.loads(json.dumps(dataclasses.asdict(c))) for c in inv.clusters]
     assert a["endpoints"] == [json.loads(json.dumps(dataclasses.asdict(e))) for e in inv.endpoints]
+
+
+def test_the_drift_watch_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
+    from kvfleet.airflow.triggers.fleet_watch import watched_clusters
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = (watched_clusters(str(p)) for p in forms)
+    assert a == b == _load(forms[0]).clusters
+    assert len(a) == 2  # the mapping form once gave the watch zero clusters
 
 
 def test_the_twin_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:

@@ -1,6 +1,6 @@
 """The task boundary: where every exception a kvfleet task raises is classified once, into Airflow's terms.
 
-Applied (``@task_boundary``; ``permanent_fails_fast`` is the same decorator under its former name) to every task
+Applied (``@task_boundary``) to every task
 body in ``kvfleet.airflow``. The stages below raise kvfleet's error model (``kvfleet.errors``); the clients turn
 what they know into it; whatever escapes unclassified is classified here, so no exception is retried blindly:
 
@@ -203,4 +203,3 @@ def task_boundary(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-permanent_fails_fast = task_boundary  # the former name, kept: the whole boundary fails permanent errors fast

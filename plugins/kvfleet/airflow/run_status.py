@@ -32,7 +32,7 @@ REFUSAL_STAGE_OF_DAG = {"kvfleet_curvine_upgrade": "curvine-upgrade", "kvfleet_c
 
 
 def _root(exc: BaseException | None) -> BaseException | None:
-    """The kvfleet error under Airflow's wrapper (``permanent_fails_fast`` raises AirflowFailException from it)."""
+    """The kvfleet error under Airflow's wrapper (``task_boundary`` raises AirflowFailException from it)."""
     seen = exc
     while seen is not None:
         if isinstance(seen, PermanentError | FileNotFoundError):

@@ -36,7 +36,6 @@ from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, Tem
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
-K8S_AWS_ID_HEADER = aws.EKS_CLUSTER_HEADER
 
 
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:

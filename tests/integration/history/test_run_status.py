@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvfleet.airflow import run_status
-from kvfleet.airflow.boundary import permanent_fails_fast
+from kvfleet.airflow.boundary import task_boundary
 from kvfleet.errors import GateRefused, InventoryError
 from kvfleet.history.repos import HistoryRepos
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def _raised(exc: Exception) -> BaseException:
-    @permanent_fails_fast
+    @task_boundary
     def task() -> None:
         raise exc
 

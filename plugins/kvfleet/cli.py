@@ -391,6 +391,12 @@ def cmd_db(args: argparse.Namespace) -> int:
     from kvfleet.history import migrate
     from kvfleet.history.db import migration_url, new_engine
 
+    if args.action == "downgrade" and not args.revision:
+        raise UsageError("kvfleet db downgrade: name the revision to go down to (kvfleet db current shows where "
+                         "the schema is); there is no default")
+    if args.action == "downgrade" and args.revision == "base" and not args.drop_history:
+        raise UsageError("kvfleet db downgrade base drops every history table, the audit log included; add "
+                         "--drop-history to mean it (take a backup first: pg_dump)")
     if args.revision:
         _check_revision(migrate, args.revision)
     url = migration_url()
@@ -411,7 +417,7 @@ def _migrate(args: argparse.Namespace, migrate: Any, engine: Any, url: str) -> N
         if args.action == "upgrade":
             migrate.upgrade(engine, args.revision or "head")
         elif args.action == "downgrade":
-            migrate.downgrade(engine, args.revision or "base")
+            migrate.downgrade(engine, args.revision)
         _out(f"history schema at revision {migrate.current_revision(engine) or '(empty)'} "
               f"(head {migrate.head_revision()})")
 
@@ -641,7 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("db", help="history database migrations")
     d.add_argument("action", choices=["upgrade", "downgrade", "current"])
-    d.add_argument("revision", nargs="?")
+    d.add_argument("revision", nargs="?", help="upgrade: default head; downgrade: required")
+    d.add_argument("--drop-history", action="store_true",
+                   help="with `downgrade base`: really drop every history table, the audit log included")
     d.set_defaults(func=cmd_db)
 
     g = sub.add_parser("gate", help="rollout gates waiting for a human: list, respond (through Airflow's REST API: "

@@ -47,7 +47,7 @@ NOT_SETTINGS = frozenset({
     "KVFLEET_UPSTREAM_CURVINE_HELM", "KVFLEET_UPSTREAM_CURVINE_CHART",
 })
 SNS_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
-PG_SCHEMES = re.compile(r"^postgres(ql)?(\+[a-z0-9_]+)?$")
+PG_SCHEMES = re.compile(r"^postgres(ql)?(\+psycopg2)?$")  # the driver kvfleet ships (psycopg2)
 _warned: set[str] = set()
 # The mapping load_settings(env) reads instead of os.environ, for the duration of that call.
 _ENV: ContextVar[Mapping[str, str] | None] = ContextVar("kvfleet_settings_env", default=None)
@@ -116,10 +116,10 @@ class Settings(BaseSettings):
     helm_repo_curvine: str = Field("", description=(
         "A mirror of the Curvine chart repository, used instead of each cluster's `curvine.repo_url`. The same rule "
         "as the inventory: https, or plain http with `KVFLEET_HELM_REPO_ALLOW_INSECURE=true`."),
-        json_schema_extra=_extra("charts", "an https:// chart repository URL"))
+        json_schema_extra=_extra("charts", "an https:// chart repository URL", secret=True))
     helm_repo_kyverno: str = Field("", description=(
         "A mirror of the Kyverno chart repository (default https://kyverno.github.io/kyverno/); the same rule."),
-        json_schema_extra=_extra("charts", "an https:// chart repository URL"))
+        json_schema_extra=_extra("charts", "an https:// chart repository URL", secret=True))
     helm_repo_allow_insecure: bool = Field(False, description=(
         "Allow a plain-http `KVFLEET_HELM_REPO_*` mirror (a repository you trust on your network), as "
         "`allow_insecure_repo: true` does for an inventory `repo_url`."),
@@ -224,7 +224,7 @@ class Settings(BaseSettings):
     def _repos(self) -> Settings:
         for name in ("helm_repo_curvine", "helm_repo_kyverno"):
             value = getattr(self, name)
-            problem = repo_url_problem(value, allow_http=self.helm_repo_allow_insecure, shown=_shown(value),
+            problem = repo_url_problem(value, allow_http=self.helm_repo_allow_insecure, shown=masked_url(value),
                                        allowance=f"set {PREFIX}HELM_REPO_ALLOW_INSECURE=true")
             if problem:
                 raise ConfigError(f"{env_name(name)}: {problem}, or unset {env_name(name)}")
@@ -267,14 +267,24 @@ def _shown(value: str) -> str:
 
 
 def _masked(value: Any, info: FieldInfo | None) -> str:
-    """A value for an error message: a secret one (a URL with a password or a webhook's token) keeps its scheme
-    and host only."""
+    """A value for an error message: a secret one (a URL with a password or a webhook's token) keeps its scheme,
+    host and port only; one that is not even a URL is not quoted at all."""
     text = str(value)
     extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
-    if extra.get("secret") and "://" in text:
-        scheme, rest = text.split("://", 1)
-        return repr(f"{scheme}://{rest.split('/', 1)[0].rsplit('@', 1)[-1][:80]}/…")
-    return _shown(text)
+    return masked_url(text) if extra.get("secret") else _shown(text)
+
+
+def masked_url(text: str) -> str:
+    """``scheme://host[:port]/…`` of a URL, quoted: never its user, password, path, query or fragment."""
+    try:
+        parts = urlsplit(text.strip())
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "(a value that is not a URL; not shown)"
+    if not parts.scheme or not host:
+        return "(a value that is not a URL; not shown)"
+    shown_host = f"[{host}]" if ":" in host else host
+    return repr(f"{parts.scheme}://{shown_host[:80]}{f':{port}' if port else ''}/…")
 
 
 class _EnvSource(EnvSettingsSource):

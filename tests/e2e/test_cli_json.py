@@ -141,6 +141,8 @@ def test_embedded_postgres_messages_stay_off_stdout(tmp_path: Path) -> None:
     (("audit", "endpoint"), "--endpoint is required"),
     (("audit", "curvine"), "--cluster is required"),
     (("db", "downgrade", "nonsense-rev"), "unknown revision 'nonsense-rev'"),
+    (("db", "downgrade"), "name the revision to go down to"),  # no default: it once meant `base`, the audit gone
+    (("db", "downgrade", "base"), "add --drop-history to mean it"),
     (("plan", "--wave-size", "0"), "--wave-size 0 is out of range: use 1–500"),
     (("plan", "--wave-size", "501"), "--wave-size 501 is out of range: use 1–500"),
 ])

@@ -419,3 +419,23 @@ def test_no_gate_waiting_reads_airflows_hitl_records(client: Any, seeded: dict[s
     data = client.get("/kvfleet/api/gates", headers=alice).json()
     assert data["pending"] == [] and "pending_error" not in data
     assert "No gate is waiting." in client.get("/kvfleet/gates", headers=alice).text
+
+
+def test_with_no_history_configured_the_page_is_a_503_naming_the_cause(auth: Any, alice: dict[str, str],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history fails closed: the page's default factory (the configured history) refuses, and the page says
+    why instead of a bare 500."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kvfleet.airflow.ui.app import create_app
+
+    monkeypatch.delenv("KVFLEET_HISTORY_URL", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_KVFLEET_HISTORY", raising=False)
+    root = FastAPI()
+    root.mount("/kvfleet", create_app())
+    with TestClient(root, base_url="http://127.0.0.1:8080") as c:
+        for path in ("/kvfleet/api/runs", "/kvfleet/runs"):
+            resp = c.get(path, headers=alice)
+            assert resp.status_code == 503, (path, resp.status_code, resp.text[:300])
+            assert "no history database is configured" in resp.json()["detail"]

@@ -120,13 +120,16 @@ def test_ordinary_namespaces_are_fine() -> None:
 # ---- Curvine host paths ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/etc/curvine", "/var/lib/kubelet/x", "/", "/mntx/data", "/root"])
+# A prefix itself (the node's whole /mnt) is refused too: formatWorker wipes a worker's directories on a first
+# install; and a path has one spelling, so no "." or empty segment slips past the prefix check.
+@pytest.mark.parametrize("path", ["/etc/curvine", "/var/lib/kubelet/x", "/", "/mntx/data", "/root", "/mnt", "/data/",
+                                  "/mnt/.", "/mnt//x", "/opt/dlami/nvme"])
 def test_a_host_path_outside_the_prefixes_is_refused(path: str) -> None:
     problems = _problems(_text(lambda d: d["clusters"][0].update(curvine={"worker": {"host_path": path}})))
     assert any(p.startswith("fleet.yaml: clusters.c1.curvine.worker.host_path:") for p in problems), problems
 
 
-@pytest.mark.parametrize("path", ["/mnt/nvme/curvine", "/data/curvine", "/opt/dlami/nvme/curvine-data", "/mnt"])
+@pytest.mark.parametrize("path", ["/mnt/nvme/curvine", "/data/curvine", "/opt/dlami/nvme/curvine-data"])
 def test_a_host_path_under_a_default_prefix_is_fine(path: str) -> None:
     inv = _parse(_text(lambda d: d["clusters"][0].update(curvine={"worker": {"host_path": path}})))
     assert inv.clusters[0].curvine.worker_host_path == path
@@ -143,6 +146,9 @@ def test_the_prefixes_are_an_inventory_setting() -> None:
     assert any("/srv/nvme" in p and "host_path" in p for p in problems), problems
     problems = _problems(_text(lambda d: d.update(settings={"curvine_host_path_prefixes": ["/srv/../etc"]})))
     assert any("settings.curvine_host_path_prefixes[0]" in p for p in problems), problems
+    for prefix in ("//", "/", "/./", "/srv//nvme"):  # a prefix that would let every path through
+        problems = _problems(_text(lambda d, prefix=prefix: d.update(settings={"curvine_host_path_prefixes": [prefix]})))
+        assert any("settings.curvine_host_path_prefixes[0]" in p for p in problems), (prefix, problems)
 
 
 def test_dotdot_is_refused_even_under_a_prefix() -> None:

@@ -552,11 +552,16 @@ def _private_range(value: Any) -> str:
 
 
 def _prefix_entry(value: Any) -> str:
-    if not isinstance(value, str) or not value.startswith("/") or len(value) < 2 or not HOST_PATH.fullmatch(value) \
-            or ".." in value.split("/"):
-        raise _fail(f"{show(value)} is not an absolute directory of letters, digits, '.', '_', '-' and '/' without "
-                    "'..'; write e.g. /mnt/nvme")
+    if not isinstance(value, str) or not value.startswith("/") or not HOST_PATH.fullmatch(value) \
+            or _unnormal(value.rstrip("/")) or len(value.rstrip("/")) < 2:
+        raise _fail(f"{show(value)} is not an absolute directory below / of letters, digits, '.', '_', '-' and '/' "
+                    "(no '..', '.' or empty segments); write e.g. /mnt/nvme")
     return value.rstrip("/")
+
+
+def _unnormal(path: str) -> bool:
+    """A path with an empty, '.' or '..' segment ('//', '/./', '/..'): one spelling of a directory only."""
+    return any(part in ("", ".", "..") for part in path.split("/")[1:])
 
 
 # ---- the model ----------------------------------------------------------------------------------------------------
@@ -1287,8 +1292,11 @@ def _cluster_checks(k: _Checks) -> None:
                    "production clusters).")
         _worker_count(k, ci, cl)
         hp = cl.curvine.worker.host_path
-        if prefixes and not any(hp == p or hp.startswith(p + "/") for p in prefixes):
-            k.problem(("clusters", ci, "curvine", "worker", "host_path"), f"{show(hp)} is not under "
+        if _unnormal(hp.rstrip("/")) and hp != "/":
+            k.problem(("clusters", ci, "curvine", "worker", "host_path"), f"{show(hp)} has an empty, '.' or '..' "
+                      f"segment; write the directory once, plainly, e.g. {DEFAULT_WORKER_HOST_PATH}")
+        elif prefixes and not any(hp.rstrip("/").startswith(p + "/") for p in prefixes):
+            k.problem(("clusters", ci, "curvine", "worker", "host_path"), f"{show(hp)} is not a directory below "
                       f"{', '.join(prefixes)} (settings.curvine_host_path_prefixes): a worker mounts this node "
                       f"directory, so it must be one kept for data; use e.g. {DEFAULT_WORKER_HOST_PATH}, or add its "
                       "parent to settings.curvine_host_path_prefixes")

@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable
@@ -82,9 +82,47 @@ def _normalise(url: str) -> str:
 
 
 def _airflow_connection_url(conn_id: str = "kvfleet_history") -> str | None:
+    """The connection's URL, checked: a PostgreSQL URL or nothing (``embedded`` is a choice of
+    ``KVFLEET_HISTORY_URL`` only, never of a connection)."""
+    url = _connection_lookup(conn_id)
+    if url is None:
+        return None
+    from kvfleet.settings import PG_SCHEMES
+
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError:
+        scheme = ""
+    if not PG_SCHEMES.fullmatch(scheme):
+        raise HistoryConfigError(
+            f"the history's Airflow connection {conn_id!r} is not a PostgreSQL connection (its URI's scheme is "
+            f"{scheme[:40]!r}; a postgres:// or postgresql:// URI is needed); fix the connection, or {_FIX}")
+    return url
+
+
+def _env_connection(conn_id: str, raw: str) -> str:
+    """``AIRFLOW_CONN_<ID>``: a URI, or Airflow's JSON form (conn_type, host, port, login, password, schema)."""
+    if not raw.lstrip().startswith("{"):
+        return raw
+    import json
+
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        url = URL.create(str(doc.get("conn_type") or ""), username=doc.get("login"), password=doc.get("password"),
+                         host=doc.get("host"), port=int(doc["port"]) if doc.get("port") else None,
+                         database=doc.get("schema"))
+    except (ValueError, TypeError) as exc:
+        raise HistoryConfigError(f"AIRFLOW_CONN_{conn_id.upper()} is neither a connection URI nor Airflow's JSON "
+                                 f"form ({type(exc).__name__}); fix it, or {_FIX}") from None
+    return url.render_as_string(hide_password=False)
+
+
+def _connection_lookup(conn_id: str) -> str | None:
     env = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
     if env:
-        return env
+        return _env_connection(conn_id, env)
     if not _airflow_configured():
         return None  # importing Airflow here would write ~/airflow/airflow.cfg (and later a SQLite file)
     try:
@@ -324,8 +362,23 @@ def owner_url() -> str | None:
     return None
 
 
+def owner_for(writer: str) -> str | None:
+    """The owner URL that migrates ``writer``'s database: None when there is none, or when the configured owner
+    names another database (e.g. an owner URL inherited from another environment while the writer is the
+    embedded server): a migration never runs on a database other than the writer's."""
+    owner = owner_url()
+    if owner and owner != writer and not _same_database(owner, writer):
+        fallback = embedded().url(HISTORY_DB, OWNER_ROLE) if _embedded_chosen() else None
+        log.warning("the history owner URL points at another database than the writer's: ignoring it (%s); set "
+                    "KVFLEET_HISTORY_OWNER_URL beside KVFLEET_HISTORY_URL",
+                    "using the embedded owner" if fallback else "migrating with the writer's URL")
+        return fallback
+    return owner
+
+
 def migration_url() -> str:
-    return owner_url() or history_url()
+    writer = history_url()
+    return owner_for(writer) or writer
 
 
 def _same_database(a: str, b: str) -> bool:
@@ -381,14 +434,7 @@ def get_engine(url: str | None = None) -> Engine:
     engine = new_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
     from kvfleet.history.migrate import ensure_schema
 
-    owner = None if explicit else owner_url()
-    if owner and owner != url and not _same_database(owner, url):
-        # e.g. an owner URL inherited from another environment while the writer is the embedded server
-        fallback = embedded().url(HISTORY_DB, OWNER_ROLE) if not explicit and _embedded_chosen() else None
-        log.warning("the history owner URL points at another database than the writer's: ignoring it (%s); set "
-                    "KVFLEET_HISTORY_OWNER_URL beside KVFLEET_HISTORY_URL",
-                    "using the embedded owner" if fallback else "migrating with the writer's URL")
-        owner = fallback
+    owner = None if explicit else owner_for(url)
     if owner and owner != url:
         owner_engine = new_engine(owner)
         try:

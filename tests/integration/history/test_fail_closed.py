@@ -223,3 +223,12 @@ def test_the_embedded_server_is_private_to_its_user(pg: Any) -> None:
             intruder.connect().close()
     finally:
         intruder.dispose()
+
+
+def test_db_commands_never_migrate_an_owner_of_another_database(monkeypatch: pytest.MonkeyPatch,
+                                                                 fresh_db_url: str) -> None:
+    """An owner URL inherited from another environment (another database) is ignored by `kvfleet db` as by the
+    engine: the migration runs on the writer's database only."""
+    monkeypatch.setenv("KVFLEET_HISTORY_URL", fresh_db_url)
+    monkeypatch.setenv("KVFLEET_HISTORY_OWNER_URL", "postgresql://kvfleet_owner@127.0.0.1:1/elsewhere")
+    assert db.migration_url() == db._normalise(fresh_db_url)

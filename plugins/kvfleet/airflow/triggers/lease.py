@@ -56,6 +56,7 @@ class LeaseFreeTrigger(BaseTrigger):
         """(status or None: keep waiting, message). Runs in a thread."""
         from sqlalchemy.exc import OperationalError, ProgrammingError
 
+        from kvfleet.errors import HistoryConfigError, HistoryUnreachable
         from kvfleet.history.db import get_engine
         from kvfleet.history.leases import Leases
 
@@ -67,6 +68,11 @@ class LeaseFreeTrigger(BaseTrigger):
         except OperationalError as exc:
             log.warning("[%s] history database unreachable, polling again: %s", self.cluster, exc.orig)
             return None, "history database unreachable"
+        except HistoryUnreachable as exc:  # the first connection of this triggerer did not answer: poll again
+            log.warning("[%s] history database unreachable, polling again: %s", self.cluster, exc)
+            return None, "history database unreachable"
+        except HistoryConfigError as exc:  # no history configured here: waiting cannot fix it
+            return ERROR, str(exc)
         free = [message for status, message in waiting if status is not None]
         return (SUCCESS, free[0]) if free else (None, "; ".join(message for _, message in waiting))
 

@@ -37,6 +37,7 @@ from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
+from kvfleet.errors import HistoryConfigError, HistoryUnreachable
 from kvfleet.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -127,6 +128,13 @@ async def history_unavailable(request: Request, exc: Exception) -> Response:
                         status_code=503)
 
 
+async def history_refused(request: Request, exc: Exception) -> Response:
+    """The history is not configured (kvfleet fails closed) or does not answer: 503 with the cause and the fix
+    (the message names the setting or the host, never a password)."""
+    log.error("kvfleet page: %s", exc)
+    return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
 async def bad_setting(request: Request, exc: Exception) -> Response:
     """A ``KVFLEET_*`` setting of the API server is bad: the message names it, its value and the fix."""
     log.error("kvfleet page: %s", exc)
@@ -210,6 +218,9 @@ def create_app(history_factory: Callable[[], Any] = _history,
     app.add_exception_handler(ConfigError, bad_setting)
     app.add_exception_handler(SQLAlchemyError, history_unavailable)
     app.add_exception_handler(AlembicError, history_unavailable)
+    # The history not configured (it fails closed) or not answering: the same 503 naming the cause.
+    app.add_exception_handler(HistoryConfigError, history_refused)
+    app.add_exception_handler(HistoryUnreachable, history_refused)
     app.get("/", include_in_schema=False)(index)
     app.get("/runbook", response_class=HTMLResponse, include_in_schema=False)(runbook_page)
     app.get("/api/openapi.json", include_in_schema=False)(openapi_schema)

@@ -71,7 +71,7 @@ def render(inv: Inventory, cluster_name: str, source: str) -> dict[str, str]:
     files: dict[str, str] = {}
 
     files["curvine/values-install.yaml"] = _header(src, """
-Values of the FIRST `helm install curvine` only (DOMAIN.md stage 3): the three format flags are true so that the
+Values of the FIRST `helm install curvine` only (docs/reference/curvine.md#format-flags): the three format flags are true so that the
 master formats its metadata/journal and the workers their cache dirs on their very first start. kvfleet passes
 these as a values file it writes (-f), never --set (helm splits --set values on commas); this file is for a team
 that installs by hand:
@@ -83,7 +83,7 @@ then, as soon as every Curvine pod is Running, IMMEDIATELY apply values-safe.yam
 Every helm upgrade/rollback of Curvine after the first start uses these, with --reuse-values:
   helm upgrade curvine curvine/curvine -n curvine --version VERSION --reuse-values -f values-safe.yaml
 Why all false: a Curvine master that STARTS with cluster.formatMaster wipes its metadata and journal, a worker
-that starts with formatWorker deletes its cache dirs (FACTS.md 3.3). Left true, the next pod restart (node loss,
+that starts with formatWorker deletes its cache dirs (docs/reference/curvine.md#format-flags). Left true, the next pod restart (node loss,
 upgrade, eviction) silently erases L2. kvfleet refuses any upgrade or rollback that would bring a flag back.""") \
         + _dump(_nested(cv.safe_flags()))
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = [ROOT / "plugins", ROOT / "dags", ROOT / "docs", ROOT / "sandbox", ROOT / "tests", ROOT / "bench",
-           ROOT / "README.md"]
+           ROOT / "sql", ROOT / "k8s", ROOT / "tools", ROOT / "deploy", ROOT / "README.md", ROOT / "fleet.example.yaml",
+           ROOT / "Makefile", ROOT / "Dockerfile", ROOT / "docker-compose.yaml"]
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".tpl", ".sql", ".toml", ".txt", ".json", ".cfg", ".ini", ".sh"}
 SELF = Path(__file__).resolve()
 # Upstream copies kept verbatim (their own text is not kvfleet's to rewrite).
@@ -33,7 +34,7 @@ def _files() -> list[Path]:
     out: list[Path] = []
     for base in SCANNED:
         paths = [base] if base.is_file() else sorted(base.rglob("*"))
-        out += [p for p in paths if p.is_file() and p.suffix in TEXT_SUFFIXES and p.resolve() != SELF
+        out += [p for p in paths if p.is_file() and (p.suffix in TEXT_SUFFIXES or base.is_file()) and p.resolve() != SELF
                 and p not in VERBATIM and "__pycache__" not in p.parts]
     return out
 

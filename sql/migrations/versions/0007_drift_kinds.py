@@ -1,4 +1,4 @@
-"""Drift kinds that tell the truth (issue 21): the overloaded kinds are split, and recorded findings are renamed
+"""Drift kinds that tell the truth: the overloaded kinds are split, and recorded findings are renamed
 where their own columns tell the conditions apart.
 
 - ``addon_not_active`` covered a missing add-on, a wrong version, a wrong configuration and a missing operator

@@ -1,5 +1,5 @@
 """Summaries maintained at write time and keyset-paging indexes, so that `kvfleet audit` and the kvfleet page stay
-under 50 ms at 1 M history rows (bench/audit_scale.py, issue 19).
+under 50 ms at 1 M history rows (bench/audit_scale.py).
 
 - ``audit_open_intents``: the write-ahead intents that have no outcome yet, kept by a statement trigger on
   ``audit_log`` (an intent row adds its id, any row with an ``intent_id`` removes it). ``open_intents`` reads it

@@ -1,5 +1,5 @@
 """Each endpoint's latest state kept at write time, so that the kvfleet page's Fleet view (``ui_fleet``) reads one
-row per endpoint instead of four index probes per endpoint into the history (bench/audit_scale.py, issue 19).
+row per endpoint instead of four index probes per endpoint into the history (bench/audit_scale.py).
 
 - ``endpoint_state``: per (cluster, endpoint), what ``ui_fleet`` read from the history before this revision —
   the newest endpoint step that was not a plan (``ep_*``), the newest cross-pod verification (``v_*``), the open

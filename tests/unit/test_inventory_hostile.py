@@ -212,3 +212,12 @@ def test_a_file_that_is_not_an_inventory_is_refused_without_its_content(tmp_path
     out = proc.stdout + proc.stderr
     assert "notes.txt" in out and "Traceback" not in out
     assert not any(content[i:i + 6] in out for i in range(len(content) - 5) if content[i:i + 6].strip()), out
+
+
+@pytest.mark.parametrize("url", [
+    "http://[::169.254.169.254]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::]/",  # IPv4 in IPv6
+    "http://１２７.０.０.１/", "http://127。0。0。1/", "http://①②⑦.0.0.1/",  # folded to 127.0.0.1 by resolvers
+])
+def test_a_webhook_spelled_to_slip_past_the_address_check_is_refused(url: str) -> None:
+    problems = _problems(_text(lambda d: d["lobs"][0].update(notify={"webhook_url": url})))
+    assert any("notify.webhook_url" in p and ("169.254.169.254" in p or "not ASCII" in p) for p in problems), problems

@@ -1150,9 +1150,24 @@ def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
             ip = ipaddress.IPv4Address(socket.inet_aton(host))
         except OSError:
             return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        return _embedded_v4(ip) or ip
     return ip
+
+
+_V4_IN_V6: Final = (ipaddress.ip_network("::/96"), ipaddress.ip_network("64:ff9b::/96"))  # compatible, NAT64
+
+
+def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped ::ffff:a.b.c.d, compatible ::a.b.c.d, NAT64 64:ff9b::a.b.c.d,
+    6to4 2002:aabb:ccdd::), which the network may route to that IPv4 address."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in net for net in _V4_IN_V6) and int(ip) > 1:  # :: and ::1 stay themselves
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def webhook_target_problem(url: str, allowed: Iterable[str]) -> str | None:
@@ -1162,6 +1177,9 @@ def webhook_target_problem(url: str, allowed: Iterable[str]) -> str | None:
         host = (urlsplit(url).hostname or "").rstrip(".").lower()
     except ValueError:
         return None  # refused already as not an http(s) URL
+    if not host.isascii():  # full-width or circled digits, ideographic dots: resolvers fold them to an address
+        return (f"{safe_url(url)} has a host name that is not ASCII: write it as ASCII (an IDN in its xn-- form), "
+                "so that the address it names can be checked")
     ip = ipaddress.ip_address("127.0.0.1") if host == "localhost" or host.endswith(".localhost") else _as_ip(host)
     if ip is None or (ip.is_global and not ip.is_multicast):
         return None

@@ -264,7 +264,8 @@ def test_a_lost_node_fails_its_pods_and_they_reschedule_when_capacity_exists(sb,
     assert next(c for c in node.status.conditions if c.type == "Ready").status == "Unknown"
     assert any(t.key == "node.kubernetes.io/unreachable" for t in node.spec.taints)
     replacement = wait_for("a Pending replacement", lambda: [
-        p for p in pods_of(core, "llm") if p.metadata.name != victim and p.spec.node_name is None])
+        p for p in pods_of(core, "llm") if p.metadata.name != victim and p.spec.node_name is None
+        and p.status.conditions])  # created, and judged by the scheduler (its PodScheduled condition written)
     assert victim not in {p.metadata.name for p in pods_of(core, "llm")}
     message = next(c for c in replacement[0].status.conditions if c.type == "PodScheduled").message
     assert "1 Insufficient nvidia.com/gpu" in message and "untolerated taint {node.kubernetes.io/unreachable: }" \

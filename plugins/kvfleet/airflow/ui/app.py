@@ -8,6 +8,9 @@ Routes (relative to the mount point):
 - ``/gates`` (and ``/api/gates``) also lists the gates waiting for a human now (read from Airflow's HITL
   records, ``kvfleet.airflow.hitl.pending``), each with its run's evidence and a link to Airflow's Required
   Actions page, where it is answered;
+- ``/metrics``: kvfleet's own metrics in Prometheus' text format, read from the history and Airflow's HITL records
+  (``kvfleet.airflow.ui.metrics``, ``docs/metrics.md``); Prometheus scrapes it with an Airflow user's JWT as its
+  bearer token, and gets 401/403, never a login redirect;
 - ``/runbook``: the operator's runbook (``docs/runbook.md``), or a redirect to ``KVFLEET_RUNBOOK_URL``;
 - ``/api/openapi.json``: the app's OpenAPI schema (no /docs or /redoc page);
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
@@ -31,12 +34,14 @@ from alembic.util.exc import CommandError as AlembicError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 
-from kvfleet.airflow.ui import catalog, pages, runbook
+from kvfleet.airflow.ui import catalog, metrics, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
+from kvfleet.history.metrics import ENDPOINT_SERIES_CAP
 
 if TYPE_CHECKING:
     from kvfleet.history.repos import HistoryRepos
@@ -111,7 +116,8 @@ def _filters(request: Request, view: str) -> Filters:
 
 async def not_signed_in(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, NotSignedIn)
-    wants_html = not request.url.path.startswith(f"{request.scope.get('root_path', '')}/api")
+    root = request.scope.get("root_path", "")
+    wants_html = not request.url.path.startswith((f"{root}/api", f"{root}/metrics"))
     if exc.status == 401 and wants_html:
         from airflow.api_fastapi.app import get_auth_manager
 
@@ -189,20 +195,37 @@ def runbook_page(request: Request, user: User) -> Response:
     return HTMLResponse(pages.page("runbook", body, base=base, user=user.get_name(), colours=LobColours([])))
 
 
+def metrics_page(request: Request, user: User) -> Response:
+    """The Prometheus text exposition of the history; without the pending gates (``kvfleet_gates_readable`` 0)
+    when Airflow's HITL records cannot be read, so the history's metrics still arrive."""
+    reading = _app_history(request).metrics.read(request.app.state.metrics_endpoint_cap)
+    try:
+        gates = request.app.state.pending_factory()
+    except Exception:
+        log.exception("kvfleet metrics: reading the pending gates from Airflow failed")
+        gates = None
+    body = metrics.exposition(reading, metrics.pending_by_dag(gates), pages.GATE_DAGS)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def create_app(history_factory: Callable[[], Any] = _history,
-               pending_factory: Callable[[], list[Any]] = _pending) -> FastAPI:
+               pending_factory: Callable[[], list[Any]] = _pending,
+               metrics_endpoint_cap: int = ENDPOINT_SERIES_CAP) -> FastAPI:
     """The app; ``history_factory`` builds the HistoryRepos repository (once, on the first request that reads);
-    ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
+    ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records); ``metrics_endpoint_cap``: at
+    most this many endpoints get per-endpoint series on ``/metrics``."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.history_factory = history_factory
     app.state.pending_factory = pending_factory
     app.state.history = None
+    app.state.metrics_endpoint_cap = metrics_endpoint_cap
     app.add_exception_handler(NotSignedIn, not_signed_in)
     app.add_exception_handler(QueryError, bad_query)
     app.add_exception_handler(SQLAlchemyError, history_unavailable)
     app.add_exception_handler(AlembicError, history_unavailable)
     app.get("/", include_in_schema=False)(index)
+    app.get("/metrics", include_in_schema=False)(metrics_page)
     app.get("/runbook", response_class=HTMLResponse, include_in_schema=False)(runbook_page)
     app.get("/api/openapi.json", include_in_schema=False)(openapi_schema)
     app.get("/api/queries")(list_queries)

@@ -151,7 +151,7 @@ def series(samples: dict[tuple[str, Any], float], name: str) -> dict[tuple[tuple
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
-def L(**labels: str) -> tuple[tuple[str, str], ...]:  # noqa: N802 - reads as a label set
+def L(**labels: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 

@@ -34,10 +34,9 @@ from alembic.util.exc import CommandError as AlembicError
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.exc import SQLAlchemyError
 
-from kvfleet.airflow.ui import catalog, metrics, pages, runbook
+from kvfleet.airflow.ui import catalog, pages, runbook
 from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
@@ -198,6 +197,10 @@ def runbook_page(request: Request, user: User) -> Response:
 def metrics_page(request: Request, user: User) -> Response:
     """The Prometheus text exposition of the history; without the pending gates (``kvfleet_gates_readable`` 0)
     when Airflow's HITL records cannot be read, so the history's metrics still arrive."""
+    from prometheus_client import CONTENT_TYPE_LATEST  # only this route writes the exposition
+
+    from kvfleet.airflow.ui import metrics
+
     reading = _app_history(request).metrics.read(request.app.state.metrics_endpoint_cap)
     try:
         gates = request.app.state.pending_factory()

@@ -259,3 +259,11 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     for p in panels:
         yield p
         yield from _panels(p.get("panels", []))
+
+
+def test_an_empty_history_scrapes(history: Any, auth: Any) -> None:
+    with _client(history, pending_factory=list) as client:
+        m = scrape(client, _bearer(auth, "prometheus", "viewer"))
+    assert m[("kvfleet_metrics_truncated", L(series="endpoint"))] == 0
+    assert series(m, "kvfleet_gates_waiting") == {L(dag="kvfleet_rollout"): 0, L(dag="kvfleet_curvine_upgrade"): 0}
+    assert not series(m, "kvfleet_runs_total") and not series(m, "kvfleet_hit_ratio")

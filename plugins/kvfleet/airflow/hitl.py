@@ -9,6 +9,7 @@ the gate's options and the parked task resumes exactly as after a click in the U
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 
@@ -21,6 +22,7 @@ class PendingGate:
     subject: str
     body: str | None
     options: list[str]
+    asked_at: datetime | None = None  # when the gate opened (Airflow's HITL record)
 
 
 def pending(dag_id: str = "kvfleet_rollout") -> list[PendingGate]:
@@ -35,7 +37,8 @@ def pending(dag_id: str = "kvfleet_rollout") -> list[PendingGate]:
             select(TaskInstance, HITLDetail).join(HITLDetail, HITLDetail.ti_id == TaskInstance.id)
             .where(TaskInstance.dag_id == dag_id, TaskInstance.state == TaskInstanceState.AWAITING_INPUT)
         ).all()
-        return [PendingGate(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, d.subject, d.body, list(d.options))
+        return [PendingGate(ti.dag_id, ti.run_id, ti.task_id, ti.map_index, d.subject, d.body, list(d.options),
+                            d.created_at)
                 for ti, d in rows if not d.response_received]
 
 

@@ -13,6 +13,7 @@ from kvfleet.history.curvine import CurvineReleases
 from kvfleet.history.db import get_engine
 from kvfleet.history.drift import DriftFindings
 from kvfleet.history.leases import Leases
+from kvfleet.history.metrics import MetricsReadings
 from kvfleet.history.queries import Queries
 from kvfleet.history.runs import Runs
 from kvfleet.history.verifications import Verifications
@@ -28,12 +29,13 @@ class HistoryRepos:
     drift: DriftFindings
     leases: Leases
     queries: Queries
+    metrics: MetricsReadings
 
     @classmethod
     def on(cls, engine: Engine | None = None) -> HistoryRepos:
         """Every repository on ``engine`` (default: the configured history, ``kvfleet.history.db``)."""
         engine = engine or get_engine()
-        audit = AuditLog(engine)
+        audit, queries = AuditLog(engine), Queries(engine)
         return cls(engine=engine, runs=Runs(engine, audit), audit=audit, verifications=Verifications(engine),
                    curvine=CurvineReleases(engine), drift=DriftFindings(engine), leases=Leases(engine),
-                   queries=Queries(engine))
+                   queries=queries, metrics=MetricsReadings(queries=queries))

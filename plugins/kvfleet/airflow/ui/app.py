@@ -8,6 +8,9 @@ Routes (relative to the mount point):
 - ``/gates`` (and ``/api/gates``) also lists the gates waiting for a human now (read from Airflow's HITL
   records, ``kvfleet.airflow.hitl.pending``), each with its run's evidence and a link to Airflow's Required
   Actions page, where it is answered;
+- ``/metrics``: kvfleet's own metrics in Prometheus' text format, read from the history and Airflow's HITL records
+  (``kvfleet.airflow.ui.metrics``, ``docs/metrics.md``); Prometheus scrapes it with an Airflow user's JWT as its
+  bearer token, and gets 401/403, never a login redirect;
 - ``/runbook``: the operator's runbook (``docs/runbook.md``), or a redirect to ``KVFLEET_RUNBOOK_URL``;
 - ``/api/openapi.json``: the app's OpenAPI schema (no /docs or /redoc page);
 - ``/api/<view>``: the same view's data as JSON; ``/api/queries``: the named queries the page may run, with
@@ -38,6 +41,7 @@ from kvfleet.airflow.ui.catalog import Filters, QueryError
 from kvfleet.airflow.ui.svg import LobColours
 from kvfleet.airflow.ui.templating import render
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable
+from kvfleet.history.metrics import ENDPOINT_SERIES_CAP
 from kvfleet.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -113,7 +117,8 @@ def _filters(request: Request, view: str) -> Filters:
 
 async def not_signed_in(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, NotSignedIn)
-    wants_html = not request.url.path.startswith(f"{request.scope.get('root_path', '')}/api")
+    root = request.scope.get("root_path", "")
+    wants_html = not request.url.path.startswith((f"{root}/api", f"{root}/metrics"))
     if exc.status == 401 and wants_html:
         from airflow.api_fastapi.app import get_auth_manager
 
@@ -204,15 +209,35 @@ def runbook_page(request: Request, user: User) -> Response:
     return HTMLResponse(pages.page("runbook", body, base=base, user=user.get_name(), colours=LobColours([])))
 
 
+def metrics_page(request: Request, user: User) -> Response:
+    """The Prometheus text exposition of the history; without the pending gates (``kvfleet_gates_readable`` 0)
+    when Airflow's HITL records cannot be read, so the history's metrics still arrive."""
+    from prometheus_client import CONTENT_TYPE_LATEST  # only this route writes the exposition
+
+    from kvfleet.airflow.ui import metrics
+
+    reading = _app_history(request).metrics.read(request.app.state.metrics_endpoint_cap)
+    try:
+        gates = request.app.state.pending_factory()
+    except Exception:
+        log.exception("kvfleet metrics: reading the pending gates from Airflow failed")
+        gates = None
+    body = metrics.exposition(reading, metrics.pending_by_dag(gates), pages.GATE_DAGS)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 def create_app(history_factory: Callable[[], Any] = _history,
-               pending_factory: Callable[[], list[Any]] = _pending) -> FastAPI:
+               pending_factory: Callable[[], list[Any]] = _pending,
+               metrics_endpoint_cap: int = ENDPOINT_SERIES_CAP) -> FastAPI:
     """The app; ``history_factory`` builds the HistoryRepos repository (once, on the first request that reads);
-    ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records)."""
+    ``pending_factory`` lists the gates waiting for a human (Airflow's HITL records); ``metrics_endpoint_cap``: at
+    most this many endpoints get per-endpoint series on ``/metrics``."""
     app = FastAPI(title="kvfleet", description="kvfleet fleet, verification, drift, Curvine, gate and run history",
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.history_factory = history_factory
     app.state.pending_factory = pending_factory
     app.state.history = None
+    app.state.metrics_endpoint_cap = metrics_endpoint_cap
     app.add_exception_handler(NotSignedIn, not_signed_in)
     app.add_exception_handler(QueryError, bad_query)
     app.add_exception_handler(ConfigError, bad_setting)
@@ -222,6 +247,7 @@ def create_app(history_factory: Callable[[], Any] = _history,
     app.add_exception_handler(HistoryConfigError, history_refused)
     app.add_exception_handler(HistoryUnreachable, history_refused)
     app.get("/", include_in_schema=False)(index)
+    app.get("/metrics", include_in_schema=False)(metrics_page)
     app.get("/runbook", response_class=HTMLResponse, include_in_schema=False)(runbook_page)
     app.get("/api/openapi.json", include_in_schema=False)(openapi_schema)
     app.get("/api/queries")(list_queries)

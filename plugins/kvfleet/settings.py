@@ -268,23 +268,24 @@ def _shown(value: str) -> str:
 
 def _masked(value: Any, info: FieldInfo | None) -> str:
     """A value for an error message: a secret one (a URL with a password or a webhook's token) keeps its scheme,
-    host and port only; one that is not even a URL is not quoted at all."""
+    host and port only."""
     text = str(value)
     extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
-    return masked_url(text) if extra.get("secret") else _shown(text)
+    return masked_url(text) if extra.get("secret") and "://" in text else _shown(text)
 
 
 def masked_url(text: str) -> str:
     """``scheme://host[:port]/…`` of a URL, quoted: never its user, password, path, query or fragment."""
-    try:
-        parts = urlsplit(text.strip())
-        host, port = parts.hostname, parts.port
-    except ValueError:
+    scheme, _, rest = text.strip().partition("://")
+    rest = rest.rsplit("@", 1)[-1]  # a user and password (which may hold '/', '?' or '#') end at the last '@'
+    for sep in "/?#":
+        rest = rest.split(sep, 1)[0]
+    if not _HOST_PORT.fullmatch(rest) or not _HOST_PORT.fullmatch(scheme + "x"):
         return "(a value that is not a URL; not shown)"
-    if not parts.scheme or not host:
-        return "(a value that is not a URL; not shown)"
-    shown_host = f"[{host}]" if ":" in host else host
-    return repr(f"{parts.scheme}://{shown_host[:80]}{f':{port}' if port else ''}/…")
+    return repr(f"{scheme}://{rest}/…")
+
+
+_HOST_PORT = re.compile(r"[A-Za-z0-9.+_\[\]:-]{1,120}", re.ASCII)
 
 
 class _EnvSource(EnvSettingsSource):

@@ -24,6 +24,16 @@ def test_defaults_without_any_variable() -> None:
         ("fleet.example.yaml", 5.0, 1800.0, "fallback", "install", False)
 
 
+def test_a_secret_url_is_shown_without_its_credentials_path_or_query() -> None:
+    for var, value in (("KVFLEET_HISTORY_URL", "postgresql+asyncpg://user:pa/ss@db.internal:5432/kvfleet"),
+                       ("KVFLEET_NOTIFY_WEBHOOK_URL", "https://h.example.com:99999/x?token=SECRET"),
+                       ("KVFLEET_HELM_REPO_CURVINE", "http://user:SECRETPW@mirror.internal/charts")):
+        with pytest.raises(ConfigError) as info:
+            load_settings({var: value})
+        text = str(info.value)
+        assert var in text and not any(s in text for s in ("pa/ss", "SECRET", "user:")), text
+
+
 @pytest.mark.parametrize(("env", "words"), [
     ({"KVFLEET_POLL_SECONDS": "abc"}, ["KVFLEET_POLL_SECONDS='abc'", "from 0.01 to 300", "unset it", "default: `5`"]),
     ({"KVFLEET_POLL_SECONDS": "0"}, ["KVFLEET_POLL_SECONDS='0'", "from 0.01 to 300"]),
@@ -128,7 +138,8 @@ def test_an_http_mirror_without_the_allowance_is_refused(var: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({var: "http://charts.internal:8080/curvine"})
     text = str(info.value)
-    assert text.startswith(f"{var}: 'http://charts.internal:8080/curvine' is plain http")
+    # a mirror URL may carry credentials: the message shows its scheme, host and port only
+    assert text.startswith(f"{var}: 'http://charts.internal:8080/…' is plain http")
     assert "KVFLEET_HELM_REPO_ALLOW_INSECURE=true" in text and f"unset {var}" in text
     allowed = load_settings({var: "http://charts.internal:8080/curvine", "KVFLEET_HELM_REPO_ALLOW_INSECURE": "true"})
     assert getattr(allowed, var.removeprefix("KVFLEET_").lower()) == "http://charts.internal:8080/curvine"

@@ -9,12 +9,16 @@ shown as text in every view, never run or parsed as markup.
 
 from __future__ import annotations
 
-import json
+import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from airflow_auth import simple_auth_manager
 
 pytestmark = [pytest.mark.integration]
 JWT_SECRET = "kvfleet-ui-hostile-secret-" + "0123456789abcdef" * 3
@@ -23,30 +27,9 @@ JWT_SECRET = "kvfleet-ui-hostile-secret-" + "0123456789abcdef" * 3
 @pytest.fixture(scope="module")
 def auth(tmp_path_factory: pytest.TempPathFactory, airflow_db: bool) -> Iterator[Any]:
     """Airflow's SimpleAuthManager with a viewer, initialised as the API server does."""
-    import os
-
-    passwords = tmp_path_factory.mktemp("auth") / "passwords.json"
-    passwords.write_text(json.dumps({"alice": "alice-pw"}))
-    env = {"AIRFLOW__CORE__AUTH_MANAGER":
-           "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:viewer",
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-           "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    from airflow.api_fastapi.app import init_auth_manager, purge_cached_app
-
-    purge_cached_app()
-    manager = init_auth_manager()
-    try:
+    with simple_auth_manager(tmp_path_factory.mktemp("auth"), JWT_SECRET, "alice:viewer",
+                             {"alice": "alice-pw"}) as manager:
         yield manager
-    finally:
-        purge_cached_app()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _bearer(manager: Any, user: str) -> dict[str, str]:

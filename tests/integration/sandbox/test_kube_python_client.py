@@ -229,20 +229,31 @@ def test_stop_ends_open_watches_and_closes_the_port(api):
     cfg.host = server.url
     cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
     ended = threading.Event()
+    failure: list[BaseException] = []
 
     def watch_forever():
-        with client.ApiClient(cfg) as c:
-            for _ in watch.Watch().stream(client.CoreV1Api(c).list_namespace, timeout_seconds=60):
-                pass
-        ended.set()
+        try:
+            with client.ApiClient(cfg) as c:
+                for _ in watch.Watch().stream(client.CoreV1Api(c).list_namespace, timeout_seconds=60):
+                    pass
+        except BaseException as exc:  # recorded: the assertion below names it
+            failure.append(exc)
+        finally:
+            ended.set()
 
     watcher = threading.Thread(target=watch_forever, daemon=True)
     watcher.start()
-    time.sleep(0.3)
+    # Stop only once the server holds the watch open: a fixed sleep raced a slow CI worker,
+    # which stopped the server before the watch connected (connection refused, not a watch ended).
+    deadline = time.monotonic() + 30
+    while not store._watchers and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store._watchers, "the watch never reached the server"
     started = time.monotonic()
     server.stop()
     assert time.monotonic() - started < 3
     assert ended.wait(3)
+    assert not failure, f"the watch ended with an error instead of cleanly: {failure!r}"
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=1):
         pass
 

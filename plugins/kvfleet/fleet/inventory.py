@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
@@ -44,6 +44,32 @@ from kvfleet.fleet.inventory_model import (
 
 class InventoryWarning(UserWarning):
     """A legal but useless setting (for example L2 on a one-node cluster)."""
+
+
+# The account a cluster is in when the inventory declares none: the base identity's own (the Airflow connection
+# `aws_default`, or the environment's credential chain). Its key segment is this literal; history rows written
+# before accounts existed carry it too.
+DEFAULT_ACCOUNT_KEY: Final = "default"
+
+
+@dataclass(frozen=True)
+class Account:
+    """An AWS account kvfleet reaches clusters in (top-level `accounts`), or the base identity's own."""
+
+    name: str = DEFAULT_ACCOUNT_KEY  # the inventory's name for it; clusters and LOBs refer to it by this
+    id: str | None = None  # 12 digits; None: the base identity's own account (checked at run time)
+    role_arn: str | None = None  # assumed from the base identity; None: the base identity acts itself
+    external_id: str | None = None
+    aws_conn_id: str | None = None  # an Airflow connection that replaces the base identity for this account
+    session_duration_s: int = 3600
+
+    @property
+    def key(self) -> str:
+        """The account segment of a cluster key: the 12-digit id, or ``default`` for the base identity's own."""
+        return self.id or DEFAULT_ACCOUNT_KEY
+
+
+DEFAULT_ACCOUNT: Final = Account()
 
 
 @dataclass(frozen=True)
@@ -118,6 +144,13 @@ class Cluster:
     ebs_storage_class: str = "ebs-sc"
     curvine: CurvineSpec = field(default_factory=CurvineSpec)
     addons: tuple[AddonSpec, ...] = ()
+    account: Account = DEFAULT_ACCOUNT
+
+    @property
+    def key(self) -> str:
+        """The cluster's identity across the fleet: ``account/region/name`` (a HyperPod name is unique only within
+        one account and region)."""
+        return f"{self.account.key}/{self.region}/{self.name}"
 
     @property
     def node_recovery_declared(self) -> bool:

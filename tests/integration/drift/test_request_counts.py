@@ -49,7 +49,7 @@ def _seed(twin, inv: Inventory, eps) -> None:  # type: ignore[no-untyped-def]
         deps = twin.store.list("apps", "deployments", label_selector=f"{C.MANAGED_BY_LABEL}={C.MANAGED_BY_VALUE}")
         return want <= {f"{d['metadata']['namespace']}/{d['metadata']['name']}" for d in deps}
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a bound on the operator's render, not a timing: a loaded machine is slow
     while not rendered():
         assert time.monotonic() < deadline, "the operator did not render the seeded endpoints"
         time.sleep(0.1)

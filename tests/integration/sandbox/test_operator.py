@@ -42,7 +42,8 @@ IEC = ("inference.sagemaker.aws.amazon.com", "v1", "default", "inferenceendpoint
 FS_URL = "fs://localhost:0/mnt/curvine/l2cache/"
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
+    # A bound on something that must happen (no assertion on how fast): wide enough for a loaded 2-core machine.
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = fn()

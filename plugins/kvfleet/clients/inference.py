@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,10 +36,12 @@ class Completion:
 
 
 def stream_completion(kube: Any, namespace: str, pod: str, *, model: str, prompt: str, max_tokens: int = 16,
-                      port: int = VLLM_PORT, timeout: float = 120) -> Completion:
+                      port: int = VLLM_PORT, timeout: float = 120,
+                      clock: Callable[[], float] = time.perf_counter) -> Completion:
+    """One streamed completion on ``pod``; ``clock`` (seconds) times it (``StageContext.probe_clock``)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    started = time.perf_counter()
+    started = clock()
     ttft: float | None = None
     req_id = ""
     usage: dict[str, Any] = {}
@@ -58,11 +61,11 @@ def stream_completion(kube: Any, namespace: str, pod: str, *, model: str, prompt
             req_id = req_id or msg.get("id", "")
             if msg.get("choices"):
                 if ttft is None:
-                    ttft = time.perf_counter() - started
+                    ttft = clock() - started
                 text.append(msg["choices"][0].get("text") or "")
             if msg.get("usage"):
                 usage = msg["usage"]
-    total = time.perf_counter() - started
+    total = clock() - started
     if ttft is None:
         raise PermanentError(f"{namespace}/{pod}: the stream ended without any choices (no first token)")
     details = usage.get("prompt_tokens_details") or {}

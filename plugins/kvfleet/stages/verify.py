@@ -335,9 +335,9 @@ class _Pod:
 def _probe_pair(ctx: StageContext, ep: Endpoint, pod_a: _Pod, pod_b: _Pod, prompt: str,
                 since: datetime) -> tuple[Any, Any]:
     """The same new prompt cold on A, then on B (which can only hit it through L2) once A has stored it."""
-    cold = stream_completion(ctx.kube, ep.namespace, pod_a.name, model=ep.model, prompt=prompt)
+    cold = stream_completion(ctx.kube, ep.namespace, pod_a.name, model=ep.model, prompt=prompt, clock=ctx.probe_clock)
     _wait_for_store(ctx, ep, pod_a, cold.request_id, since)
-    warm = stream_completion(ctx.kube, ep.namespace, pod_b.name, model=ep.model, prompt=prompt)
+    warm = stream_completion(ctx.kube, ep.namespace, pod_b.name, model=ep.model, prompt=prompt, clock=ctx.probe_clock)
     return cold, warm
 
 

@@ -102,12 +102,14 @@ def prompt(tokens: int) -> str:
     return " ".join([nonce] + [f"w{i % 97}" for i in range(tokens - 1)])
 
 
-def stream_completion(api, pod: str, text: str, *, chat: bool = False, max_tokens: int = 4) -> dict:
-    """POST through the pod proxy with streaming; TTFT = first SSE message with ``choices`` (vLLM's benchmark)."""
+def stream_completion(api, pod: str, text: str, *, chat: bool = False, max_tokens: int = 4,
+                      clock=time.perf_counter) -> dict:
+    """POST through the pod proxy with streaming; TTFT = first SSE message with ``choices`` (vLLM's benchmark),
+    timed on ``clock``."""
     path = "v1/chat/completions" if chat else "v1/completions"
     body = {"model": APP, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     body.update({"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text})
-    start = time.perf_counter()
+    start = clock()
     resp = api.call_api(f"/api/v1/namespaces/{{namespace}}/pods/{{name}}/proxy/{path}", "POST",
                         {"namespace": NS, "name": f"{pod}:8000"}, [], {"Content-Type": "application/json"},
                         body=body, auth_settings=["BearerToken"], _preload_content=False)
@@ -120,7 +122,7 @@ def stream_completion(api, pod: str, text: str, *, chat: bool = False, max_token
             data = message.decode().removeprefix("data: ").strip()
             if not data or data.startswith(":"):
                 continue
-            now = time.perf_counter() - start
+            now = clock() - start
             if data == "[DONE]":
                 out["done"] = now
                 continue
@@ -492,3 +494,36 @@ def test_model_ttft_counts_from_when_the_api_server_read_the_request_not_from_wh
     assert seen["admitted_at"] == pytest.approx(read_at + busy_s)  # the delay did happen before the pod saw it
     assert plan.arrived == pytest.approx(read_at)
     assert seen["first_token_at"] - read_at == pytest.approx(max(plan.cost.ttft_ms / 1000, busy_s), abs=1e-9)
+
+
+def test_the_model_clock_times_requests_by_the_model_whatever_the_machine_does(twin_factory, api, monkeypatch):
+    """A test that judges a speedup reads the twin's model clock (``VllmSimulation.model_clock``): a request timed
+    on it takes exactly its model TTFT and end-to-end time, even when the machine stalls the twin for longer than
+    the whole model time; the next request starts where the previous one ended (the clock never goes back)."""
+    twin = twin_factory()
+    sim = twin.services["vllm"]
+    a = vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV)
+    b = vllm_pod(twin, "ep-b", "gpu-b", BLOG_ENV)
+    costs = []
+    real = sim.until_first_token
+
+    def stalled(engine, plan):  # type: ignore[no-untyped-def]
+        costs.append(plan.cost)
+        time.sleep(1.0)  # a machine busy for longer than the cold model TTFT (~0.4 s)
+        real(engine, plan)
+
+    monkeypatch.setattr(sim, "until_first_token", stalled)
+    text = prompt(2000)
+    started = time.perf_counter()
+    cold = stream_completion(api, a, text, clock=sim.model_clock)
+    assert time.perf_counter() - started >= 1.0  # the stall really happened in wall time
+    ended_cold = sim.model_clock()
+    warm = stream_completion(api, b, text, clock=sim.model_clock)
+    cold_cost, warm_cost = costs
+    assert cold["ttft"] == pytest.approx(cold_cost.ttft_ms / 1000, abs=1e-9)
+    assert warm["ttft"] == pytest.approx(warm_cost.ttft_ms / 1000, abs=1e-9)
+    assert ended_cold == pytest.approx(cold_cost.e2e_ms / 1000, abs=1e-9)
+    assert sim.model_clock() == pytest.approx(ended_cold + warm_cost.e2e_ms / 1000, abs=1e-9)
+    assert warm["ttft"] < cold["ttft"]  # the L2 hit, judged by the model alone
+    sim.model_clock.advance_to(0.0)
+    assert sim.model_clock() > ended_cold  # never backwards

@@ -293,6 +293,30 @@ class RequestPlan:
     retrieve_ms: float = 0.0
     retrieve_log: float = 0.0  # the retrieve cost LMCache logs (reads only, no fixed overhead)
     arrived: float = 0.0  # time.monotonic() when the API server read the request: the model's phases count from it
+    arrived_model: float = 0.0  # ModelClock reading at arrival (the twin's clock: VllmSimulation.model_clock)
+
+
+class ModelClock:
+    """The twin's clock of served model time, for a test that must judge a speedup by the model and not by the
+    machine's load: a reading (seconds) that moves only when a simulated vLLM pod reaches a phase of a request,
+    to the request's arrival reading plus the model's time up to that phase (first token: ``ttft_ms``; last
+    token: ``e2e_ms``), never backwards. A client that reads it just before a request and again on the first
+    token measures the model's TTFT exactly, whatever the machine did meanwhile, as long as no other request of
+    the same cluster twin reaches a phase in between (requests one after another, as stage 5 sends a probe pair).
+    kvfleet's stage 5 reads it when a test hands it in (``StageContext.probe_clock``); by default it measures
+    wall time. A modelling choice: tests/conformance/facts/vllm_ttft_model.yaml (modelled.model_clock)."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance_to(self, reading: float) -> None:
+        with self._lock:
+            self._now = max(self._now, reading)
 
 
 class VllmSimulation:
@@ -304,6 +328,7 @@ class VllmSimulation:
         self._lock = threading.RLock()
         self._profiles: dict[str, ttft_model.TtftProfile] = {}
         self._stopped = False
+        self.model_clock = ModelClock()
         self.l2_read_penalty_ms = 0.0  # added to every request that reads L2: a congested NVMe pool or network
         self.l2_reads_dropped: set[tuple[str, str]] = set()  # (namespace, endpoint) whose L2 lookups find nothing
         self._traffic: dict[str, tuple[tuple[int, int, float], ...]] = {}  # endpoint (app label) -> mix
@@ -331,6 +356,7 @@ class VllmSimulation:
         with engine.lock:
             plan = self._plan(engine, engine_id, tokens, output_tokens)
         plan.arrived = arrived
+        plan.arrived_model = self.model_clock()
         return plan
 
     def decoded(self, engine: PodEngine, tokens: int) -> None:
@@ -615,6 +641,13 @@ class VllmSimulation:
         sleep_until(plan.arrived + cost.ttft_ms / 1000)
         with engine.lock:
             engine.metrics.observe_ttft(cost.ttft_ms / 1000)
+        self.model_clock.advance_to(plan.arrived_model + cost.ttft_ms / 1000)
+
+    def finished(self, engine: PodEngine, plan: RequestPlan, output_tokens: int) -> None:
+        """The request's last token is out: its output counted, the model clock at its end-to-end time."""
+        self.decoded(engine, output_tokens)
+        if plan.cost is not None:
+            self.model_clock.advance_to(plan.arrived_model + plan.cost.e2e_ms / 1000)
 
     def _pod_log(self, namespace: str, pod: str, container: str | None, since_time: dt.datetime | None,
                  since_seconds: int | None, tail_lines: int | None) -> str | None:

@@ -14,28 +14,35 @@ TOOLS := .tools/bin
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(VENV)/bin:$(PATH)
 export XDG_RUNTIME_DIR ?= /tmp/kvfleet-runtime-$(shell id -u)
 
-.PHONY: demo test e2e lint bench lock install tools clean up down fuzz faults
+.PHONY: demo test e2e check lint bench lock install tools clean up down fuzz faults
 
 # The demo lives in the twin's distribution (kvfleet_local.demo), not in the kvfleet wheel. Its history is the
 # embedded PostgreSQL, by explicit choice (kvfleet never falls back to it on its own).
 demo: install tools
 	KVFLEET_HISTORY_URL=embedded $(PY) -m kvfleet_local.demo --fleet fleet.example.yaml
 
-# The suite waits on simulated clusters, subprocesses (helm, kubectl, the sandbox) and PostgreSQL as well as it
-# computes: three pytest-xdist workers (each with its own embedded PostgreSQL and Airflow home) keep 2 cores about
-# 87 % busy (vmstat): before the twin's TCP_NODELAY fix, 18 minutes against 27 for two; since, 10-12 minutes
-# (four workers: no faster).
-# A module's tests stay on one worker.
-TEST_WORKERS ?= 3
+# `make test`: every test but the process-level ones (marker `process`), the DAG runs on the twin, the fault slice
+# and the fuzz slice included. The suite waits on simulated clusters, subprocesses (helm, kubectl) and PostgreSQL as
+# much as it computes: pytest-xdist workers, each with its own embedded PostgreSQL and Airflow home; a module's
+# tests stay on one worker (--dist loadfile). Times per target: bench/README.md.
+TEST_WORKERS ?= 4
 
 test: install tools
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not process"
 
-# The product wheel alone (tests/e2e/test_wheel.py, also part of `make test`): the locks, the wheel's files and
-# metadata, and a fresh virtual environment from requirements/runtime.lock and the wheel (uv when it can be had;
-# it needs the package index), where Airflow parses every DAG and no development tool is importable. About 50 s.
-e2e: install
-	$(PY) -m pytest -q -p no:randomly tests/e2e/test_wheel.py
+# `make e2e`: the process-level end-to-end tests (marker `process`): the product wheel installed in a fresh
+# virtual environment (uv or pip, from the package index) where Airflow parses every DAG, the kvfleet page in a
+# real browser against a real `airflow api-server`, a detached `kvfleet sandbox`, and the CLI as a subprocess.
+E2E_WORKERS ?= 2
+
+e2e: install tools
+	$(PY) -m pytest -q -n $(E2E_WORKERS) --dist loadfile -m process
+
+# The developer's loop after each edit (under 2 minutes): ruff, mypy and the unit, contract and conformance tests.
+check: install
+	$(VENV)/bin/ruff check plugins sandbox dags tests bench
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -n 2 tests/unit tests/contracts tests/conformance
 
 # The long fuzz run: 10x the generated cases of the suite's slice (about 6 minutes on 2 cores).
 fuzz: install tools

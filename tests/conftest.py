@@ -8,11 +8,13 @@ and is stopped in ``pytest_unconfigure``.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +27,64 @@ def _xdist_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
+# The suite's order: test files in a seeded random order, the tests of each file shuffled too (a test that needs
+# another to run first fails in some order), but the heaviest files first (measured: bench/README.md, "The suite's
+# time"): pytest-xdist's loadfile hands whole files to the worker that frees up, so a long file started last
+# would leave the other workers idle at the end. KVFLEET_TEST_SEED=<n> repeats an order; the header prints it.
+HEAVY_FIRST = (
+    "tests/integration/dags/test_rollout_sandbox.py",
+    "tests/integration/stages/test_endpoint_stages.py",
+    "tests/integration/stages/test_cluster_stages.py",
+    "tests/integration/dags/test_rollout_leases.py",
+    "tests/integration/test_triggers.py",
+    "tests/integration/stages/test_update_strategies.py",
+    "tests/integration/dags/test_terminal_status.py",
+    "tests/faults/test_fault_matrix.py",
+    "tests/integration/sandbox/test_runtime.py",
+    "tests/integration/stages/test_kyverno_install.py",
+    "tests/integration/curvine_ops/test_curvine_upgrade.py",
+    "tests/integration/dags/test_deferral.py",
+)
+SEED_ENV = "KVFLEET_TEST_SEED"
+
+
+def _seed() -> int:
+    """The order's seed: KVFLEET_TEST_SEED, else a new one, set in the environment so that pytest-xdist's workers
+    (started after this, with this environment) shuffle the same way."""
+    raw = os.environ.get(SEED_ENV, "")
+    if not raw.isdigit():
+        raw = str(random.SystemRandom().randrange(10**6))
+        os.environ[SEED_ENV] = raw
+    return int(raw)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"kvfleet test order: {SEED_ENV}={_seed()} (heaviest files first, then the rest; each file shuffled)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(f"test order: {SEED_ENV}={_seed()} repeats it")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rng = random.Random(_seed())
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    files = sorted(by_file)
+    rng.shuffle(files)
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    files.sort(key=lambda f: rank.get(f, len(rank)))  # stable: the rest keep their shuffled order
+    ordered: list[pytest.Item] = []
+    for name in files:
+        tests = by_file[name]
+        rng.shuffle(tests)
+        ordered.extend(tests)
+    items[:] = ordered
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _seed()
     if _xdist_controller(config):
         return
     tmp = Path(tempfile.mkdtemp(prefix="kvfleet-test-"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 
 def kvfleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

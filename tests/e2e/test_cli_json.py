@@ -15,7 +15,7 @@ import pytest
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 
 def kvfleet(*args: str, env: dict[str, str] | None = None,

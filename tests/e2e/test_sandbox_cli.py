@@ -17,7 +17,7 @@ import pytest
 from kvfleet.fleet.inventory import load_inventory
 from kvfleet_sandbox.runtime import port_refuses
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = ROOT / "tests" / "fleets" / "twin.yaml"

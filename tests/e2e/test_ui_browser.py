@@ -40,7 +40,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.process, pytest.mark.timeout(1200)]
 
 FLEET = """
 settings: {wave_size: 1}

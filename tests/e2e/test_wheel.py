@@ -5,8 +5,8 @@ linters).
 The cheap checks read the locks and the wheel built from what the Dockerfile copies. The install check builds a
 fresh virtual environment from the runtime lock and the wheel alone (uv when it can be had, from the package
 index), then parses every DAG there with Airflow's own CLI. It takes about 40 s with a cold uv cache (2 cores), so
-it runs in ``make test``; ``make e2e`` runs this file alone, and ``-m "not wheel_install"`` leaves it out where the
-package index cannot be reached.
+it is marked ``process`` and runs in ``make e2e``; ``-m "not wheel_install"`` leaves it out where the package index
+cannot be reached.
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ def _last_json(stdout: str) -> object:
 
 
 @pytest.mark.wheel_install
+@pytest.mark.process
 def test_wheel_with_the_runtime_lock_alone_parses_every_dag(wheel: Path, tmp_path: Path) -> None:
     venv = _fresh_venv(tmp_path, wheel)
     home = tmp_path / "home"

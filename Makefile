@@ -23,12 +23,13 @@ demo: install tools
 
 # `make test`: every test but the process-level ones (marker `process`), the DAG runs on the twin, the fault slice
 # and the fuzz slice included. The suite waits on simulated clusters, subprocesses (helm, kubectl) and PostgreSQL as
-# much as it computes: pytest-xdist workers, each with its own embedded PostgreSQL and Airflow home; a module's
-# tests stay on one worker (--dist loadfile). Times per target: bench/README.md.
+# much as it computes: pytest-xdist workers, each with its own embedded PostgreSQL and Airflow home. Files go to a
+# worker whole, the heaviest first, except that the tests of the heaviest files go out one by one (tests/conftest.py:
+# SPREAD, HEAVY_FIRST). Times per target: bench/README.md.
 TEST_WORKERS ?= 4
 
 test: install tools
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not process"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not process"
 
 # `make e2e`: the process-level end-to-end tests (marker `process`): the product wheel installed in a fresh
 # virtual environment (uv or pip, from the package index) where Airflow parses every DAG, the kvfleet page in a

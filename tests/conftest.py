@@ -27,29 +27,46 @@ def _xdist_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
-# The suite's order: test files in a seeded random order, the tests of each file shuffled too (a test that needs
-# another to run first fails in some order), but the heaviest files first (measured: bench/README.md, "The suite's
-# time"): pytest-xdist's loadfile hands whole files to the worker that frees up, so a long file started last
-# would leave the other workers idle at the end. KVFLEET_TEST_SEED=<n> repeats an order; the header prints it.
-HEAVY_FIRST = (
+# The suite's order and how pytest-xdist shares it out (make test: --dist loadfile --no-loadscope-reorder). Test
+# files come in a seeded random order and the tests of each file are shuffled (a test that needs another to run
+# first fails in some order; the tests of a file that share a module-wide fixture keep their order, since they
+# build on one state on purpose), except that the heaviest files come first (measured: bench/README.md, "The suite's
+# time"), so that no long test starts last while the other workers idle. A file goes to one worker whole, except
+# the files of SPREAD, whose tests are handed out one by one (each is a DAG run or a stage sequence of 20-90 s on a
+# twin of its own): a file of SPREAD whose tests share a fixture wider than a test is refused at collection.
+# TEST_ORDER_SEED=<n> repeats an order.
+SPREAD = (
     "tests/integration/dags/test_rollout_sandbox.py",
-    "tests/integration/stages/test_endpoint_stages.py",
-    "tests/integration/stages/test_cluster_stages.py",
     "tests/integration/dags/test_rollout_leases.py",
-    "tests/integration/test_triggers.py",
-    "tests/integration/stages/test_update_strategies.py",
+    "tests/integration/dags/test_deferral.py",
     "tests/integration/dags/test_terminal_status.py",
-    "tests/faults/test_fault_matrix.py",
-    "tests/integration/sandbox/test_runtime.py",
+    "tests/integration/stages/test_endpoint_stages.py",
+    "tests/integration/stages/test_update_strategies.py",
+    "tests/integration/stages/test_cluster_stages.py",
+    "tests/dags/test_curvine_dags.py",
     "tests/integration/stages/test_kyverno_install.py",
     "tests/integration/curvine_ops/test_curvine_upgrade.py",
-    "tests/integration/dags/test_deferral.py",
 )
-SEED_ENV = "KVFLEET_TEST_SEED"
+HEAVY_FIRST = (
+    *SPREAD,
+    "tests/integration/dags/test_deferral_after_change.py",
+    "tests/integration/dags/test_hit_verification_dag.py",
+    "tests/integration/dags/test_gate_rest.py",
+    "tests/integration/test_rbac_iam_coverage.py",
+    "tests/integration/dags/test_run_status_dags.py",
+    "tests/integration/test_triggers.py",
+    "tests/faults/test_fault_matrix.py",
+    "tests/integration/drift/test_dead_pauser.py",
+    "tests/integration/drift/test_advise.py",
+    "tests/integration/sandbox/test_runtime.py",
+)
+# A session fixture is not one of them: every worker builds its own (its PostgreSQL, Airflow's database).
+WIDE_SCOPES = ("package", "module", "class")
+SEED_ENV = "TEST_ORDER_SEED"  # not KVFLEET_*: kvfleet warns about an unknown KVFLEET_ variable
 
 
 def _seed() -> int:
-    """The order's seed: KVFLEET_TEST_SEED, else a new one, set in the environment so that pytest-xdist's workers
+    """The order's seed: TEST_ORDER_SEED, else a new one, set in the environment so that pytest-xdist's workers
     (started after this, with this environment) shuffle the same way."""
     raw = os.environ.get(SEED_ENV, "")
     if not raw.isdigit():
@@ -66,11 +83,30 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"test order: {SEED_ENV}={_seed()} repeats it")
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With --dist loadfile: pytest-xdist's file scheduling, but the tests of SPREAD go out one by one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SpreadHeavyFiles(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path in SPREAD else path
+
+    return SpreadHeavyFiles(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rng = random.Random(_seed())
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    wide = sorted({f"{name} ({fixture})" for name in SPREAD for t in by_file.get(name, ())
+                   for fixture in _wide_fixtures(t)})
+    if wide:
+        raise pytest.UsageError(f"tests/conftest.py SPREAD hands these files out test by test, but their tests share "
+                                f"a fixture wider than a test: {', '.join(wide)}; take the file out of SPREAD")
     files = sorted(by_file)
     rng.shuffle(files)
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
@@ -78,9 +114,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ordered: list[pytest.Item] = []
     for name in files:
         tests = by_file[name]
-        rng.shuffle(tests)
+        if not any(_wide_fixtures(t) for t in tests):  # tests sharing a module's fixture keep the file's order
+            rng.shuffle(tests)
         ordered.extend(tests)
     items[:] = ordered
+
+
+def _wide_fixtures(item: pytest.Item) -> list[str]:
+    info = getattr(item, "_fixtureinfo", None)  # pytest's own record of the fixtures a test requests
+    defs = info.name2fixturedefs.items() if info is not None else ()
+    return [name for name, d in defs if d and d[-1].scope in WIDE_SCOPES]
 
 
 def pytest_configure(config: pytest.Config) -> None:

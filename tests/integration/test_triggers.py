@@ -182,12 +182,20 @@ def leases(fresh_db_url: str) -> Any:
 def test_lease_trigger_waits_for_a_live_holder_and_fires_when_it_releases(leases: Any, fresh_db_url: str) -> None:
     leases.try_take(PROD, "kvfleet_curvine_upgrade/u1", "curvine upgrade")
     trigger = LeaseFreeTrigger(PROD, "kvfleet_rollout/r1", history_url=fresh_db_url, poll_s=0.05)
+    looks: list[tuple[str | None, str]] = []
+    check = trigger._check
 
-    def release_after_a_few_polls() -> None:
-        time.sleep(0.3)
+    def counted() -> tuple[str | None, str]:
+        looks.append(check())
+        return looks[-1]
+
+    def release() -> None:
         assert leases.release(PROD, "kvfleet_curvine_upgrade/u1")
 
-    event = _first_event(trigger, release_after_a_few_polls)
+    trigger._check = counted  # type: ignore[method-assign]
+    # released once the trigger has looked twice and kept waiting (not after a fixed time)
+    event = _first_event(trigger, release, ready=lambda: len(looks) >= 2)
+    assert all(status is None and "kvfleet_curvine_upgrade/u1" in message for status, message in looks[:2]), looks
     assert event["status"] == "success" and event["message"] == f"no lease on {PROD}"
 
 
@@ -271,12 +279,14 @@ def test_kube_ready_trigger_waits_for_the_operator_then_fires_and_gives_up_on_a_
 
     scale = ("-n", C.OPERATOR_NAMESPACE, "scale", "deployment", C.OPERATOR_DEPLOYMENT)
     _kubectl(fleet, *scale, "--replicas=0")
-    for _ in range(300):  # the Deployment controller's next pass (readyReplicas is omitted at 0)
+    deadline = time.monotonic() + 60  # the Deployment controller's next pass (readyReplicas is omitted at 0)
+    while True:
         out = subprocess.run([str(KUBECTL), "--context", PROD, "-n", C.OPERATOR_NAMESPACE, "get", "deployment",
                               C.OPERATOR_DEPLOYMENT, "-o", "jsonpath={.status.readyReplicas}"], check=True,
                              env={**os.environ, "KUBECONFIG": str(fleet.kubeconfig)}, capture_output=True, text=True)
         if out.stdout.strip() in ("", "0"):
             break
+        assert time.monotonic() < deadline, f"the operator was not scaled to 0 ready within 60 s: {out.stdout!r}"
         time.sleep(0.1)
     trigger = KubeReadyTrigger(PROD, "us-east-1", check="operator", aws_conn_id=None, poll_s=0.05, timeout_s=60)
     looks: list[tuple[str | None, str]] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 from typing import Any
 
 import boto3
@@ -64,26 +63,39 @@ def test_the_reused_clients_are_bounded_and_the_oldest_goes_first(monkeypatch) -
 
 def test_tokens_made_at_once_on_one_shared_client_each_sign_their_own_cluster() -> None:
     """The cluster header reaches the request through the STS client's event hooks, which the threads share.
-    Slow hooks before and after kvfleet's widen the window in which another thread's token could be under way:
-    each signed request must still carry only its own thread's cluster."""
+    Hooks before and after kvfleet's hold each thread until all three are there (a barrier, not a sleep): every
+    token is made while the other two threads' tokens are under way, in the same hook, on every round. Each
+    signed request must still carry only its own thread's cluster."""
     sts = boto3.client("sts", region_name="us-east-1")
     seen: list[tuple[str, str]] = []
+    failures: list[BaseException] = []
+    clusters = ("cluster-a", "cluster-b", "cluster-c")
+    before, after = threading.Barrier(len(clusters), timeout=60), threading.Barrier(len(clusters), timeout=60)
 
-    def slow(request: Any, **_: Any) -> None:  # registered first, so it runs before kvfleet's hook
-        time.sleep(0.002)
+    def all_before(request: Any, **_: Any) -> None:  # registered first, so it runs before kvfleet's hook
+        before.wait()  # every thread has set its cluster and none has had the header added yet
 
-    def slow_signer(request: Any, **_: Any) -> None:  # after kvfleet's hook
-        time.sleep(0.002)
+    def all_after(request: Any, **_: Any) -> None:  # after kvfleet's hook
+        after.wait()  # every thread's header was added: none is signed before the others' are in
         seen.append((threading.current_thread().name, request.headers[EKS_CLUSTER_HEADER]))
 
-    sts.meta.events.register_first("before-sign.sts.GetCallerIdentity", slow)
-    sts.meta.events.register("before-sign.sts.GetCallerIdentity", slow_signer)
-    threads = [threading.Thread(target=lambda c=c: [eks_token(sts, c) for _ in range(15)], name=c)
-               for c in ("cluster-a", "cluster-b", "cluster-c")]
+    def tokens(cluster: str) -> None:
+        try:
+            for _ in range(15):
+                eks_token(sts, cluster)
+        except BaseException as exc:  # a broken barrier included: named by the assertion below
+            failures.append(exc)
+            before.abort()
+            after.abort()
+
+    sts.meta.events.register_first("before-sign.sts.GetCallerIdentity", all_before)
+    sts.meta.events.register("before-sign.sts.GetCallerIdentity", all_after)
+    threads = [threading.Thread(target=tokens, args=(c,), name=c) for c in clusters]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not failures, failures
     assert len(seen) == 45
     assert [(name, header) for name, header in seen if name != header] == []
 

@@ -36,10 +36,13 @@ def _kubectl(*args: str) -> str:
 
 def _operator_down() -> None:
     _kubectl(*SCALE, "--replicas=0")
-    for _ in range(300):  # the Deployment controller's next pass (readyReplicas is omitted at 0)
-        if _kubectl("--context", "c-patch", "-n", C.OPERATOR_NAMESPACE, "get", "deployment", C.OPERATOR_DEPLOYMENT,
-                    "-o", "jsonpath={.status.readyReplicas}").strip() in ("", "0"):
+    deadline = time.monotonic() + 60  # the Deployment controller's next pass (readyReplicas is omitted at 0)
+    while True:
+        ready = _kubectl("--context", "c-patch", "-n", C.OPERATOR_NAMESPACE, "get", "deployment",
+                         C.OPERATOR_DEPLOYMENT, "-o", "jsonpath={.status.readyReplicas}").strip()
+        if ready in ("", "0"):
             return
+        assert time.monotonic() < deadline, f"the operator was not scaled to 0 ready within 60 s: {ready!r}"
         time.sleep(0.1)
 
 

@@ -8,10 +8,12 @@ alone forgives too much: it drops members it does not know and never checks that
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -75,9 +77,42 @@ def wait_for(probe: Callable[[], Any], want: Any, timeout: float = 5.0) -> Any:
         time.sleep(0.02)
 
 
+class HoldableClock:
+    """The module emulator's transition clock (``aws_clock.Clock``): wall time, except that no transition
+    finishes while a test holds it; held ones finish once it lets go. A test that asserts an in-flight state
+    (``Updating``, ``UPDATING``, a conflict with the change under way) holds it, instead of racing the delay."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holds = 0
+
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while (left := deadline - time.monotonic()) > 0 or self._holds:
+                self._cond.wait(left if left > 0 else None)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._cond:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holds -= 1
+                self._cond.notify_all()
+
+
+TRANSITIONS = HoldableClock()
+
+
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[AwsEmulator]:
-    emu = AwsEmulator(account_id=ACCOUNT, delay_s=0.25)  # long enough to observe in-flight states
+    emu = AwsEmulator(account_id=ACCOUNT, delay_s=0.25, clock=TRANSITIONS)  # in-flight states: TRANSITIONS.held()
     emu.start()
     yield emu
     emu.stop()
@@ -235,24 +270,26 @@ def test_tiered_storage_with_node_recovery_is_accepted(
     seen: list[tuple[str, str, dict[str, Any]]] = []
     emulator.on_tiered_storage(lambda hp, eks_name, config: seen.append((hp, eks_name, config)))
     wanted = {"Mode": "Enable", "InstanceMemoryAllocationPercentage": 20}
-    answer = sagemaker.update_cluster(
-        ClusterName=fleet["hp"], TieredStorageConfig=wanted, NodeRecovery="Automatic"
-    )
-    assert assert_output_shape(sagemaker, "UpdateCluster", answer)["ClusterArn"] == fleet["hp_arn"]
-    assert hp_status(sagemaker, fleet["hp"]) == "Updating"
+    with TRANSITIONS.held():
+        answer = sagemaker.update_cluster(
+            ClusterName=fleet["hp"], TieredStorageConfig=wanted, NodeRecovery="Automatic"
+        )
+        assert assert_output_shape(sagemaker, "UpdateCluster", answer)["ClusterArn"] == fleet["hp_arn"]
+        assert hp_status(sagemaker, fleet["hp"]) == "Updating"
     wait_for(lambda: hp_status(sagemaker, fleet["hp"]), "InService")
     assert sagemaker.describe_cluster(ClusterName=fleet["hp"])["TieredStorageConfig"] == wanted
     assert (fleet["hp"], fleet["eks"], wanted) in seen
 
 
 def test_tiered_storage_with_instance_groups_is_accepted(sagemaker: Any, fleet: dict[str, str]) -> None:
-    sagemaker.update_cluster(
-        ClusterName=fleet["hp"],
-        TieredStorageConfig={"Mode": "Disable"},
-        InstanceGroups=[dict(GPU_GROUP, InstanceCount=3, ExecutionRole=ROLE)],
-    )
-    [group] = sagemaker.describe_cluster(ClusterName=fleet["hp"])["InstanceGroups"]
-    assert (group["Status"], group["CurrentCount"], group["TargetCount"]) == ("Updating", 2, 3)
+    with TRANSITIONS.held():
+        sagemaker.update_cluster(
+            ClusterName=fleet["hp"],
+            TieredStorageConfig={"Mode": "Disable"},
+            InstanceGroups=[dict(GPU_GROUP, InstanceCount=3, ExecutionRole=ROLE)],
+        )
+        [group] = sagemaker.describe_cluster(ClusterName=fleet["hp"])["InstanceGroups"]
+        assert (group["Status"], group["CurrentCount"], group["TargetCount"]) == ("Updating", 2, 3)
     wait_for(lambda: hp_status(sagemaker, fleet["hp"]), "InService")
     described = sagemaker.describe_cluster(ClusterName=fleet["hp"])
     assert described["TieredStorageConfig"] == {"Mode": "Disable"}
@@ -285,10 +322,11 @@ def test_invalid_tiered_storage_is_refused(
 
 
 def test_update_during_update_conflicts(sagemaker: Any, fleet: dict[str, str]) -> None:
-    sagemaker.update_cluster(ClusterName=fleet["hp"], NodeRecovery="None")
-    assert error_of(lambda: sagemaker.update_cluster(ClusterName=fleet["hp"], NodeRecovery="Automatic"))[
-        0
-    ] == ("ConflictException")
+    with TRANSITIONS.held():
+        sagemaker.update_cluster(ClusterName=fleet["hp"], NodeRecovery="None")
+        assert error_of(lambda: sagemaker.update_cluster(ClusterName=fleet["hp"], NodeRecovery="Automatic"))[
+            0
+        ] == ("ConflictException")
     wait_for(lambda: hp_status(sagemaker, fleet["hp"]), "InService")
     assert sagemaker.describe_cluster(ClusterName=fleet["hp"])["NodeRecovery"] == "None"
 
@@ -329,7 +367,8 @@ def test_scaled_clock_drives_transitions(fleet: dict[str, str]) -> None:
         fast.add_hyperpod_cluster("hp-x", REGION, "eks-x", [dict(GPU_GROUP, ExecutionRole=ROLE)])
         sm = client(fast, "sagemaker")
         sm.update_cluster(ClusterName="hp-x", NodeRecovery="None")
-        wait_for(lambda: hp_status(sm, "hp-x"), "InService", timeout=3)
+        # 600 model seconds are 0.6 wall seconds here; on wall time they would be 600: the bound tells them apart
+        wait_for(lambda: hp_status(sm, "hp-x"), "InService", timeout=60)
 
 
 # --- EKS ---------------------------------------------------------------------------------------------------
@@ -408,20 +447,21 @@ def test_addon_update_and_describe_update(eks: Any, fleet: dict[str, str]) -> No
     cluster = fleet["eks"]
     eks.create_addon(clusterName=cluster, addonName="cert-manager")
     wait_for(lambda: addon_status(eks, cluster, "cert-manager"), "ACTIVE")
-    answer = eks.update_addon(
-        clusterName=cluster,
-        addonName="cert-manager",
-        addonVersion="v1.18.0-eksbuild.1",
-        configurationValues='{"replicaCount": 2}',
-        resolveConflicts="PRESERVE",
-    )
-    update = assert_output_shape(eks, "UpdateAddon", answer)["update"]
-    assert (update["type"], update["status"]) == ("AddonUpdate", "InProgress") and update["id"]
-    assert {"type": "AddonVersion", "value": "v1.18.0-eksbuild.1"} in update["params"]
-    assert addon_status(eks, cluster, "cert-manager") == "UPDATING"
-    assert error_of(lambda: eks.update_addon(clusterName=cluster, addonName="cert-manager"))[0] == (
-        "ResourceInUseException"
-    )
+    with TRANSITIONS.held():
+        answer = eks.update_addon(
+            clusterName=cluster,
+            addonName="cert-manager",
+            addonVersion="v1.18.0-eksbuild.1",
+            configurationValues='{"replicaCount": 2}',
+            resolveConflicts="PRESERVE",
+        )
+        update = assert_output_shape(eks, "UpdateAddon", answer)["update"]
+        assert (update["type"], update["status"]) == ("AddonUpdate", "InProgress") and update["id"]
+        assert {"type": "AddonVersion", "value": "v1.18.0-eksbuild.1"} in update["params"]
+        assert addon_status(eks, cluster, "cert-manager") == "UPDATING"
+        assert error_of(lambda: eks.update_addon(clusterName=cluster, addonName="cert-manager"))[0] == (
+            "ResourceInUseException"
+        )
     wait_for(lambda: addon_status(eks, cluster, "cert-manager"), "ACTIVE")
     addon = eks.describe_addon(clusterName=cluster, addonName="cert-manager")["addon"]
     assert (addon["addonVersion"], addon["configurationValues"]) == (
@@ -529,15 +569,20 @@ def test_unimplemented_operation_says_so(sagemaker: Any) -> None:
 
 
 def test_stop_leaves_nothing_listening() -> None:
-    emu = AwsEmulator(delay_s=30)
+    emu = AwsEmulator(delay_s=3600)
     emu.start()
     assert emu.url.startswith("http://127.0.0.1:")
     emu.add_eks_cluster("eks-stop", REGION, "http://127.0.0.1:1")
     api = client(emu, "eks")
-    api.create_addon(clusterName="eks-stop", addonName="metrics-server")  # a 30 s timer is now pending
-    started = time.monotonic()
+    timers_before = {t for t in threading.enumerate() if t.name.startswith("aws-emulator:")}
+    api.create_addon(clusterName="eks-stop", addonName="metrics-server")  # a one-hour timer is now pending
+    pending = {t for t in threading.enumerate() if t.name.startswith("aws-emulator:")} - timers_before
+    assert pending, "creating the add-on started no transition timer"
     emu.stop()
-    assert time.monotonic() - started < 5
+    # stop() ended the pending timer rather than leaving it to sleep out its hour (a bound, not a timing)
+    for timer in pending:
+        timer.join(60)
+    assert not [t.name for t in pending if t.is_alive()], "stop() did not cancel the pending transition timer"
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", emu.port), timeout=1):
         pass
     assert emu.addon_status("eks-stop", "metrics-server") == "CREATING"  # the timer was cancelled

@@ -116,12 +116,18 @@ def test_real_iec_crd_validates_custom_resources(kube, run):
 def test_get_watch_streams_changes(kube, run, kubeconfig):
     store, _ = kube
     store.create("", "configmaps", {"metadata": {"name": "a", "namespace": "default"}, "data": {"k": "1"}})
+    watchers_before = len(store._watchers)
     proc = subprocess.Popen([str(TOOLS / "kubectl"), "get", "configmaps", "-w", "--request-timeout=5s",
                              "-o", "name"], env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "configmap/a"
-        time.sleep(0.3)
+        # b is created once kubectl's watch is open on the server (not after a fixed time): a live event
+        deadline = time.monotonic() + 30
+        while len(store._watchers) <= watchers_before:
+            assert proc.poll() is None, f"kubectl ended before it watched: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "kubectl's watch never reached the server in 30 s"
+            time.sleep(0.01)
         store.create("", "configmaps", {"metadata": {"name": "b", "namespace": "default"}})
         assert proc.stdout.readline().strip() == "configmap/b"
     finally:

@@ -132,20 +132,31 @@ def test_watch_streams_events_after_a_list(kube, api):
     core = client.CoreV1Api(api)
     listed = core.list_namespaced_config_map("default")
     seen: list[tuple[str, str]] = []
+    watchers_before = len(store._watchers)
+    unwatched: list[str] = []
 
     def produce():
-        time.sleep(0.2)
+        # change the config maps once the server holds the watch open (not after a fixed time): live events
+        deadline = time.monotonic() + 30
+        while len(store._watchers) <= watchers_before:
+            if time.monotonic() > deadline:
+                unwatched.append("the watch never reached the server in 30 s")
+                return
+            time.sleep(0.01)
         store.create("", "configmaps", {"metadata": {"name": "w1", "namespace": "default"}})
         store.patch("", "configmaps", "w1", "default", {"data": {"a": "b"}}, "application/merge-patch+json")
         store.delete("", "configmaps", "w1", "default")
 
-    threading.Thread(target=produce).start()
+    producer = threading.Thread(target=produce)
+    producer.start()
     w = watch.Watch()
-    for event in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=3,
+    for event in w.stream(core.list_namespaced_config_map, "default", timeout_seconds=60,  # a hang guard
                           resource_version=listed.metadata.resource_version):
         seen.append((event["type"], event["object"].metadata.name))
         if len(seen) == 3:
             w.stop()
+    producer.join(30)
+    assert not unwatched, unwatched
     assert seen == [("ADDED", "w1"), ("MODIFIED", "w1"), ("DELETED", "w1")]
 
 
@@ -182,6 +193,7 @@ def test_pod_proxy_streams_chunks_as_they_are_produced(kube, api):
     store, _ = kube
     store.create("", "pods", _pod("vllm-0", {"app": "vllm"}))
     produced_last = threading.Event()
+    first_read = threading.Event()
     received = []
 
     def handler(namespace, pod, port, method, path, query, headers, body):
@@ -190,7 +202,9 @@ def test_pod_proxy_streams_chunks_as_they_are_produced(kube, api):
 
         def chunks():
             yield f"data: {method} {query} {body.decode()}\n\n".encode()
-            time.sleep(0.5)
+            # the last chunk only once the client holds the first: a proxy that buffered the whole body would
+            # hold the first back, and the client would see the last produced before it (a hang guard of 30 s)
+            first_read.wait(30)
             produced_last.set()
             yield b"data: [DONE]\n\n"
         return ProxyResponse(200, {"Content-Type": "text/event-stream"}, chunks())
@@ -201,6 +215,7 @@ def test_pod_proxy_streams_chunks_as_they_are_produced(kube, api):
     stream = resp.stream(64)
     first = next(stream)
     received.append(produced_last.is_set())
+    first_read.set()
     rest = b"".join(stream)
     assert first.startswith(b"data: POST") and received == [False]
     assert rest.endswith(b"data: [DONE]\n\n")
@@ -234,7 +249,8 @@ def test_stop_ends_open_watches_and_closes_the_port(api):
     def watch_forever():
         try:
             with client.ApiClient(cfg) as c:
-                for _ in watch.Watch().stream(client.CoreV1Api(c).list_namespace, timeout_seconds=60):
+                # its own timeout is far beyond every bound below: only the server's stop can end it in time
+                for _ in watch.Watch().stream(client.CoreV1Api(c).list_namespace, timeout_seconds=3600):
                     pass
         except BaseException as exc:  # recorded: the assertion below names it
             failure.append(exc)
@@ -249,10 +265,11 @@ def test_stop_ends_open_watches_and_closes_the_port(api):
     while not store._watchers and time.monotonic() < deadline:
         time.sleep(0.02)
     assert store._watchers, "the watch never reached the server"
-    started = time.monotonic()
-    server.stop()
-    assert time.monotonic() - started < 3
-    assert ended.wait(3)
+    stopper = threading.Thread(target=server.stop, daemon=True)
+    stopper.start()
+    stopper.join(60)  # a hang guard, not a timing: stop() ends the watch rather than waiting for it
+    assert not stopper.is_alive(), "server.stop() did not return: it waits on the open watch instead of ending it"
+    assert ended.wait(60), "the watch did not end when the server stopped"
     assert not failure, f"the watch ended with an error instead of cleanly: {failure!r}"
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", server.port), timeout=1):
         pass

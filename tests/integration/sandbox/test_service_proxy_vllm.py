@@ -145,12 +145,19 @@ def test_the_load_generator_counts_what_the_service_answers(twin: ClusterTwin, k
     target = Target("sandbox", NS, APP)
     gen = LoadGenerator(kubeconfig, [target], rate=50)
     gen.start()
-    while gen.stats[target.ref].sent < 5:
-        time.sleep(0.02)
+
+    def until_sent(n: int, what: str) -> None:  # a bound, not a timing: fails naming what it waited for
+        deadline = time.monotonic() + 60
+        while gen.stats[target.ref].sent < n:
+            if time.monotonic() > deadline:
+                gen.stop()
+                raise AssertionError(f"the load generator did not send {what} within 60 s")
+            time.sleep(0.02)
+
+    until_sent(5, "5 requests to the Ready pod")
     set_ready(twin, "qwen-a", False)  # from now on the apiserver answers 503: no Ready endpoint
     failed_from = gen.stats[target.ref].sent
-    while gen.stats[target.ref].sent < failed_from + 5:
-        time.sleep(0.02)
+    until_sent(failed_from + 5, "5 requests after the pod went unready")
     stats = gen.stop()[target.ref]
     assert stats.failed >= 4 and stats.sent - stats.failed >= 4
     assert set(stats.errors) == {"HTTP 503: no endpoints available for service"}

@@ -498,32 +498,39 @@ def test_model_ttft_counts_from_when_the_api_server_read_the_request_not_from_wh
 
 def test_the_model_clock_times_requests_by_the_model_whatever_the_machine_does(twin_factory, api, monkeypatch):
     """A test that judges a speedup reads the twin's model clock (``VllmSimulation.model_clock``): a request timed
-    on it takes exactly its model TTFT and end-to-end time, even when the machine stalls the twin for longer than
-    the whole model time; the next request starts where the previous one ended (the clock never goes back)."""
+    on it takes exactly its model TTFT, even when the machine stalls the twin for longer than the whole model time;
+    only a first token moves it (the rest of a stream does not, so a client that reads late still reads the first
+    token's time), the next request starts where it stands, and it never goes back. The machine's clock is a fake
+    one that only sleeps move (as above): the stall is one second of it, not of waiting."""
+    from kvfleet_sandbox.kube import server as kube_server
+
     twin = twin_factory()
     sim = twin.services["vllm"]
     a = vllm_pod(twin, "ep-a", "gpu-a", BLOG_ENV)
     b = vllm_pod(twin, "ep-b", "gpu-b", BLOG_ENV)
-    costs = []
+    fake = _FakeTime()
+    for module in (kube_server, vllm.engine, vllm.openai_http):
+        monkeypatch.setattr(module, "time", fake)
+    costs, busy = [], []
     real = sim.until_first_token
 
     def stalled(engine, plan):  # type: ignore[no-untyped-def]
         costs.append(plan.cost)
-        time.sleep(1.0)  # a machine busy for longer than the cold model TTFT (~0.4 s)
+        fake.sleep(1.0)  # a machine busy for longer than the cold model TTFT (~0.4 s)
+        busy.append(fake.monotonic() - plan.arrived)  # how long after arrival the pod got to the first token
         real(engine, plan)
 
     monkeypatch.setattr(sim, "until_first_token", stalled)
     text = prompt(2000)
-    started = time.perf_counter()
-    cold = stream_completion(api, a, text, clock=sim.model_clock)
-    assert time.perf_counter() - started >= 1.0  # the stall really happened in wall time
-    ended_cold = sim.model_clock()
-    warm = stream_completion(api, b, text, clock=sim.model_clock)
+    cold = stream_completion(api, a, text, max_tokens=16, clock=sim.model_clock)
+    after_cold = sim.model_clock()
+    warm = stream_completion(api, b, text, max_tokens=16, clock=sim.model_clock)
     cold_cost, warm_cost = costs
+    assert busy[0] > cold_cost.ttft_ms / 1000  # the stall outlasted the whole cold model TTFT
     assert cold["ttft"] == pytest.approx(cold_cost.ttft_ms / 1000, abs=1e-9)
     assert warm["ttft"] == pytest.approx(warm_cost.ttft_ms / 1000, abs=1e-9)
-    assert ended_cold == pytest.approx(cold_cost.e2e_ms / 1000, abs=1e-9)
-    assert sim.model_clock() == pytest.approx(ended_cold + warm_cost.e2e_ms / 1000, abs=1e-9)
+    assert after_cold == pytest.approx(cold_cost.ttft_ms / 1000, abs=1e-9)  # 15 more tokens did not move it
+    assert sim.model_clock() == pytest.approx(after_cold + warm_cost.ttft_ms / 1000, abs=1e-9)
     assert warm["ttft"] < cold["ttft"]  # the L2 hit, judged by the model alone
     sim.model_clock.advance_to(0.0)
-    assert sim.model_clock() > ended_cold  # never backwards
+    assert sim.model_clock() == pytest.approx(after_cold + warm_cost.ttft_ms / 1000, abs=1e-9)  # never backwards

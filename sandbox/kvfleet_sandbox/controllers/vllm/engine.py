@@ -298,11 +298,12 @@ class RequestPlan:
 
 class ModelClock:
     """The twin's clock of served model time, for a test that must judge a speedup by the model and not by the
-    machine's load: a reading (seconds) that moves only when a simulated vLLM pod reaches a phase of a request,
-    to the request's arrival reading plus the model's time up to that phase (first token: ``ttft_ms``; last
-    token: ``e2e_ms``), never backwards. A client that reads it just before a request and again on the first
-    token measures the model's TTFT exactly, whatever the machine did meanwhile, as long as no other request of
-    the same cluster twin reaches a phase in between (requests one after another, as stage 5 sends a probe pair).
+    machine's load: a reading (seconds) that moves only when a simulated vLLM pod sends a request's first token,
+    to the request's arrival reading plus its model ``ttft_ms``, never backwards (the rest of the stream does not
+    move it: a client stalled past the last token still reads the first token's time). A client that reads it
+    just before a request and again on the first token measures the model's TTFT exactly, whatever the machine did
+    meanwhile, as long as no other request of the same cluster twin reaches its first token in between (requests
+    one after another, as stage 5 sends a probe pair).
     kvfleet's stage 5 reads it when a test hands it in (``StageContext.probe_clock``); by default it measures
     wall time. A modelling choice: tests/conformance/facts/vllm_ttft_model.yaml (modelled.model_clock)."""
 
@@ -642,12 +643,6 @@ class VllmSimulation:
         with engine.lock:
             engine.metrics.observe_ttft(cost.ttft_ms / 1000)
         self.model_clock.advance_to(plan.arrived_model + cost.ttft_ms / 1000)
-
-    def finished(self, engine: PodEngine, plan: RequestPlan, output_tokens: int) -> None:
-        """The request's last token is out: its output counted, the model clock at its end-to-end time."""
-        self.decoded(engine, output_tokens)
-        if plan.cost is not None:
-            self.model_clock.advance_to(plan.arrived_model + plan.cost.e2e_ms / 1000)
 
     def _pod_log(self, namespace: str, pod: str, container: str | None, since_time: dt.datetime | None,
                  since_seconds: int | None, tail_lines: int | None) -> str | None:

@@ -113,7 +113,7 @@ class OpenAiServer:
         self.sim.until_first_token(engine, plan)
         factor = plan.cost.noise_factor if plan.cost else 1.0
         time.sleep(max(0, output - 1) * engine.profile.inter_token_ms * factor / 1000)
-        self.sim.finished(engine, plan, output)
+        self.sim.decoded(engine, output)
         return _json(200, response.whole())
 
     def _sse(self, engine: PodEngine, plan: RequestPlan, response: _Response, usage_wanted: bool) -> Iterator[bytes]:
@@ -125,7 +125,7 @@ class OpenAiServer:
             if token > 1:
                 sleep_until(first + (token - 1) * itl)
             yield _sse(chunk)
-        self.sim.finished(engine, plan, response.output)
+        self.sim.decoded(engine, response.output)
         if usage_wanted:
             yield _sse(response.usage_chunk())
         yield b"data: [DONE]\n\n"

@@ -40,7 +40,7 @@ e2e: install tools
 	$(PY) -m pytest -q -n $(E2E_WORKERS) --dist loadfile -m process
 
 # The developer's loop after each edit (under 2 minutes): ruff, mypy and the unit, contract and conformance tests.
-check: install
+check: install tools
 	$(VENV)/bin/ruff check plugins sandbox dags tests bench
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2 tests/unit tests/contracts tests/conformance

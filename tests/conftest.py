@@ -76,7 +76,8 @@ def _seed() -> int:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"kvfleet test order: {SEED_ENV}={_seed()} (heaviest files first, then the rest; each file shuffled)"
+    return (f"kvfleet test order: {SEED_ENV}={_seed()} (heaviest files first, then the rest; each file shuffled "
+            "unless its tests share a module fixture)")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -88,6 +89,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    if not callable(getattr(LoadScopeScheduling, "_split_scope", None)):  # pytest-xdist's own hook for the unit
+        raise pytest.UsageError("pytest-xdist's LoadScopeScheduling has no _split_scope any more: tests/conftest.py "
+                                "cannot hand out SPREAD test by test; adapt pytest_xdist_make_scheduler")
 
     class SpreadHeavyFiles(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:

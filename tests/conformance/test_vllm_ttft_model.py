@@ -6,6 +6,7 @@ with a busy handler)."""
 
 from __future__ import annotations
 
+import inspect
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,20 @@ def test_the_sheet_calls_the_clock_start_a_modelling_choice() -> None:
     start = FACTS["modelled"]["clock_start"]
     assert "received" in start["rule"] and start["not_upstream"] and "NOT something vLLM" in (
         Path(__file__).parent / "facts" / "vllm_ttft_model.yaml").read_text()
+
+
+def test_kvfleet_times_probes_on_the_benchmarks_clock_and_the_model_clock_is_the_twins_only() -> None:
+    """Production stage 5 measures as vLLM's benchmark does (time.perf_counter, upstream.client_ttft); the twin's
+    model clock is a modelling choice a test hands in, never kvfleet's default."""
+
+    from kvfleet.clients.inference import stream_completion
+    from kvfleet.stages.base import StageContext
+
+    assert "time.perf_counter()" in FACTS["upstream"]["client_ttft"]["start"]
+    assert StageContext.probe_clock is time.perf_counter
+    assert inspect.signature(stream_completion).parameters["clock"].default is time.perf_counter
+    model = FACTS["modelled"]["model_clock"]
+    assert "StageContext.probe_clock" in model["rule"] and model["not_upstream"]
 
 
 @pytest.fixture

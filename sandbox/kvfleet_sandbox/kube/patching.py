@@ -10,9 +10,9 @@ apply conflicts are not modelled (see the package docstring).
 
 from __future__ import annotations
 
-import copy
 from typing import Any, cast
 
+from kvfleet_sandbox.kube.documents import clone
 from kvfleet_sandbox.kube.errors import ApiError
 
 JSON_PATCH = "application/json-patch+json"
@@ -39,8 +39,8 @@ def _bad(message: str) -> ApiError:
 
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return clone(patch)
+    result = clone(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -107,21 +107,21 @@ def _remove(doc: Any, parts: list[str]) -> Any:
 def json_patch(doc: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise ApiError(400, "BadRequest", "json patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = clone(doc)
     for op in ops:
         name, parts = op.get("op"), _pointer(op.get("path", ""))
         if name == "add":
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")))
+            doc = _add(doc, parts, clone(op.get("value")))
         elif name == "remove":
             _remove(doc, parts)
         elif name == "replace":
             _walk(doc, parts)
             if parts:
                 _remove(doc, parts)
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")))
+            doc = _add(doc, parts, clone(op.get("value")))
         elif name in ("move", "copy"):
             src = _pointer(op.get("from", ""))
-            value = _remove(doc, src) if name == "move" else copy.deepcopy(_walk(doc, src))
+            value = _remove(doc, src) if name == "move" else clone(_walk(doc, src))
             doc = _add(doc, parts, value)
         elif name == "test":
             if _walk(doc, parts) != op.get("value"):
@@ -150,7 +150,7 @@ def _merge_key_for(field: str, items: list[Any]) -> str | None:
 
 
 def _merge_keyed_list(live: list[Any], patch: list[Any], key: str) -> list[Any]:
-    result = copy.deepcopy(live)
+    result = clone(live)
     for item in patch:
         if not isinstance(item, dict):
             raise _bad(f"strategic merge list item must be an object keyed by {key}")
@@ -184,13 +184,13 @@ def strategic_merge(live: Any, patch: Any) -> Any:
     """Apply a strategic merge patch (directives ``$patch``, ``$setElementOrder``, ``$retainKeys``,
     ``$deleteFromPrimitiveList``) to ``live``; returns a new object."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     directive = patch.get("$patch")
     if directive == "replace":
         return _strip_directives({k: v for k, v in patch.items() if k != "$patch"})
     if directive == "delete":
         return None
-    result = copy.deepcopy(live) if isinstance(live, dict) else {}
+    result = clone(live) if isinstance(live, dict) else {}
     for key, value in patch.items():
         _merge_field(result, key, value)
     return result

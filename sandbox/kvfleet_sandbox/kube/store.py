@@ -14,7 +14,6 @@ store starts with them.
 from __future__ import annotations
 
 import collections
-import copy
 import datetime as dt
 import inspect
 import queue
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kvfleet_sandbox.kube import patching
+from kvfleet_sandbox.kube.documents import clone
 from kvfleet_sandbox.kube.errors import ApiError, already_exists, conflict, not_found
 from kvfleet_sandbox.kube.label_selectors import field_matcher, label_matcher, match_labels_to_selector
 from kvfleet_sandbox.kube.resources import ResourceType, builtin_types, crd_type
@@ -95,7 +95,7 @@ def _selector_view(obj: dict[str, Any]) -> dict[str, Any]:
     """What a watch's selectors can test on the previous version of an object (labels and the field selectors
     the apiserver supports for common kinds), kept instead of a full copy so the history stays small."""
     meta = obj.get("metadata") or {}
-    view: dict[str, Any] = {"metadata": {k: copy.deepcopy(meta[k]) for k in ("name", "namespace", "labels")
+    view: dict[str, Any] = {"metadata": {k: clone(meta[k]) for k in ("name", "namespace", "labels")
                                          if k in meta}}
     for section, keys in (("spec", ("nodeName", "schedulerName", "serviceAccountName")), ("status", ("phase",))):
         part = obj.get(section) or {}
@@ -103,7 +103,7 @@ def _selector_view(obj: dict[str, Any]) -> dict[str, Any]:
             view[section] = {k: part[k] for k in keys if k in part}
     for key in ("type", "involvedObject", "reason"):
         if key in obj:
-            view[key] = copy.deepcopy(obj[key])
+            view[key] = clone(obj[key])
     return view
 
 
@@ -231,12 +231,12 @@ class KubeStore:
             result = fn(events, *args, **kwargs)
         for ev in events:
             for sub in list(self._subscribers):
-                sub(ev.type, ev.group, ev.resource, copy.deepcopy(ev.obj))
+                sub(ev.type, ev.group, ev.resource, clone(ev.obj))
         return result
 
     def _emit(self, events: list[WatchEvent], kind: str, rtype: ResourceType, obj: dict[str, Any],
               prev: dict[str, Any] | None = None) -> None:
-        ev = WatchEvent(self._rv, kind, rtype.group, rtype.plural, copy.deepcopy(obj),
+        ev = WatchEvent(self._rv, kind, rtype.group, rtype.plural, clone(obj),
                         _selector_view(prev) if prev is not None else None)
         self._history.append(ev)
         for q in list(self._watchers):
@@ -260,7 +260,7 @@ class KubeStore:
 
     def _admit(self, op: str, rtype: ResourceType, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         for hook in list(self._admission):
-            result = hook(op, rtype.group, rtype.plural, copy.deepcopy(new), copy.deepcopy(old))
+            result = hook(op, rtype.group, rtype.plural, clone(new), clone(old))
             if result is not None:
                 new = result
         return new
@@ -285,7 +285,7 @@ class KubeStore:
     def _create(self, events: list[WatchEvent], group: str, resource: str, obj: dict[str, Any], *,
                 dry_run: bool = False) -> dict[str, Any]:
         rtype = self.resource_type(group, resource)
-        obj = copy.deepcopy(obj)
+        obj = clone(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
@@ -312,14 +312,14 @@ class KubeStore:
         obj = self._normalise(rtype, obj)
         if dry_run:
             meta["resourceVersion"] = str(self._rv)
-            return copy.deepcopy(obj)
+            return clone(obj)
         self._rv += 1
         meta["resourceVersion"] = str(self._rv)
         self._bucket(rtype)[key] = obj
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.register_crd_resource(obj)
         self._emit(events, "ADDED", rtype, obj)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
     def _defaults_on_create(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
         if rtype.key == ("", "namespaces"):
@@ -348,7 +348,7 @@ class KubeStore:
         rtype = self.resource_type(group, resource)
         with self._lock:
             obj = self._bucket(rtype).get(self._key(rtype, name, namespace))
-            return copy.deepcopy(obj) if obj is not None else None
+            return clone(obj) if obj is not None else None
 
     def list(self, group: str, resource: str, namespace: str | None = None, label_selector: str | None = None,
              field_selector: str | None = None) -> list[dict[str, Any]]:
@@ -358,7 +358,7 @@ class KubeStore:
             items = [o for (ns, _), o in sorted(self._bucket(rtype).items())
                      if (namespace is None or not rtype.namespaced or ns == namespace)
                      and by_label(o) and by_field(o)]
-            return copy.deepcopy(items)
+            return clone(items)
 
     def _existing(self, rtype: ResourceType, name: str, namespace: str | None) -> dict[str, Any]:
         obj = self._bucket(rtype).get(self._key(rtype, name, namespace))
@@ -381,7 +381,7 @@ class KubeStore:
             return self._write_scale(events, rtype, old, obj, dry_run=dry_run)
         if meta.get("resourceVersion") and meta["resourceVersion"] != old["metadata"]["resourceVersion"]:
             raise conflict(group, resource, old["metadata"]["name"])
-        new = self._merge_for_subresource(rtype, old, copy.deepcopy(obj), subresource)
+        new = self._merge_for_subresource(rtype, old, clone(obj), subresource)
         if subresource is None:
             new = self._admit("UPDATE", rtype, new, old)
         new = self._validate(rtype, new, old)
@@ -390,7 +390,7 @@ class KubeStore:
     def _merge_for_subresource(self, rtype: ResourceType, old: dict[str, Any], new: dict[str, Any],
                                subresource: str | None) -> dict[str, Any]:
         if subresource == "status":
-            merged = copy.deepcopy(old)
+            merged = clone(old)
             if "status" in new:
                 merged["status"] = new["status"]
             else:
@@ -400,7 +400,7 @@ class KubeStore:
             raise ApiError(405, "MethodNotAllowed", f"subresource {subresource!r} cannot be updated")
         if "status" in rtype.subresources:
             if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
+                new["status"] = clone(old["status"])
             else:
                 new.pop("status", None)
         return new
@@ -414,18 +414,18 @@ class KubeStore:
         meta.pop("managedFields", None)
         new = self._normalise(rtype, new)
         if new == old:
-            return copy.deepcopy(old)  # a no-op write does not bump resourceVersion, like the apiserver
+            return clone(old)  # a no-op write does not bump resourceVersion, like the apiserver
         if _content(new) != _content(old):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if dry_run:
-            return copy.deepcopy(new)
+            return clone(new)
         self._rv += 1
         meta["resourceVersion"] = str(self._rv)
         self._bucket(rtype)[self._key(rtype, meta["name"], meta.get("namespace"))] = new
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self.register_crd_resource(new)
         self._emit(events, "MODIFIED", rtype, new, old)
-        return copy.deepcopy(new)
+        return clone(new)
 
     # --- patch ------------------------------------------------------------------------------------------
 
@@ -446,7 +446,7 @@ class KubeStore:
                 raise ApiError(400, "BadRequest", "an apply patch must be an object")
             result = self._apply(events, rtype, current, name, namespace, patch_body, applied_key, dry_run)
             if not dry_run:
-                self._applied[applied_key] = copy.deepcopy(patch_body)
+                self._applied[applied_key] = clone(patch_body)
             return result
         if current is None:
             raise not_found(group, resource, name)
@@ -455,7 +455,7 @@ class KubeStore:
                                          patching.MERGE_PATCH if patch_type == patching.STRATEGIC_PATCH
                                          else patch_type, custom=True)
             return self._write_scale(events, rtype, current, patched, dry_run=dry_run)
-        patched = patching.apply_any(copy.deepcopy(current), patch_body, patch_type, custom=rtype.is_custom)
+        patched = patching.apply_any(clone(current), patch_body, patch_type, custom=rtype.is_custom)
         return self._write_patched(events, rtype, current, patched, subresource, dry_run)
 
     def _write_patched(self, events: Events, rtype: ResourceType, current: dict[str, Any],
@@ -473,10 +473,10 @@ class KubeStore:
                namespace: str | None, body: dict[str, Any], applied_key: AppliedKey,
                dry_run: bool) -> dict[str, Any]:
         if current is None:
-            body = copy.deepcopy(body)
+            body = clone(body)
             body.setdefault("metadata", {}).update(name=name, **({"namespace": namespace} if namespace else {}))
             return self._create(events, rtype.group, rtype.plural, body, dry_run=dry_run)
-        patched = patching.apply_any(copy.deepcopy(current), body, patching.APPLY_PATCH, custom=rtype.is_custom,
+        patched = patching.apply_any(clone(current), body, patching.APPLY_PATCH, custom=rtype.is_custom,
                                      previous=self._applied.get(applied_key))
         return self._write_patched(events, rtype, current, patched, None, dry_run)
 
@@ -519,7 +519,7 @@ class KubeStore:
             raise ApiError(422, "Invalid", f'Scale.autoscaling "{current["metadata"]["name"]}" is invalid: '
                                            f"spec.replicas: Invalid value: {replicas}: must be greater than or "
                                            "equal to 0")
-        new = copy.deepcopy(current)
+        new = clone(current)
         _set_path(new, self._scale_paths(rtype)["specReplicasPath"], replicas)
         new = self._admit("UPDATE", rtype, new, current)
         written = self._commit_update(events, rtype, current, new, dry_run=dry_run)
@@ -536,7 +536,7 @@ class KubeStore:
         key = self._key(rtype, name, namespace)
         obj = self._bucket(rtype).get(key)
         if obj is None or dry_run:
-            return copy.deepcopy(obj)
+            return clone(obj)
         if rtype.key == ("", "namespaces"):
             self._empty_namespace(events, name)
         del self._bucket(rtype)[key]
@@ -550,7 +550,7 @@ class KubeStore:
                 self._delete(events, gone.group, gone.plural, n, ns)
             self.register_crd_resource(None, remove=gone.key)
         self._emit(events, "DELETED", rtype, obj)
-        return copy.deepcopy(obj)
+        return clone(obj)
 
     def _empty_namespace(self, events: Events, namespace: str) -> None:
         for rkey, bucket in list(self._objects.items()):
@@ -577,9 +577,9 @@ class KubeStore:
         current = self._bucket(rtype).get(self._key(rtype, name, namespace))
         if current is None:
             return None
-        new = fn(copy.deepcopy(current))
+        new = fn(clone(current))
         if new is None:
-            return copy.deepcopy(current)
+            return clone(current)
         if admission:
             new = self._admit("UPDATE", rtype, new, current)
         return self._commit_update(events, rtype, current, new, dry_run=False)
@@ -594,7 +594,7 @@ class KubeStore:
         q: queue.Queue[WatchEvent | None] = queue.Queue()
         with self._lock:
             if since in (None, "", "0"):
-                initial = [WatchEvent(self._rv, "ADDED", rtype.group, rtype.plural, copy.deepcopy(o))
+                initial = [WatchEvent(self._rv, "ADDED", rtype.group, rtype.plural, clone(o))
                            for _, o in sorted(self._bucket(rtype).items())]
             else:
                 start = int(since)

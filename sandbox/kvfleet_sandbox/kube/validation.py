@@ -12,7 +12,6 @@ other CEL rules are ignored (the shipped InferenceEndpointConfig CRD has none).
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 import jsonschema
 
+from kvfleet_sandbox.kube.documents import clone
 from kvfleet_sandbox.kube.errors import invalid
 from kvfleet_sandbox.kube.resources import ResourceType
 
@@ -84,7 +84,7 @@ def prune_and_default(value: Any, schema: dict[str, Any]) -> Any:
                 del value[key]
         for key, sub in props.items():
             if key not in value and "default" in sub:
-                value[key] = prune_and_default(copy.deepcopy(sub["default"]), sub)
+                value[key] = prune_and_default(clone(sub["default"]), sub)
     elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
         for key in value:
             value[key] = prune_and_default(value[key], schema["additionalProperties"])

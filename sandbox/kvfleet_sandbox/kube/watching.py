@@ -20,7 +20,6 @@ min-request-timeout rule), or the server stops. What clients rely on:
 
 from __future__ import annotations
 
-import copy
 import json
 import queue
 import random
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvfleet_sandbox.kube import discovery
+from kvfleet_sandbox.kube.documents import clone
 from kvfleet_sandbox.kube.errors import ApiError
 from kvfleet_sandbox.kube.label_selectors import field_matcher, label_matcher
 from kvfleet_sandbox.kube.store import WatchEvent
@@ -109,7 +109,7 @@ class WatchStream:
         kind = self._type_for(ev)
         if kind is None:
             return
-        obj = self.request.out(copy.deepcopy(ev.obj))
+        obj = self.request.out(clone(ev.obj))
         if self.table:
             obj = discovery.table(self.request.rtype.kind, [obj], obj["metadata"].get("resourceVersion", ""))
         self._write({"type": kind, "object": obj})

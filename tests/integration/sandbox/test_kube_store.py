@@ -95,3 +95,29 @@ def test_mutate_bookkeeping_and_optional_admission():
     assert calls == [("UPDATE", "deployments")]
     assert store.mutate("apps", "deployments", "absent", "default", scale_to_zero) is None
     assert store.request_counts() == {}
+
+
+def test_the_store_hands_out_copies_that_share_nothing_with_what_it_holds():
+    from kvfleet_sandbox.kube.documents import clone
+
+    doc = {"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"items": [{"n": 1}, [2, 3]], "f": 1.5,
+                                                                       "b": True, "z": None}}
+    copied = clone(doc)
+    assert copied == doc
+    copied["metadata"]["labels"]["x"] = "2"
+    copied["spec"]["items"][0]["n"] = 9
+    copied["spec"]["items"][1].append(4)
+    assert doc == {"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"items": [{"n": 1}, [2, 3]], "f": 1.5,
+                                                                               "b": True, "z": None}}
+    odd = {"s": {1, 2}}  # not JSON: copied the slow, general way, still unshared
+    assert clone(odd)["s"] is not odd["s"] and clone(odd) == odd
+
+    store = KubeStore("c")
+    store.create("", "configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                    "metadata": {"name": "c", "namespace": "default"}, "data": {"k": "v"}})
+    listed = store.list("", "configmaps")
+    listed[0]["data"]["k"] = "changed"
+    got = store.get("", "configmaps", "c", "default")
+    assert got["data"] == {"k": "v"}
+    got["data"]["k"] = "changed"
+    assert store.get("", "configmaps", "c", "default")["data"] == {"k": "v"}

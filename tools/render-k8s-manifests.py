@@ -30,16 +30,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from kvfleet.fleet import constants as C  # noqa: E402
+from kvfleet.fleet import bootstrap_bundle as bb  # noqa: E402
 from kvfleet.fleet import curvine_values as cv  # noqa: E402
 from kvfleet.fleet.endpoint_spec import kyverno_policy, pvc_manifest, render_iec  # noqa: E402
 from kvfleet.fleet.inventory import Inventory, load_inventory  # noqa: E402
 from kvfleet.stages.curvine import storage_class_manifest  # noqa: E402
 
-# The Kubernetes group kvfleet's IAM role is mapped to (EKS access entry or aws-auth); k8s/rbac binds it.
-KVFLEET_GROUP = "kvfleet"
-ENDPOINT_CLUSTER_ROLE = "kvfleet:endpoint-namespace"
-CURVINE_CLUSTER_ROLE = "kvfleet:curvine-namespace"
 
 
 def _header(source: str, why: str = "") -> str:
@@ -111,28 +107,20 @@ replaces the operator's entry in the rendered Deployment (patch mode) or Kyverno
         render_iec(ep, inv.settings))
 
     files["rbac/endpoint-namespaces.yaml"] = _header(source, f"""
-The endpoint namespaces of the inventory, each with a RoleBinding of ClusterRole {ENDPOINT_CLUSTER_ROLE} (see
-endpoints.yaml) to the group {KVFLEET_GROUP}; and the Curvine namespace with {CURVINE_CLUSTER_ROLE}. Applied BEFORE
-the first rollout: kvfleet creates a missing namespace itself, but a RoleBinding cannot exist before its namespace,
-so a new LOB namespace is added here (re-render) and applied first.""") + _dump(
-        *_namespace_bindings(inv))
+Part of the kvfleet-bootstrap bundle (README.md, Bootstrap; `kvfleet bootstrap --print` renders it per cluster).
+The endpoint namespaces of the inventory, each with a RoleBinding of ClusterRole {bb.ENDPOINT_CLUSTER_ROLE} (see
+endpoints.yaml) to the group {bb.GROUP}; and the Curvine namespace with {bb.CURVINE_CLUSTER_ROLE}. A RoleBinding
+cannot exist before its namespace, so a new LOB namespace is added here (re-render) and applied first.""") + _dump(
+        *bb.namespace_bindings([e.namespace for e in inv.endpoints], [c.curvine.namespace for c in inv.clusters]))
+
+    files["rbac/curvine-rbac.yaml"] = _header(src, f"""
+Part of the kvfleet-bootstrap bundle (README.md, Bootstrap; `kvfleet bootstrap --print` renders it per cluster).
+The RBAC objects of both Curvine charts, which kvfleet installs with rbac.create=false so that its own identity
+never writes a role: the CSI driver's ServiceAccounts, ClusterRoles and ClusterRoleBindings (cluster-wide rights
+on Secrets and PersistentVolumes) and the runtime chart's Role and RoleBinding, in namespace
+{cluster.curvine.namespace}. Annotated helm.sh/resource-policy: keep, so a release installed before the bootstrap
+keeps them when kvfleet's next upgrade turns rbac.create off.""") + _dump(*bb.curvine_rbac(cluster.curvine.namespace))
     return files
-
-
-def _namespace_bindings(inv: Inventory) -> list[dict[str, Any]]:
-    managed = {C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}
-    docs: list[dict[str, Any]] = []
-    grants = [(ns, ENDPOINT_CLUSTER_ROLE, "kvfleet-endpoint")
-              for ns in sorted({e.namespace for e in inv.endpoints})]
-    grants += [(ns, CURVINE_CLUSTER_ROLE, "kvfleet-curvine") for ns in sorted({c.curvine.namespace
-                                                                             for c in inv.clusters})]
-    for ns, role, binding in grants:
-        docs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": managed}})
-        docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                     "metadata": {"name": binding, "namespace": ns, "labels": managed},
-                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                     "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": KVFLEET_GROUP}]})
-    return docs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -543,6 +543,42 @@ def cmd_gate(args: argparse.Namespace) -> int:
 # ---- parser --------------------------------------------------------------------------------------------------
 
 
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    """The kvfleet-bootstrap bundle of one cluster, for a cluster admin to apply (kvfleet.fleet.bootstrap_bundle)."""
+    from kvfleet.fleet import bootstrap_bundle as bb
+    from kvfleet.paths import project_root
+
+    inv = load_inventory(args.fleet)
+    names = [c.name for c in inv.clusters]
+    if args.cluster is not None and args.cluster not in names:
+        raise UsageError(f"kvfleet bootstrap: --cluster {args.cluster[:100]!r} is not a cluster of {args.fleet}; "
+                         f"choose one of: {', '.join(names)}")
+    if not args.print:
+        raise UsageError("kvfleet bootstrap: kvfleet never applies the bundle itself (its own identity may not write "
+                         "roles); print it and have a cluster admin apply it: "
+                         + bb.apply_command(str(args.fleet), args.cluster or names[0]))
+    if args.cluster is None and len(names) > 1:
+        raise UsageError(f"kvfleet bootstrap: --cluster is required: the fleet {args.fleet} has {len(names)} "
+                         f"clusters ({', '.join(names)}), and each gets its own bundle")
+    name = args.cluster or names[0]
+    cluster = inv.cluster(name)
+    rbac_dir = project_root() / "k8s" / "rbac"
+    missing = [p.name for p in bb.runtime_role_files(rbac_dir, kyverno=True) if not p.is_file()]
+    if missing:
+        raise UsageError(f"kvfleet bootstrap: the runtime RBAC files {', '.join(missing)} are not in {rbac_dir}; "
+                         "run it from a kvfleet checkout (the files are part of the source, not of the wheel)")
+    kyverno_install = None
+    if cluster.l2_injection == "kyverno":
+        from kvfleet.stages import kyverno
+
+        kyverno_install = (f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n"
+                           f"{kyverno.install_command(load_settings())}")
+    namespaces = [e.namespace for e in inv.endpoints if e.cluster == name]
+    _out(bb.render_text(cluster, namespaces, rbac_dir, fleet=str(args.fleet), kyverno_install=kyverno_install)
+         .rstrip("\n"))
+    return 0
+
+
 def cmd_preflight(args: argparse.Namespace) -> int:
     from kvfleet.stages import preflight
 
@@ -614,6 +650,15 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
     pf.add_argument("--json", action="store_true")
     pf.set_defaults(func=cmd_preflight)
+
+    bs = sub.add_parser("bootstrap", help="print the kvfleet-bootstrap bundle of a cluster (the roles, namespaces "
+                                          "and Curvine RBAC a cluster admin applies once, before the first rollout)")
+    bs.add_argument("--print", action="store_true", required=False,
+                    help="print the bundle as YAML (pipe it to `kubectl apply -f -` as a cluster admin)")
+    bs.add_argument("--fleet", default=None, help=FLEET_HELP)
+    bs.add_argument("--cluster", default=None, help="the cluster whose bundle to print (required when the fleet has "
+                                                     "more than one)")
+    bs.set_defaults(func=cmd_bootstrap)
 
     ad = sub.add_parser("advise", help="does L2 pay off per endpoint, and how big must Curvine be (read-only)")
     ad.add_argument("--fleet", default=None, help=FLEET_HELP)
@@ -700,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
     # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.
     # The sandbox command prints its own progress and keeps stdout.
-    quiet = args.command in ("validate", "audit", "db", "gate") or (
+    quiet = args.command in ("validate", "audit", "db", "gate", "bootstrap") or (
         bool(getattr(args, "json", False)) and args.command != "sandbox")
     if quiet:
         _STDOUT.append(sys.stdout)

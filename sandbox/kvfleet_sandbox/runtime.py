@@ -19,11 +19,13 @@ It turns an inventory into the fleet a platform team would already have *before*
 Identities, as on EKS: each API server speaks TLS with a per-sandbox CA (published as the EKS cluster's
 ``certificateAuthority.data``) and refuses anonymous requests. kvfleet's AWS access key (``exports()``) maps to
 the Kubernetes groups of ``k8s/rbac/eks-access-entry.json``, and what that group may do is what
-``k8s/rbac/*.yaml`` grants: the bootstrap applies those files as the platform team would before the first
-rollout (``_bootstrap_rbac``; the per-namespace RoleBindings of ``endpoint-namespaces.yaml`` are generated for
-*this* inventory). The sandbox's own admin (``system:masters``) holds a static token: ``state_dir/kubeconfig``,
-the controllers (which write to the store directly) and ``eks_token`` for tests. Without ``k8s/rbac`` (an
-installed package), kvfleet's identity is mapped to ``system:masters`` and a warning says RBAC is not enforced.
+``k8s/rbac/*.yaml`` grants: the bootstrap applies those files as a cluster admin applies the kvfleet-bootstrap
+bundle before the first rollout (``_bootstrap_rbac``; the per-namespace RoleBindings of
+``endpoint-namespaces.yaml`` are generated for *this* inventory, and ``curvine-rbac.yaml`` is placed in each
+cluster's Curvine namespace). The sandbox's own admin (``system:masters``) holds a static token:
+``state_dir/kubeconfig``, the controllers (which write to the store directly) and ``eks_token`` for tests.
+Without ``k8s/rbac`` (an installed package), kvfleet's identity is mapped to ``system:masters`` and a warning
+says RBAC is not enforced.
 
 Product code never imports this module: it reaches the sandbox through the exported environment only.
 """
@@ -74,6 +76,7 @@ ADMIN_ACCESS_KEY = "sandbox-admin"  # EKS-shaped tokens of the sandbox's admin (
 ADMIN = UserInfo("kubernetes-admin", ("system:masters",))
 RBAC_DIR = Path(__file__).resolve().parents[2] / "k8s" / "rbac"
 RBAC_GROUP = "rbac.authorization.k8s.io"
+CURVINE_RBAC_FILE = "curvine-rbac.yaml"
 
 # vCPUs by size suffix (AWS instance type docs) and GiB of memory per vCPU by family.
 _VCPUS = {"xlarge": 4, "2xlarge": 8, "4xlarge": 16, "8xlarge": 32, "12xlarge": 48, "16xlarge": 64,
@@ -268,12 +271,14 @@ def _authenticator(sandbox: Sandbox) -> Authenticator:
 
 
 def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike) -> None:
-    """What the platform team applies before kvfleet's first rollout (k8s/rbac/README.md): cluster.yaml,
-    endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster, and endpoint-namespaces.yaml as
-    tools/render-k8s-manifests.py renders it for this inventory (each namespace with its RoleBinding)."""
+    """The kvfleet-bootstrap bundle a cluster admin applies before kvfleet's first rollout (k8s/rbac/README.md,
+    ``kvfleet bootstrap --print``): cluster.yaml, endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster,
+    endpoint-namespaces.yaml as tools/render-k8s-manifests.py renders it for this inventory (each namespace with
+    its RoleBinding), and curvine-rbac.yaml (the Curvine charts' ServiceAccounts, roles and bindings, which kvfleet
+    installs the charts without) in this cluster's Curvine namespace."""
     docs: list[dict[str, Any]] = []
     for path in sorted(RBAC_DIR.glob("*.yaml")):
-        if path.name == "endpoint-namespaces.yaml":
+        if path.name in ("endpoint-namespaces.yaml", CURVINE_RBAC_FILE):
             continue
         if path.name == "kyverno-mode.yaml" and cluster.l2_injection != "kyverno":
             continue
@@ -288,7 +293,8 @@ def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike
                      "metadata": {"name": binding, "namespace": ns, "labels": managed},
                      "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role},
                      "subjects": [{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "kvfleet"}]})
-    plural = {"Namespace": ("", "namespaces"), "Role": (RBAC_GROUP, "roles"),
+    docs += _curvine_rbac(cluster.curvine.namespace)
+    plural = {"Namespace": ("", "namespaces"), "ServiceAccount": ("", "serviceaccounts"), "Role": (RBAC_GROUP, "roles"),
               "ClusterRole": (RBAC_GROUP, "clusterroles"), "RoleBinding": (RBAC_GROUP, "rolebindings"),
               "ClusterRoleBinding": (RBAC_GROUP, "clusterrolebindings")}
     for doc in docs:
@@ -296,6 +302,22 @@ def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike
         meta = doc["metadata"]
         if store.get(group, resource, meta["name"], meta.get("namespace")) is None:
             store.create(group, resource, doc)
+
+
+def _curvine_rbac(namespace: str) -> list[dict[str, Any]]:
+    """curvine-rbac.yaml (rendered for the namespace ``curvine``) placed in ``namespace``, as ``kvfleet bootstrap
+    --print --cluster`` renders it for a cluster whose Curvine lives elsewhere."""
+    path = RBAC_DIR / CURVINE_RBAC_FILE
+    if not path.is_file():
+        return []
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        if "namespace" in doc["metadata"]:
+            doc["metadata"]["namespace"] = namespace
+        for subject in doc.get("subjects") or []:
+            if subject.get("kind") == "ServiceAccount":
+                subject["namespace"] = namespace
+    return docs
 
 
 def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:

@@ -222,3 +222,62 @@ def test_real_csi_chart_kinds_and_rules_equal_the_stand_ins(tmp_path: Path) -> N
         assert set(named(real_objs, kind)) == set(named(stand_in, kind))
     for name, crb in named(real_objs, "ClusterRoleBinding").items():
         assert named(stand_in, "ClusterRoleBinding")[name]["subjects"] == crb["subjects"]
+
+
+# --- the kvfleet-bootstrap bundle holds what the charts no longer create ---------------------------------------
+
+RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+def _without_rbac(release: str, chart: Path, tmp_path: Path) -> list[dict[str, Any]]:
+    from kvfleet.fleet.bootstrap_bundle import CHART_VALUES
+    from kvfleet.fleet.curvine_values import nested
+
+    return _objects(chart, release, tmp_path, values=nested(CHART_VALUES))
+
+
+def _by_kind_and_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs if o["kind"] in RBAC_KINDS}
+
+
+def _same_rbac(bundle: dict[str, Any], chart: dict[str, Any]) -> None:
+    assert bundle["metadata"].get("namespace", NAMESPACE) == chart["metadata"].get("namespace", NAMESPACE)
+    if bundle["kind"] in ("Role", "ClusterRole"):
+        assert _rules(bundle) == _rules(chart), bundle["metadata"]["name"]
+    if bundle["kind"].endswith("Binding"):
+        assert bundle["roleRef"] == chart["roleRef"]
+        assert bundle["subjects"] == chart["subjects"]
+
+
+def _check_bundle_replaces(charts: Path, runtime: str, csi: str, tmp_path: Path) -> None:
+    from kvfleet.fleet.bootstrap_bundle import curvine_rbac
+
+    bundle = _by_kind_and_name(curvine_rbac(NAMESPACE))
+    chart_rbac = {**_by_kind_and_name(_objects(charts / runtime, FACTS["runtime"]["release"], tmp_path)),
+                  **_by_kind_and_name(_objects(charts / csi, FACTS["csi"]["release"], tmp_path))}
+    left = {**_by_kind_and_name(_without_rbac(FACTS["runtime"]["release"], charts / runtime, tmp_path)),
+            **_by_kind_and_name(_without_rbac(FACTS["csi"]["release"], charts / csi, tmp_path))}
+    # rbac.create=false leaves exactly the runtime chart's ServiceAccount; the bundle holds every other object
+    assert set(left) == {("ServiceAccount", "curvine")}
+    assert set(bundle) == set(chart_rbac) - set(left)
+    for key, obj in bundle.items():
+        _same_rbac(obj, chart_rbac[key])
+
+
+def test_the_bootstrap_bundle_holds_exactly_the_rbac_the_stand_in_charts_leave_out(tmp_path: Path) -> None:
+    _check_bundle_replaces(STAND_INS, "curvine", "curvine-csi", tmp_path)
+
+
+def test_the_bootstrap_bundle_holds_exactly_the_rbac_the_real_charts_leave_out(tmp_path: Path) -> None:
+    _check_bundle_replaces(_upstream(), "curvine-runtime", "curvine-csi", tmp_path)
+
+
+def test_the_bundles_csi_roles_are_the_recorded_facts() -> None:
+    from kvfleet.fleet.bootstrap_bundle import curvine_rbac
+
+    roles = {o["metadata"]["name"]: _rules(o) for o in curvine_rbac("anywhere") if o["kind"] == "ClusterRole"}
+    assert roles == {name: {g: {r: set(v) for r, v in res.items()} for g, res in groups.items()}
+                     for name, groups in FACTS["csi"]["cluster_roles"].items()}
+    subjects = {o["metadata"]["name"]: o["subjects"] for o in curvine_rbac("elsewhere")
+                if o["kind"] == "ClusterRoleBinding"}
+    assert subjects == {n: [{"kind": "ServiceAccount", "name": n, "namespace": "elsewhere"}] for n in roles}

@@ -2,10 +2,11 @@
 drift check against the sandbox, then compare every Kubernetes request (kvfleet's client and the helm it runs) and
 every AWS call the emulators saw with the grants in the files.
 
-The sandbox enforces them: kvfleet's EKS token maps to the group ``kvfleet``, the emulator applies k8s/rbac as
-the platform team would and authorizes every request with Kubernetes RBAC, including the escalation rule for the
-charts' own Roles, ClusterRoles and bindings (``escalate``/``bind``). Both stand-in Curvine charts are installed
-and upgraded as kvfleet (the runtime chart's pre-upgrade hook Job runs to completion); any 403 fails the replay.
+The sandbox enforces them: kvfleet's EKS token maps to the group ``kvfleet``, the emulator applies the
+kvfleet-bootstrap bundle (k8s/rbac, the Curvine charts' roles included) as a cluster admin would and authorizes
+every request with Kubernetes RBAC, including the escalation rule (``escalate``/``bind``). Both stand-in Curvine
+charts are installed and upgraded as kvfleet, with ``rbac.create=false`` (the runtime chart's pre-upgrade hook Job
+runs to completion); any 403 fails the replay, and so does any write of an RBAC object by kvfleet.
 
 - Every (verb, group, resource/subresource, namespace or cluster scope, name) request is allowed by some binding of
   the group ``kvfleet`` in k8s/rbac/*.yaml, evaluated with Kubernetes RBAC semantics (a RoleBinding grants only in
@@ -240,7 +241,7 @@ def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
         out = curvine_scale.scale(ctx, curvine_scale.ScaleRequest(target=workers + 1, timeout_s=60),
                                   holder="rbac/curvine")
         assert out.outcome == "changed", out
-        # The CSI chart is upgraded too (its ClusterRoles and bindings are re-applied: escalate and bind again).
+        # The CSI chart is upgraded too (--reuse-values: still rbac.create=false, so no role is written).
         ns = ctx.cluster.curvine.namespace
         ctx.helm.run("upgrade", C.CURVINE_CSI_RELEASE, ctx.cluster.curvine.csi_chart, "--repo",
                      curvine.repo_url(ctx), "--version", ctx.cluster.curvine.version, "-n", ns, "--reuse-values",
@@ -347,13 +348,11 @@ def test_the_emulator_refused_nothing_kvfleet_asked(replay: Replay) -> None:
     assert replay.denied == [], "refused by RBAC in the sandbox:\n  " + "\n  ".join(replay.denied)
 
 
-def test_the_charts_rbac_objects_went_through_escalate_and_bind(replay: Replay) -> None:
-    """Both charts' roles were written as kvfleet: each passed the escalation check by ``escalate`` on it and
-    each binding by ``bind`` on its role, on install and again on upgrade."""
-    assert {("escalate", "roles", "curvine"), ("bind", "roles", "curvine"),
-            ("escalate", "clusterroles", "curvine-csi-node"), ("bind", "clusterroles", "curvine-csi-node"),
-            ("escalate", "clusterroles", "curvine-csi-controller"),
-            ("bind", "clusterroles", "curvine-csi-controller")} <= replay.checks
+def test_kvfleet_wrote_no_rbac_object_and_needed_no_escalate_or_bind(replay: Replay) -> None:
+    """The charts' roles come with the bootstrap bundle (k8s/rbac/curvine-rbac.yaml): installing and upgrading both
+    charts, kvfleet's identity made no request on an RBAC object and passed no escalation check."""
+    assert replay.checks == set()
+    assert [_fmt(r) for r in replay.requests if r.group == "rbac.authorization.k8s.io"] == []
 
 
 def test_the_pre_upgrade_hook_job_ran_as_kvfleet(replay: Replay) -> None:

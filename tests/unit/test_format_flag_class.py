@@ -121,7 +121,9 @@ def test_the_upgrade_command_ends_with_the_flags_false_file() -> None:
         files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
         assert len(files) == 2 and "--reset-then-reuse-values" in args and "--set" not in args
         last = yaml.safe_load(Path(files[-1]).read_text())
-        assert last == {"cluster": {"formatMaster": False, "formatWorker": False, "formatJournal": False}}
+        # the flags false, and the charts' RBAC left to the bootstrap bundle, whatever the release's values say
+        assert last == {"cluster": {"formatMaster": False, "formatWorker": False, "formatJournal": False},
+                        "rbac": {"create": False}}
     finally:
         h.close()
 

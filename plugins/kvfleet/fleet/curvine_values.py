@@ -50,6 +50,12 @@ def flags_set(values: Mapping[str, Any]) -> list[str]:
     return [f for f, v in flags_of(values).items() if v]
 
 
+# Both Curvine charts are installed and upgraded without their RBAC objects (the CSI driver's cluster-wide
+# ClusterRoles, the runtime chart's Role): a cluster admin applies them once with the kvfleet-bootstrap bundle
+# (kvfleet.fleet.bootstrap_bundle), so kvfleet's identity never writes a role and needs no escalate or bind.
+NO_CHART_RBAC: dict[str, bool] = {"rbac.create": False}
+
+
 def safe_flags() -> dict[str, bool]:
     """The three flags false, as dotted keys (written to a values file): passed explicitly on every upgrade,
     whatever the release's values say."""
@@ -61,6 +67,7 @@ def install_values(cluster: Cluster) -> dict[str, Any]:
     spec: CurvineSpec = cluster.curvine
     values: dict[str, Any] = {k: True for k in FLAG_KEYS}
     values.update(sizing_values(spec))
+    values.update(NO_CHART_RBAC)
     values.update({
         "master.storage.meta.storageClass": spec.master_storage_class,
         "master.storage.meta.size": spec.master_meta_size,

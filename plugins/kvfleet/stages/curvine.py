@@ -157,7 +157,8 @@ def _ensure_csi(ctx: StageContext) -> str:
                                  "controller.sidecars.provisioner.image":
                                      "registry.k8s.io/sig-storage/csi-provisioner:v3.6.0",
                                  "node.sidecars.nodeDriverRegistrar.image":
-                                     "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0"})
+                                     "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.10.0",
+                                 **cv.NO_CHART_RBAC})
     executor.run(ctx, STAGE, [install])
     return "planned" if ctx.dry_run else "changed"
 
@@ -225,7 +226,7 @@ def refuse_rendered_flags(ctx: StageContext, docs: list[dict[str, Any]], action:
 def _fix_hazard(ctx: StageContext, set_flags: list[str]) -> str:
     spec = ctx.cluster.curvine
     fix = A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=repo_url(ctx),
-                         version=_live_version(ctx) or spec.version, values=cv.safe_flags(),
+                         version=_live_version(ctx) or spec.version, values={**cv.safe_flags(), **cv.NO_CHART_RBAC},
                          why=f"fix format-flag hazard ({', '.join(set_flags)})")
     ctx.say(f"warning: HAZARD: deployed Curvine release has {', '.join(set_flags)} true — the next pod restart "
             "would reformat. Flipping to false with --reuse-values.")

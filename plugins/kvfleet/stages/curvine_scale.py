@@ -313,7 +313,7 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
     spec = ctx.cluster.curvine
     version = state.chart_version or spec.version  # never an upgrade on the side: the deployed chart version
     # one values file: the count, the placement kvfleet relies on, and the flags false (the chart pins nothing)
-    sets = {"worker.replicas": target, **cv.placement_values(), **cv.safe_flags()}
+    sets = {"worker.replicas": target, **cv.placement_values(), **cv.safe_flags(), **cv.NO_CHART_RBAC}
     # a copy: merged_values shares nested mappings of its ``current`` argument with its result
     diff = cv.values_diff(state.values, cv.merged_values(copy.deepcopy(state.values), sets))
     action = A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx),

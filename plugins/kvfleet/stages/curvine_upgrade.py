@@ -119,7 +119,7 @@ def preflight(ctx: StageContext, req: UpgradeRequest, overrides: Mapping[str, An
                           "a scale-in unless allowed.")
     defaults = ctx.helm.chart_defaults(spec.chart, repo, req.version)
     user_values = ctx.helm.values(C.CURVINE_RELEASE, ns, all_values=False)
-    sets = {**overrides, **cv.safe_flags()}  # the flags last: false whatever the overrides or values say
+    sets = {**overrides, **cv.safe_flags(), **cv.NO_CHART_RBAC}  # last: what the upgrade command passes last
     result = cv.merged_values(copy.deepcopy(user_values), sets, defaults)  # it shares nested mappings otherwise
     warnings = []
     if moving := curvine_scale.spare_node_warning(ctx, "upgrade"):
@@ -160,7 +160,8 @@ def upgrade_action(ctx: StageContext, version: str, overrides: Mapping[str, Any]
     release's values would be dropped for chart defaults."""
     spec = ctx.cluster.curvine
     return A.helm_upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=stage3.repo_url(ctx), version=version,
-                          values=overrides, reuse_values=False, reset_then_reuse=True, last_values=cv.safe_flags(),
+                          values=overrides, reuse_values=False, reset_then_reuse=True,
+                          last_values={**cv.safe_flags(), **cv.NO_CHART_RBAC},
                           why=f"revision {revision} {chart_version} -> {version}")
 
 

@@ -36,7 +36,7 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
     assert planned.outcome == "planned" and ops.sim.overview()["live_workers"] == 2
     [upgrade] = executor.journal(dry)  # one typed action: the helm upgrade, values as a file named by its digest
     assert isinstance(upgrade, A.HelmUpgrade) and upgrade.reuse_values
-    assert upgrade.values_map() == {"worker.replicas": 4, **cv.placement_values(), **cv.safe_flags()}
+    assert upgrade.values_map() == {"worker.replicas": 4, **cv.placement_values(), **cv.safe_flags(), **cv.NO_CHART_RBAC}
     assert dry.planned[0].action == upgrade.equivalent()
     assert f" --reuse-values -f values-{upgrade.values_digest}.yaml   # " in upgrade.equivalent()
     assert "worker.replicas=4" in upgrade.equivalent() and "--set" not in upgrade.equivalent()

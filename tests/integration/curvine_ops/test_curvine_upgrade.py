@@ -167,12 +167,12 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
     first, last = f"values-{action.values_digest}.yaml", f"values-{action.last_digest}.yaml"
     command = (f"helm upgrade curvine curvine --repo {repo} --version 0.3.3-alpha -n curvine -f {first} "
                f"--reset-then-reuse-values -f {last}   # {first}: config.log.level=DEBUG; {last}: "
-               "cluster.formatJournal=false cluster.formatMaster=false cluster.formatWorker=false")
+               "cluster.formatJournal=false cluster.formatMaster=false cluster.formatWorker=false rbac.create=false")
     assert [p.action for p in ctx.planned] == [command] == [action.equivalent()]
     files = out.detail["values_files"]
     assert yaml.safe_load(files[first]) == {"config": {"log": {"level": "DEBUG"}}}
     assert yaml.safe_load(files[last]) == {"cluster": {
-        "formatMaster": False, "formatWorker": False, "formatJournal": False}}
+        "formatMaster": False, "formatWorker": False, "formatJournal": False}, "rbac": {"create": False}}
     assert out.detail["rendered"]["format_findings"] == []  # what helm would deploy was rendered and checked
     assert "~ config.log.level: 'INFO' -> 'DEBUG'" in ctx.planned[0].diff
     assert any(command in line and "~ config.log.level: 'INFO' -> 'DEBUG'" in line for line in said)  # the log

@@ -60,13 +60,15 @@ class CurvineCluster:
     def install(self, *, format_master: bool = True, format_worker: bool = True, format_journal: bool = True,
                 server_side: bool = True, extra: tuple[str, ...] = ()) -> None:
         ssa = () if server_side else ("--server-side=false",)
+        # rbac.create=false, as kvfleet installs both: the sandbox applied the bootstrap bundle, whose
+        # curvine-rbac.yaml holds the charts' ServiceAccounts, roles and bindings (k8s/rbac/README.md)
         self.helm("install", "curvine-csi", "curvine-csi", "--repo", self.repo, "--version", "0.3.2-alpha",
-                  "-n", NS, "--create-namespace", *ssa)
+                  "-n", NS, "--create-namespace", "--set", "rbac.create=false", *ssa)
         flags = [f"cluster.formatMaster={str(format_master).lower()}",
                  f"cluster.formatWorker={str(format_worker).lower()}",
                  f"cluster.formatJournal={str(format_journal).lower()}"]
         self.helm("install", "curvine", "curvine", "--repo", self.repo, "--version", "0.3.2-alpha", "-n", NS,
-                  *_sets(*BLOG_VALUES, *flags, *extra), *ssa)
+                  *_sets(*BLOG_VALUES, "rbac.create=false", *flags, *extra), *ssa)
         self.wait_live(2)
 
     def upgrade(self, *sets: str, version: str = "0.3.2-alpha", server_side: bool = True) -> None:

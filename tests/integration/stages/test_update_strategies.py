@@ -88,7 +88,7 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
     # digest the dry run printed; the write-ahead record names it; the release's flags are false now.
     helm = [a for a in applied if isinstance(a, A.HelmUpgrade)]
     assert [(a.why, a.reuse_values, a.values_map()) for a in helm] == [
-        ("fix format-flag hazard (formatMaster)", True, cv.safe_flags())]
+        ("fix format-flag hazard (formatMaster)", True, {**cv.safe_flags(), **cv.NO_CHART_RBAC})]
     assert kinds.index("UpdateCluster") < kinds.index("HelmUpgrade") < kinds.index("PauseOperator")
     assert sum(f"-f values-{helm[0].values_digest}.yaml" in line for line in printed) == 1
     assert not any("--set" in line for line in printed)

@@ -23,24 +23,43 @@ Sources (kubernetes/kubernetes; facts and commits in tests/conformance/facts/kub
 - ``pkg/registry/rbac/validation/policy_comparator.go`` (``Covers``): the owner's rules cover a rule if every
   (group, resource, verb, resourceName) it breaks down into is matched by one owner rule; an owner rule with
   ``resourceNames`` covers only rules listing names from it.
+
+Impersonation (kubernetes/apiserver at tag kubernetes-1.33.0, commit 9529108a5dff5a998bca0afd61510c9c0e34b2e3;
+facts in tests/conformance/facts/kube_impersonation.yaml): ``Authorizer.authorize_impersonation`` makes
+``WithImpersonation``'s checks (``pkg/endpoints/filters/impersonation.go``), one ``impersonate`` per thing asked
+for, as the requesting user: ``users``/``groups`` (group "", name = the user or group), ``serviceaccounts`` (group
+"", the service account's namespace and name), ``userextras/<key>`` and ``uids`` (group
+``authentication.k8s.io``, name = the value). The first refusal is a 403 rendered like
+``responsewriters.ForbiddenStatusError`` (``pkg/endpoints/handlers/responsewriters/errors.go``):
+``<resource>[.<group>] "<name>" is forbidden: User "<requester>" cannot impersonate resource "<resource>[/<key>]"
+in API group "<group>" at the cluster scope`` (``in the namespace "<ns>"`` for a service account).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvfleet_sandbox.kube.auth import UserInfo
+from kvfleet_sandbox.kube.auth import ImpersonationRequest, UserInfo
 from kvfleet_sandbox.kube.errors import ApiError
 
 if TYPE_CHECKING:
     from kvfleet_sandbox.kube.store import KubeStore
 
 GROUP = "rbac.authorization.k8s.io"
+AUTHENTICATION_GROUP = "authentication.k8s.io"
+IMPERSONATE = "impersonate"
+# WithImpersonation: the (API group, resource) checked for each kind of impersonation request.
+IMPERSONATED_RESOURCES = {"ServiceAccount": ("", "serviceaccounts"), "User": ("", "users"), "Group": ("", "groups"),
+                          "UserExtra": (AUTHENTICATION_GROUP, "userextras"), "UID": (AUTHENTICATION_GROUP, "uids")}
+LOGGED_VERBS = ("escalate", "bind", IMPERSONATE)  # checks logged whatever their outcome
+# responsewriters' sanitizer: "Avoid emitting errors that look like valid HTML".
+_SANITIZE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 ROLE_RESOURCES = {"roles": "Role", "clusterroles": "ClusterRole"}
 BINDING_RESOURCES = {"rolebindings": "RoleBinding", "clusterrolebindings": "ClusterRoleBinding"}
 
@@ -139,8 +158,8 @@ def acting_as(user: UserInfo | None, authorizer: Authorizer | None,
 
 class Authorizer:
     """RBAC over the RBAC objects of one ``KubeStore``. ``log`` keeps the last ``LOG_LIMIT`` refusals and
-    ``escalate``/``bind`` checks (the replay test reads which were made; every request itself is in the store's
-    request log, with its user and decision)."""
+    ``escalate``/``bind``/``impersonate`` checks (the replay test reads which were made; every request itself is
+    in the store's request log, with its user and decision)."""
 
     LOG_LIMIT = 10_000
 
@@ -190,7 +209,7 @@ class Authorizer:
         ok = attrs.user.is_master or any(
             rule_allows(r, attrs.verb, attrs.group, attrs.resource, attrs.name)
             for r in self.rules_for(attrs.user, attrs.namespace))
-        if not ok or attrs.verb in ("escalate", "bind"):
+        if not ok or attrs.verb in LOGGED_VERBS:
             with self._lock:
                 self.log.append((attrs, ok))
         return ok
@@ -198,6 +217,17 @@ class Authorizer:
     def authorize(self, attrs: Attributes) -> None:
         if not self.allowed(attrs):
             raise forbidden(attrs.resource, attrs.name, attrs.group, attrs.describe())
+
+    def authorize_impersonation(self, requester: UserInfo, requests: list[ImpersonationRequest]) -> None:
+        """``WithImpersonation``'s loop: each request in order is an ``impersonate`` check for ``requester``; the
+        first refused is a 403 ``Forbidden`` (``ForbiddenStatusError``, no reason: RBAC gives none)."""
+        for request in requests:
+            group, resource = IMPERSONATED_RESOURCES[request.kind]
+            if request.kind == "UserExtra":
+                resource = f"{resource}/{request.field_path}"
+            attrs = Attributes(requester, IMPERSONATE, group, resource, request.namespace or None, request.name)
+            if not self.allowed(attrs):
+                raise forbidden_status(attrs)
 
     # --- escalation (store admission hook) ----------------------------------------------------------------
 
@@ -253,3 +283,23 @@ def forbidden(resource: str, name: str | None, group: str, reason: str) -> ApiEr
     target = f"{resource.split('/')[0]}{'.' + group if group else ''}"
     subject = f'{target} "{name}"' if name else target
     return ApiError(403, "Forbidden", f"{subject} is forbidden: {reason}")
+
+
+def _go_quote(value: str) -> str:
+    """Go's ``%q`` for the names and messages here (a JSON string is the same for printable text)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def forbidden_status(attrs: Attributes) -> ApiError:
+    """``responsewriters.ForbiddenStatusError`` with an empty reason, and ``apierrors.NewForbidden``'s message
+    and details (kubernetes/apiserver ``pkg/endpoints/handlers/responsewriters/errors.go``, kubernetes-1.33.0):
+    ``forbiddenMessage`` names the resource as ``resource/subresource``; the qualified resource and the details'
+    kind carry the resource alone."""
+    resource = attrs.resource.split("/", 1)[0]
+    where = f"in the namespace {_go_quote(attrs.namespace)}" if attrs.namespace else "at the cluster scope"
+    message = (f"User {_go_quote(attrs.user.name)} cannot {attrs.verb} resource {_go_quote(attrs.resource)} "
+               f"in API group {_go_quote(attrs.group)} {where}").translate(_SANITIZE)
+    qualified = f"{resource}.{attrs.group}" if attrs.group else resource
+    subject = f"{qualified} {_go_quote(attrs.name)}" if attrs.name else qualified
+    details = {k: v for k, v in (("name", attrs.name), ("group", attrs.group), ("kind", resource)) if v}
+    return ApiError(403, "Forbidden", f"{subject} is forbidden: {message}", details)

@@ -19,6 +19,15 @@ the sandbox's static admin tokens; anything else, including no ``Authorization``
 Authorization (``rbac``): every resource request of a user outside ``system:masters`` is checked against the
 RBAC objects in the store (403 when no rule allows it), and writes of RBAC objects pass the escalation check.
 
+Impersonation (``_Handler._impersonation``): kube-apiserver's ``WithImpersonation`` filter, which runs after
+authentication and before everything else (kubernetes/apiserver ``pkg/endpoints/filters/impersonation.go``,
+tag kubernetes-1.33.0, commit 9529108a5dff5a998bca0afd61510c9c0e34b2e3; facts in
+tests/conformance/facts/kube_impersonation.yaml). A request with ``Impersonate-*`` headers from an authenticated
+user is allowed only if that user may ``impersonate`` each thing asked for (``Authorizer.authorize_impersonation``:
+403 ``Forbidden`` at the first refusal, nothing done); groups, extras or a uid without ``Impersonate-User`` is a
+500 in plain text (``responsewriters.InternalError``). Allowed, the headers are removed and the request runs, and
+is authorized and audited (the store's request log), as the impersonated user.
+
 TLS: with ``tls`` set, the same port speaks HTTPS (``https_url``, what the EKS endpoint publishes) and plain
 HTTP (``url``); the first byte of a connection decides (0x16 opens a TLS handshake). client-go sends a
 kubeconfig's token only over TLS, so kubectl and helm must use ``https_url``; the Python client sends it either
@@ -38,7 +47,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvfleet_sandbox.kube import routing
-from kvfleet_sandbox.kube.auth import Authenticator
+from kvfleet_sandbox.kube.auth import (
+    IMPERSONATE_EXTRA_PREFIX,
+    IMPERSONATE_GROUP,
+    IMPERSONATE_UID,
+    IMPERSONATE_USER,
+    Authenticator,
+    ImpersonationError,
+    UserInfo,
+    impersonated_user,
+    impersonation_requests,
+)
 from kvfleet_sandbox.kube.errors import ApiError
 from kvfleet_sandbox.kube.rbac import Authorizer
 from kvfleet_sandbox.kube.store import KubeStore
@@ -126,11 +145,47 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         api = self.server.api
         try:
-            routing.handle(api, self)
+            acting_as = self._impersonation(api)
+            if acting_as is None:
+                routing.handle(api, self)
+            else:
+                with api.authenticator.impersonating(self.headers.get("Authorization"), acting_as):
+                    routing.handle(api, self)
         except ApiError as err:
             self.send_json(err.code, err.status())
+        except ImpersonationError as err:
+            # responsewriters.InternalError: http.Error's plain text, sanitized like every error message.
+            text = f"Internal Server Error: {json.dumps(self.path, ensure_ascii=False)}: {err}"
+            text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            self.send_bytes(500, (text + "\n").encode(), {"Content-Type": "text/plain; charset=utf-8",
+                                                          "X-Content-Type-Options": "nosniff"})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _impersonation(self, api: KubeApiServer) -> UserInfo | None:
+        """``WithImpersonation``: None when the request impersonates nobody or is not authenticated (routing then
+        answers it, 401 for the latter, as authentication runs first); else the impersonated user, every
+        ``impersonate`` check passed and the ``Impersonate-*`` headers removed. Raises ``ImpersonationError``
+        (groups, extras or uid without a user) or the 403 ``ApiError`` of the first refused check; the body is
+        read first so the connection stays usable."""
+        requested = [(k, v) for k, v in self.headers.items() if k.lower().startswith("impersonate-")]
+        if not requested:
+            return None
+        requester = api.authenticator.authenticate(self.headers.get("Authorization"))
+        if requester is None:
+            return None
+        try:
+            requests = impersonation_requests(requested)
+            if not requests:
+                return None
+            api.authorizer.authorize_impersonation(requester, requests)
+        except (ImpersonationError, ApiError):
+            self.read_body()
+            raise
+        for name in [IMPERSONATE_USER, IMPERSONATE_GROUP, IMPERSONATE_UID,
+                     *{k for k, _ in requested if k.lower().startswith(IMPERSONATE_EXTRA_PREFIX.lower())}]:
+            del self.headers[name]
+        return impersonated_user(requests)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 

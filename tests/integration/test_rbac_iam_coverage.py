@@ -56,9 +56,6 @@ ENDPOINT = "retail-assistant"
 # Grants the replay cannot reach, each with the code path that needs it.
 WATCH = "airflow/triggers/kube_watch.py KubeWatchTrigger: the drift watch (its rules: fleet/watch_rules.py)"
 UNREACHED = {
-    ("kvfleet:cluster", "", "namespaces", "create"):
-        "stages/endpoints.py apply_iec: creates an endpoint namespace that endpoint-namespaces.yaml did not "
-        "(the sandbox applies that file first, as the runbook says)",
     ("kvfleet:endpoint-namespace", "", "events", "list"):
         "stages/readiness.py curvine_pvcs: explains a PVC that stays Pending (sandbox PVCs bind at once)",
     ("kvfleet:curvine-namespace", "", "pods", "delete"):

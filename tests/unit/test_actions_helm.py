@@ -34,7 +34,7 @@ def test_helm_actions_render_a_values_file_named_by_its_digest_never_set(example
                           why="format flags false", when="immediately, once every Curvine pod is Running")
     line = A.render(install)
     assert line.startswith(f"{A.EQUIVALENT_MARK} helm install curvine curvine --repo {REPO} --version 0.3.2-alpha "
-                           f"-n curvine --create-namespace -f values-{install.values_digest}.yaml   # ")
+                           f"-n curvine -f values-{install.values_digest}.yaml   # ")
     assert "cluster.formatMaster=true" in line and "--set" not in line
     flipped = flip.equivalent()
     assert flipped.startswith("helm upgrade curvine curvine ") and " --reuse-values -f values-" in flipped

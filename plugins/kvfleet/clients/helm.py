@@ -288,8 +288,9 @@ class Helm:
     # ---- writes ----------------------------------------------------------------------------------------------
     def install_args(self, release: str, chart: str, namespace: str, *, repo: str, version: str,
                      values: Mapping[str, Any]) -> list[str]:
+        # no --create-namespace: the namespace comes with the kvfleet-bootstrap bundle (k8s/rbac/README.md)
         return ["install", release, chart, "--repo", repo, "--version", version, "-n", namespace,
-                "--create-namespace", "-f", self.values_file(values, "install")]
+                "-f", self.values_file(values, "install")]
 
     def upgrade_args(self, release: str, chart: str, namespace: str, *, repo: str, version: str,
                      values: Mapping[str, Any], reuse_values: bool = True) -> list[str]:

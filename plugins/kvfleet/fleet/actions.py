@@ -422,7 +422,7 @@ class HelmInstall:
 
     def equivalent(self) -> str:
         return (_helm_line(["install", self.release, self.chart, "--repo", self.repo, "--version", self.version,
-                            "-n", self.namespace, "--create-namespace", "-f", _values_file(self.values_digest)])
+                            "-n", self.namespace, "-f", _values_file(self.values_digest)])
                 + f"   # {_values_comment(self.values_map(), self.values_digest)}")
 
 
@@ -544,23 +544,6 @@ class CreateStorageClass:
 
 
 @dataclass(frozen=True)
-class CreateNamespace:
-    """Create a namespace labelled as kvfleet's."""
-
-    kind: ClassVar[str] = "create_namespace"
-    mutating: ClassVar[bool] = True
-    name: str
-    endpoint: None = None
-    diff: None = None
-
-    def target(self) -> str:
-        return f"Namespace {self.name}"
-
-    def equivalent(self) -> str:
-        return f"kubectl create namespace {self.name}"
-
-
-@dataclass(frozen=True)
 class CreatePvc:
     """Create a PersistentVolumeClaim (``body``: canonical JSON)."""
 
@@ -583,7 +566,7 @@ class CreatePvc:
 
 Action = (UpdateCluster | CreateAddon | UpdateAddon | ApplyEndpointConfig | PauseOperator | RestoreOperator | Scale
           | PatchDeployment | SetRolloutStrategy | VerifyRendered | WaitPods | WaitRolledOut | RerenderDeployment
-          | ApplyClusterPolicy | HelmInstall | HelmUpgrade | HelmRollback | CreateStorageClass | CreateNamespace
+          | ApplyClusterPolicy | HelmInstall | HelmUpgrade | HelmRollback | CreateStorageClass
           | CreatePvc)
 
 

@@ -172,6 +172,14 @@ def apply_command(fleet: str, cluster: str) -> str:
             " | kubectl apply -f -")
 
 
+def missing_namespace(fleet: str, cluster: str, namespace: str) -> str:
+    """Why kvfleet refuses to go on when a namespace of the cluster's endpoints (or its Curvine namespace) is
+    missing: it may not create one, since whoever creates a namespace sets its Pod Security labels."""
+    return (f"namespace {namespace} does not exist on cluster {cluster}, and kvfleet's identity may not create "
+            "namespaces (their Pod Security labels are a cluster admin's): apply the cluster's kvfleet-bootstrap "
+            f"bundle, which creates it with kvfleet's RoleBinding there: {apply_command(fleet, cluster)}")
+
+
 def render_text(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path, *, fleet: str,
                 kyverno_install: str | None = None) -> str:
     """The bundle as a cluster admin applies it: a header saying what, when and how, then the objects.
@@ -190,5 +198,6 @@ def render_text(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path
 
 
 __all__ = ["BUNDLE_LABEL", "CHART_VALUES", "CSI_CONTROLLER", "CSI_NODE", "GROUP", "RUNTIME_RBAC_NAME",
-           "apply_command", "bundle", "curvine_rbac", "dump", "namespace_bindings", "render_text",
+           "apply_command", "bundle", "curvine_rbac", "dump", "missing_namespace", "namespace_bindings",
+           "render_text",
            "runtime_role_files"]

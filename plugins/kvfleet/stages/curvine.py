@@ -13,7 +13,7 @@
   live workers and a capacity of about workers × dataDir size, recorded as a capacity snapshot.
 
 Every change is a typed action (``fleet.actions``: ``HelmInstall``, ``HelmUpgrade`` with the values file's
-digest, ``CreateStorageClass``, ``CreateNamespace``, ``CreatePvc``) that ``stages.executor`` applies (helm
+digest, ``CreateStorageClass``, ``CreatePvc``) that ``stages.executor`` applies (helm
 commands with their write-ahead records) or, in a dry run, renders: `kvfleet plan --diff` lists the very calls.
 The sequencing (the flip in a ``finally``) and the gates stay here.
 
@@ -285,15 +285,16 @@ def release_drift(ctx: StageContext, values: dict[str, Any]) -> list[str]:
 
 
 def pvc_actions(ctx: StageContext) -> list[A.Action]:
-    """What the RWX Curvine PVC in every endpoint namespace of this cluster needs: the namespace, the PVC."""
+    """What the RWX Curvine PVC in every endpoint namespace of this cluster needs. The namespace comes with the
+    kvfleet-bootstrap bundle: a missing one is refused (kvfleet may not create namespaces)."""
+    from kvfleet.fleet.bootstrap_bundle import missing_namespace
+
     spec = ctx.cluster.curvine
     out: list[A.Action] = []
     for ns in sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2}):
-        exists = get_or_none(ctx.kube.core.read_namespace, ns) is not None
-        if not exists:
-            out.append(A.CreateNamespace(ns))
-        if not exists or get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC,
-                                     ns) is None:
+        if get_or_none(ctx.kube.core.read_namespace, ns) is None:
+            raise PermanentError(missing_namespace(ctx.inventory.source, ctx.cluster.name, ns))
+        if get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns) is None:
             out.append(A.CreatePvc(ns, C.CURVINE_PVC, A.canonical(pvc_manifest(ns, spec.storage_class))))
     return out
 

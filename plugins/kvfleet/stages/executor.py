@@ -96,9 +96,10 @@ def _update_addon(ctx: StageContext, a: A.UpdateAddon) -> None:
 
 def _apply_iec(ctx: StageContext, a: A.ApplyEndpointConfig) -> None:
     key = f"{a.namespace}/{a.name}"
-    if get_or_none(ctx.kube.core.read_namespace, a.namespace) is None:
-        call(ctx.kube.core.create_namespace, {"metadata": {"name": a.namespace, "labels": {
-            C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {a.namespace}")
+    if get_or_none(ctx.kube.core.read_namespace, a.namespace) is None:  # the bootstrap bundle creates namespaces
+        from kvfleet.fleet.bootstrap_bundle import missing_namespace
+
+        raise PermanentError(missing_namespace(ctx.inventory.source, ctx.cluster.name, a.namespace))
     body = json.loads(a.body)
     if a.create:
         with ctx.write_ahead("create_iec", a.target(), endpoint=key):
@@ -259,11 +260,6 @@ def _create_storage_class(ctx: StageContext, a: A.CreateStorageClass) -> None:
     call(ctx.kube.storage.create_storage_class, json.loads(a.body), what=f"create StorageClass {a.name}")
 
 
-def _create_namespace(ctx: StageContext, a: A.CreateNamespace) -> None:
-    call(ctx.kube.core.create_namespace, {"metadata": {"name": a.name, "labels": {
-        C.MANAGED_BY_LABEL: C.MANAGED_BY_VALUE}}}, what=f"create namespace {a.name}")
-
-
 def _create_pvc(ctx: StageContext, a: A.CreatePvc) -> None:
     call(ctx.kube.core.create_namespaced_persistent_volume_claim, a.namespace, json.loads(a.body),
          what=f"create PVC {a.namespace}/{a.name}")
@@ -288,6 +284,5 @@ _HANDLERS: dict[type[Any], Callable[[StageContext, Any], None]] = {
     A.HelmUpgrade: _helm,
     A.HelmRollback: _helm_rollback,
     A.CreateStorageClass: _create_storage_class,
-    A.CreateNamespace: _create_namespace,
     A.CreatePvc: _create_pvc,
 }

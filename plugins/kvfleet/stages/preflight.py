@@ -18,7 +18,10 @@ missing item with its exact fix:
 6. the EBS StorageClass (the inventory's ``ebs_storage_class``) exists;
 7. at least two GPU nodes (a single node cannot show cross-node reuse — the sources);
 8. on a kyverno-mode cluster, Kyverno and its admission webhook (``stages.kyverno``): absent, it is a warning when
-   stage 2 may install it (the fix is the same command, to run beforehand) and an error when it may not.
+   stage 2 may install it (the fix is the same command, to run beforehand) and an error when it may not;
+9. the kvfleet-bootstrap bundle was applied (``kvfleet.fleet.bootstrap_bundle``; k8s/rbac/README.md, Bootstrap):
+   the Curvine CSI ServiceAccounts it alone creates, and every namespace of the cluster's endpoints. kvfleet's
+   identity may not create them, so without it the rollout is refused before any change, with the command.
 
 Where the values come from: ``executionRoleArn`` and ``tlsCertificateS3Bucket`` from the inventory's operator
 add-on ``configuration`` (what stage 2 sends as configurationValues), unless the inventory carries dedicated
@@ -319,6 +322,32 @@ class _Checker:
             self.add("kyverno", f"Kyverno is not installed (kyverno mode) and kvfleet may not install it "
                      f"({kyverno.INSTALL_ENV}=refuse)", values)
 
+    def bootstrap(self) -> None:
+        from kvfleet.fleet import bootstrap_bundle as bb
+
+        missing: list[str] = []
+        ns = self.cl.curvine.namespace
+        for account in (bb.CSI_NODE, bb.CSI_CONTROLLER):
+            try:
+                self.ctx.kube.core.read_namespaced_service_account(account, ns)
+            except ApiException as exc:
+                if exc.status == 404:
+                    missing.append(f"ServiceAccount {ns}/{account}")
+                    continue
+                if exc.status != 403:
+                    raise
+                # kvfleet's RoleBinding in the Curvine namespace is part of the bundle too
+                missing.append(f"kvfleet's RoleBinding in namespace {ns} (403 reading ServiceAccount {account})")
+                break
+        for name in sorted({e.namespace for e in self.ctx.inventory.endpoints if e.cluster == self.cl.name}):
+            if get_or_none(self.ctx.kube.core.read_namespace, name) is None:
+                missing.append(f"Namespace {name}")
+        if missing:
+            fleet = self.ctx.inventory.source or "<your fleet.yaml>"
+            self.add("bootstrap", f"the kvfleet-bootstrap bundle is not applied on {self.cl.name} (missing: "
+                     f"{', '.join(missing)}); kvfleet's own identity may not create these (k8s/rbac/README.md, "
+                     "Bootstrap)", f"as a cluster admin: {bb.apply_command(fleet, self.cl.name)}")
+
     def gpu_nodes(self) -> None:
         nodes = self.ctx.kube.core.list_node().items
         gpus = [n for n in nodes if int(((n.status.allocatable or {}) if n.status else {}).get(GPU_RESOURCE, 0)
@@ -346,6 +375,8 @@ def check(ctx: StageContext) -> list[Problem]:
     c.guarded("ebs_csi_addon", "the EKS add-ons", "eks:DescribeAddon", c.addons)
     c.guarded("execution_role", "the operator's execution role", "iam:GetRole", c.execution_role)
     c.guarded("tls_bucket", "the TLS certificate bucket", "s3:ListBucket on the bucket (HeadBucket)", c.tls_bucket)
+    c.guarded("bootstrap", "the kvfleet-bootstrap bundle", "get on namespaces and on the Curvine CSI "
+              "ServiceAccounts (k8s/rbac)", c.bootstrap)
     c.guarded("storage_class", "the EBS StorageClass", "get on storageclasses", c.storage_class)
     c.guarded("gpu_nodes", "the GPU nodes", "list on nodes", c.gpu_nodes)
     c.guarded("kyverno", "Kyverno", "k8s/rbac/kyverno-mode.yaml (get on Kyverno's CRD and webhook configuration)",

@@ -172,3 +172,37 @@ def test_seeding_is_idempotent(prepared, inventory, make_ctx) -> None:
     assert preflight.check(make_ctx(CLUSTER)) == []
     with pytest.raises(ValueError, match="unknown items"):
         seed_prerequisites(prepared.aws, inventory.clusters, omit={"tls-bucket"})
+
+
+@pytest.mark.parametrize("missing", ["csi_service_accounts", "curvine_role_binding", "endpoint_namespace"])
+def test_without_the_bootstrap_bundle_the_rollout_stops_before_any_change_naming_the_command(
+        prepared, make_ctx, missing) -> None:
+    """kvfleet's identity may not create what the kvfleet-bootstrap bundle holds: preflight (the rollout's first
+    task) refuses the cluster with the exact command, and nothing is written."""
+    from kvfleet.errors import PermanentError
+
+    store = prepared.twin(CLUSTER).store
+    if missing == "csi_service_accounts":
+        for name in ("curvine-csi-node", "curvine-csi-controller"):
+            store.delete("", "serviceaccounts", name, "curvine")
+    elif missing == "curvine_role_binding":
+        store.delete("rbac.authorization.k8s.io", "rolebindings", "kvfleet-curvine", "curvine")
+    else:
+        ctx = make_ctx(CLUSTER)
+        namespace = next(e.namespace for e in ctx.inventory.endpoints if e.cluster == CLUSTER)
+        store.delete("", "namespaces", namespace)
+    for twin in prepared.twins.values():
+        twin.store.reset_request_log()
+
+    with pytest.raises(PermanentError) as refused:
+        preflight.refuse_if_missing(make_ctx(CLUSTER))
+    text = str(refused.value)
+    assert "(bootstrap): the kvfleet-bootstrap bundle is not applied on" in text
+    assert f"fix: as a cluster admin: kvfleet bootstrap --print --fleet twin.yaml --cluster {CLUSTER} " \
+           "| kubectl apply -f -" in text
+    assert {"csi_service_accounts": "ServiceAccount curvine/curvine-csi-node",
+            "curvine_role_binding": "kvfleet's RoleBinding in namespace curvine",
+            "endpoint_namespace": "Namespace "}[missing] in text
+    for twin in prepared.twins.values():
+        assert [r.verb for r in twin.store.request_log
+                if r.verb in {"create", "update", "patch", "delete", "deletecollection"}] == []

@@ -96,7 +96,8 @@ creates it in every namespace with an L2 endpoint and waits until it is Bound.""
     files["kyverno/curvine-l2-policy.yaml"] = _header(source, """
 kyverno mode (clusters.<name>.l2_injection: kyverno): injects the fs:// L2 URL, serde, hash seed, volume and
 mount on every admission of an operator-rendered Deployment labelled tiered-kv/l2=curvine, so the overlay
-survives every operator re-render. Stage 4 applies exactly this object. The injected env, volume and mount are
+survives every operator re-render. Part of the kvfleet-bootstrap bundle (`kvfleet bootstrap --print` renders it
+last, for the inventory's settings): kvfleet may only get and patch it, by name. The injected env, volume and mount are
 kvfleet's one desired L2 overlay (fleet.overlay), the same value patch mode's JSON patch and the drift check's
 rules derive from.""") + _dump(kyverno_policy(inv.settings))
 

@@ -567,15 +567,17 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"kvfleet bootstrap: the runtime RBAC files {', '.join(missing)} are not in {rbac_dir}; "
                          "run it from a kvfleet checkout (the files are part of the source, not of the wheel)")
-    kyverno_install = None
+    kyverno_install = policy = None
     if cluster.l2_injection == "kyverno":
+        from kvfleet.fleet.endpoint_spec import kyverno_policy
         from kvfleet.stages import kyverno
 
         kyverno_install = (f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n"
                            f"{kyverno.install_command(load_settings())}")
+        policy = kyverno_policy(inv.settings)
     namespaces = [e.namespace for e in inv.endpoints if e.cluster == name]
-    _out(bb.render_text(cluster, namespaces, rbac_dir, fleet=str(args.fleet), kyverno_install=kyverno_install)
-         .rstrip("\n"))
+    _out(bb.render_text(cluster, namespaces, rbac_dir, fleet=str(args.fleet), kyverno_install=kyverno_install,
+                        policy=policy).rstrip("\n"))
     return 0
 
 

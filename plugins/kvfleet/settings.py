@@ -124,9 +124,10 @@ class Settings(BaseSettings):
         "Allow a plain-http `KVFLEET_HELM_REPO_*` mirror (a repository you trust on your network), as "
         "`allow_insecure_repo: true` does for an inventory `repo_url`."),
         json_schema_extra=_extra("charts", "true or false"))
-    kyverno_install: Literal["install", "refuse"] = Field("install", description=(
-        "Whether kvfleet installs a missing Kyverno on a kyverno-mode cluster (`refuse`: the cluster is refused "
-        "with the exact helm command)."),
+    kyverno_install: Literal["install", "refuse"] = Field("refuse", description=(
+        "Whether kvfleet installs a missing Kyverno on a kyverno-mode cluster. `refuse` (the default): the cluster "
+        "is refused with the exact helm command, for a cluster admin to run (the kvfleet-bootstrap bundle prints "
+        "it). `install` needs kvfleet's identity bound to cluster-admin while it installs (k8s/rbac/README.md)."),
         json_schema_extra=_extra("charts", "install or refuse"))
 
     # ---- the history database (read by kvfleet.history.db) ----

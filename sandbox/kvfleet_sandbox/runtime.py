@@ -232,6 +232,7 @@ def start_sandbox(
         _write_kubeconfig(sandbox)
         _wait_answering(sandbox)
         _wait_system_ready(sandbox)
+        _bootstrap_policies(sandbox)
         sandbox.write_state_files()
     except BaseException:
         sandbox.stop()
@@ -302,6 +303,25 @@ def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike
         meta = doc["metadata"]
         if store.get(group, resource, meta["name"], meta.get("namespace")) is None:
             store.create(group, resource, doc)
+
+
+def _bootstrap_policies(sandbox: Sandbox) -> None:
+    """The bootstrap bundle's last object on a kyverno-mode cluster: kvfleet's ClusterPolicy
+    (k8s/kyverno/curvine-l2-policy.yaml, rendered for fleet.example.yaml's settings; stage 4 patches it to the
+    inventory's), created as the admin once Kyverno serves, as the bundle's header says. A cluster that starts
+    without Kyverno (``SandboxSettings.kyverno == "chart"``) gets none: the admin applies it after the install."""
+    path = RBAC_DIR.parent / "kyverno" / "curvine-l2-policy.yaml"
+    if not sandbox.rbac_enforced or not path.is_file():
+        return
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for cluster in sandbox.inventory.clusters:
+        store = sandbox.twins[cluster.name].store
+        if cluster.l2_injection != "kyverno" or store.get(
+                "apiextensions.k8s.io", "customresourcedefinitions", "clusterpolicies.kyverno.io") is None:
+            continue
+        for doc in docs:
+            if store.get("kyverno.io", "clusterpolicies", doc["metadata"]["name"]) is None:
+                store.create("kyverno.io", "clusterpolicies", doc)
 
 
 def _curvine_rbac(namespace: str) -> list[dict[str, Any]]:

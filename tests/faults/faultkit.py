@@ -229,8 +229,12 @@ class FaultEnv:
 
             name = kyverno_policy(self.inv.settings)["metadata"]["name"]
             store = self.sandbox.twin(STAGE).store
-            if store.get("kyverno.io", "clusterpolicies", name) is not None:
-                store.delete("kyverno.io", "clusterpolicies", name)
+
+            def hand_edit(policy: dict[str, Any]) -> dict[str, Any]:  # stage 4 patches it back (by name)
+                policy["spec"]["background"] = not policy["spec"].get("background", False)
+                return policy
+
+            store.mutate("kyverno.io", "clusterpolicies", name, None, hand_edit)
             return STAGE
         if step in ("stage4_patch_wave", "drift_remediation"):
             twin = self.sandbox.twin(PROD)

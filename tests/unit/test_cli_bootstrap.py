@@ -43,6 +43,7 @@ def test_the_bundle_of_a_patch_cluster(capsys: pytest.CaptureFixture[str]) -> No
             ("ClusterRole", None, "kvfleet:endpoint-namespace"), ("ClusterRole", None, "kvfleet:curvine-namespace")
             } <= keys
     assert ("ClusterRole", None, "kvfleet:kyverno-mode") not in keys
+    assert "ClusterPolicy" not in {k[0] for k in keys}
     # this cluster's endpoint namespaces and its Curvine namespace, each with kvfleet's RoleBinding
     inv = load_inventory(TWIN)
     endpoint_namespaces = {e.namespace for e in inv.endpoints if e.cluster == "ml-prod-use1"}
@@ -67,7 +68,10 @@ def test_a_kyverno_cluster_gets_its_role_and_the_kyverno_install_first(capsys: p
     out = capsys.readouterr().out
     header = out.split("\napiVersion", 1)[0]
     assert "kyverno mode" in header and "helm upgrade --install kyverno kyverno" in header
-    assert ("ClusterRole", None, "kvfleet:kyverno-mode") in _keys(_objects(out))
+    docs = _objects(out)
+    assert ("ClusterRole", None, "kvfleet:kyverno-mode") in _keys(docs)
+    # kvfleet's ClusterPolicy, last (it needs Kyverno's CRD): the runtime role may only get and patch it
+    assert docs[-1]["kind"] == "ClusterPolicy" and docs[-1]["metadata"]["name"] == "kvfleet-curvine-l2"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -21,7 +21,7 @@ DOC = ROOT / "docs" / "settings.md"
 def test_defaults_without_any_variable() -> None:
     s = load_settings({})
     assert (s.fleet, s.poll_seconds, s.timeout_pods_s, s.notify_global, s.kyverno_install, s.debug) == \
-        ("fleet.example.yaml", 5.0, 1800.0, "fallback", "install", False)
+        ("fleet.example.yaml", 5.0, 1800.0, "fallback", "refuse", False)
 
 
 def test_a_secret_url_is_shown_without_its_credentials_path_or_query() -> None:

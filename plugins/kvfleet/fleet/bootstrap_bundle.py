@@ -6,6 +6,8 @@ because writing it takes rights kvfleet's runtime identity does not hold (k8s/rb
   group ``kvfleet``.
 - **The namespaces** of the cluster's endpoints and its Curvine namespace, each with the RoleBinding of its
   ClusterRole to the group ``kvfleet`` (a RoleBinding cannot exist before its namespace).
+- **kvfleet's ClusterPolicy** on a kyverno-mode cluster (``fleet.endpoint_spec.kyverno_policy``): kvfleet's
+  runtime role may get and patch it by name, never create one.
 - **Curvine's own RBAC**, which both Curvine charts would otherwise create and which kvfleet, installing the
   charts with ``rbac.create=false`` (:data:`CHART_VALUES`), no longer writes: the CSI driver's two
   ServiceAccounts, ClusterRoles and ClusterRoleBindings (cluster-wide rights on Secrets, PersistentVolumes and
@@ -152,15 +154,29 @@ def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def bundle(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path) -> list[dict[str, Any]]:
+def bundle(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path,
+           policy: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every object of one cluster's bootstrap: the runtime roles, the namespaces with their bindings, Curvine's
-    RBAC. ``cluster`` is an inventory cluster (``l2_injection``, ``curvine.namespace``)."""
+    RBAC, and on a kyverno-mode cluster kvfleet's ClusterPolicy ``policy`` (``fleet.endpoint_spec.kyverno_policy``
+    of the inventory's settings: kvfleet may only get and patch it, by name). ``cluster`` is an inventory cluster
+    (``l2_injection``, ``curvine.namespace``)."""
     docs: list[dict[str, Any]] = []
-    for path in runtime_role_files(rbac_dir, cluster.l2_injection == "kyverno"):
+    kyverno = cluster.l2_injection == "kyverno"
+    for path in runtime_role_files(rbac_dir, kyverno):
         docs += load_yaml_docs(path)
     docs += namespace_bindings(endpoint_namespaces, [cluster.curvine.namespace])
     docs += curvine_rbac(cluster.curvine.namespace)
+    if kyverno and policy is not None:
+        docs.append(policy)  # last: it needs Kyverno's CRD, which the header's helm command installs first
     return docs
+
+
+def missing_policy(fleet: str, cluster: str, name: str) -> str:
+    """Why kvfleet refuses to go on when its ClusterPolicy is missing on a kyverno-mode cluster."""
+    return (f"kvfleet's ClusterPolicy {name} does not exist on cluster {cluster} (kyverno mode), and kvfleet's "
+            "identity may not create ClusterPolicies (any of them mutates workloads with Kyverno's rights): with "
+            f"Kyverno installed, apply the cluster's kvfleet-bootstrap bundle, which creates it: "
+            f"{apply_command(fleet, cluster)}")
 
 
 def dump(docs: Iterable[dict[str, Any]]) -> str:
@@ -181,7 +197,7 @@ def missing_namespace(fleet: str, cluster: str, namespace: str) -> str:
 
 
 def render_text(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path, *, fleet: str,
-                kyverno_install: str | None = None) -> str:
+                kyverno_install: str | None = None, policy: dict[str, Any] | None = None) -> str:
     """The bundle as a cluster admin applies it: a header saying what, when and how, then the objects.
     ``kyverno_install``: the commands that install Kyverno, for a kyverno-mode cluster (printed first)."""
     lines = [f"# kvfleet-bootstrap for cluster {cluster.name} (fleet {fleet}): what kvfleet's runtime identity may not",
@@ -194,10 +210,9 @@ def render_text(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path
     if kyverno_install:
         lines += [f"# Cluster {cluster.name} is in kyverno mode: install Kyverno first (its CRDs and roles):"]
         lines += [f"#   {line}" for line in kyverno_install.splitlines()]
-    return "\n".join(lines) + "\n" + dump(bundle(cluster, endpoint_namespaces, rbac_dir))
+    return "\n".join(lines) + "\n" + dump(bundle(cluster, endpoint_namespaces, rbac_dir, policy))
 
 
 __all__ = ["BUNDLE_LABEL", "CHART_VALUES", "CSI_CONTROLLER", "CSI_NODE", "GROUP", "RUNTIME_RBAC_NAME",
-           "apply_command", "bundle", "curvine_rbac", "dump", "missing_namespace", "namespace_bindings",
-           "render_text",
-           "runtime_role_files"]
+           "apply_command", "bundle", "curvine_rbac", "dump", "missing_namespace", "missing_policy",
+           "namespace_bindings", "render_text", "runtime_role_files"]

@@ -315,9 +315,13 @@ def ensure_kyverno_policy(ctx: StageContext) -> str:
     desired = kyverno_policy(ctx.inventory.settings)
     name = desired["metadata"]["name"]
     live = get_or_none(ctx.kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", name)
-    if live is not None and live.get("spec") == desired["spec"]:
+    if live is None:  # the bootstrap bundle creates it: kvfleet may only get and patch it
+        from kvfleet.fleet.bootstrap_bundle import missing_policy
+
+        raise PermanentError(missing_policy(ctx.inventory.source, ctx.cluster.name, name))
+    if live.get("spec") == desired["spec"]:
         return "unchanged"
-    executor.run(ctx, STAGE, [ApplyClusterPolicy(name, live is None, canonical(desired),
+    executor.run(ctx, STAGE, [ApplyClusterPolicy(name, False, canonical(desired),
                                                  diff=_yaml_diff((live or {}).get("spec"), desired["spec"], name))])
     return "planned" if ctx.dry_run else "changed"
 

@@ -26,7 +26,7 @@ the CRDs installed by the chart, three admission controller replicas for high av
 URL can point at a mirror through ``KVFLEET_HELM_REPO_KYVERNO`` (as ``KVFLEET_HELM_REPO_CURVINE`` does for
 Curvine; both obey the inventory's https rule, ``kvfleet.fleet.repo_rule``).
 
-Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``install``, the default, or ``refuse``). Refused: a
+Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``refuse``, the default, or ``install``). Refused: a
 ``PermanentError`` naming the cluster and the exact ``helm`` command, recorded as ``refused``. Installing
 Kyverno creates CRDs, ClusterRoles and bindings that grant wide rights: kvfleet's least-privilege identity in
 ``k8s/rbac`` cannot do it, so a platform team that lets kvfleet install binds it for the install (see

@@ -20,7 +20,8 @@ missing item with its exact fix:
 8. on a kyverno-mode cluster, Kyverno and its admission webhook (``stages.kyverno``): absent, it is a warning when
    stage 2 may install it (the fix is the same command, to run beforehand) and an error when it may not;
 9. the kvfleet-bootstrap bundle was applied (``kvfleet.fleet.bootstrap_bundle``; k8s/rbac/README.md, Bootstrap):
-   the Curvine CSI ServiceAccounts it alone creates, and every namespace of the cluster's endpoints. kvfleet's
+   the Curvine CSI ServiceAccounts it alone creates, every namespace of the cluster's endpoints, and on a
+   kyverno-mode cluster whose Kyverno serves its CRD, kvfleet's ClusterPolicy. kvfleet's
    identity may not create them, so without it the rollout is refused before any change, with the command.
 
 Where the values come from: ``executionRoleArn`` and ``tlsCertificateS3Bucket`` from the inventory's operator
@@ -342,11 +343,26 @@ class _Checker:
         for name in sorted({e.namespace for e in self.ctx.inventory.endpoints if e.cluster == self.cl.name}):
             if get_or_none(self.ctx.kube.core.read_namespace, name) is None:
                 missing.append(f"Namespace {name}")
+        missing += self._bootstrap_policy()
         if missing:
             fleet = self.ctx.inventory.source or "<your fleet.yaml>"
             self.add("bootstrap", f"the kvfleet-bootstrap bundle is not applied on {self.cl.name} (missing: "
                      f"{', '.join(missing)}); kvfleet's own identity may not create these (k8s/rbac/README.md, "
                      "Bootstrap)", f"as a cluster admin: {bb.apply_command(fleet, self.cl.name)}")
+
+    def _bootstrap_policy(self) -> list[str]:
+        """On a kyverno-mode cluster whose Kyverno serves its CRD (the kyverno check names a missing Kyverno),
+        kvfleet's ClusterPolicy, which only the bundle creates."""
+        from kvfleet.fleet.endpoint_spec import kyverno_policy
+        from kvfleet.stages import kyverno
+
+        if self.cl.l2_injection != "kyverno" or get_or_none(
+                self.ctx.kube.apiext.read_custom_resource_definition, kyverno.POLICY_CRD) is None:
+            return []
+        policy = kyverno_policy(self.ctx.inventory.settings)["metadata"]["name"]
+        found = get_or_none(self.ctx.kube.custom.get_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies",
+                            policy)
+        return [] if found is not None else [f"ClusterPolicy {policy}"]
 
     def gpu_nodes(self) -> None:
         nodes = self.ctx.kube.core.list_node().items

@@ -174,7 +174,8 @@ def test_seeding_is_idempotent(prepared, inventory, make_ctx) -> None:
         seed_prerequisites(prepared.aws, inventory.clusters, omit={"tls-bucket"})
 
 
-@pytest.mark.parametrize("missing", ["csi_service_accounts", "curvine_role_binding", "endpoint_namespace"])
+@pytest.mark.parametrize("missing", ["csi_service_accounts", "curvine_role_binding", "endpoint_namespace",
+                                     "cluster_policy"])
 def test_without_the_bootstrap_bundle_the_rollout_stops_before_any_change_naming_the_command(
         prepared, make_ctx, missing) -> None:
     """kvfleet's identity may not create what the kvfleet-bootstrap bundle holds: preflight (the rollout's first
@@ -187,6 +188,8 @@ def test_without_the_bootstrap_bundle_the_rollout_stops_before_any_change_naming
             store.delete("", "serviceaccounts", name, "curvine")
     elif missing == "curvine_role_binding":
         store.delete("rbac.authorization.k8s.io", "rolebindings", "kvfleet-curvine", "curvine")
+    elif missing == "cluster_policy":  # CLUSTER is in kyverno mode, its Kyverno serving
+        store.delete("kyverno.io", "clusterpolicies", "kvfleet-curvine-l2")
     else:
         ctx = make_ctx(CLUSTER)
         namespace = next(e.namespace for e in ctx.inventory.endpoints if e.cluster == CLUSTER)
@@ -202,7 +205,7 @@ def test_without_the_bootstrap_bundle_the_rollout_stops_before_any_change_naming
            "| kubectl apply -f -" in text
     assert {"csi_service_accounts": "ServiceAccount curvine/curvine-csi-node",
             "curvine_role_binding": "kvfleet's RoleBinding in namespace curvine",
-            "endpoint_namespace": "Namespace "}[missing] in text
+            "endpoint_namespace": "Namespace ", "cluster_policy": "ClusterPolicy kvfleet-curvine-l2"}[missing] in text
     for twin in prepared.twins.values():
         assert [r.verb for r in twin.store.request_log
                 if r.verb in {"create", "update", "patch", "delete", "deletecollection"}] == []

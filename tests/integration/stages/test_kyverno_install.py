@@ -32,7 +32,7 @@ RBAC = "rbac.authorization.k8s.io"
 @pytest.fixture
 def chart_env(sandbox_factory, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     sandbox = use_twin(sandbox_factory(kyverno="chart"), monkeypatch)
-    monkeypatch.delenv(kyverno.INSTALL_ENV, raising=False)
+    monkeypatch.setenv(kyverno.INSTALL_ENV, "install")  # these tests let kvfleet install (grant_install binds it)
     return sandbox
 
 
@@ -85,9 +85,16 @@ def test_missing_kyverno_is_installed_then_its_webhook_is_ready_then_the_policy(
                              kyverno.RESOURCE_WEBHOOK)
     assert webhook is not None and twin.services["kyverno"].serving
 
-    # Then the policy (stage 4): admitted by the now-serving simulation, after the webhook existed.
-    assert endpoints.ensure_kyverno_policy(ctx) == "changed"
-    name = kyverno_policy(ctx.inventory.settings)["metadata"]["name"]
+    # Then the policy: kvfleet may not create it (stage 4 refuses, naming the bundle), the admin applies the
+    # bootstrap bundle now that Kyverno serves, and the policy is admitted after the webhook existed.
+    desired = kyverno_policy(ctx.inventory.settings)
+    name = desired["metadata"]["name"]
+    with pytest.raises(PermanentError, match=f"ClusterPolicy {name} does not exist on cluster {CLUSTER}.*"
+                                             "kvfleet bootstrap --print"):
+        endpoints.ensure_kyverno_policy(ctx)
+    assert twin.store.get("kyverno.io", "clusterpolicies", name) is None
+    twin.store.create("kyverno.io", "clusterpolicies", desired)  # the cluster admin, with the bundle
+    assert endpoints.ensure_kyverno_policy(ctx) == "unchanged"
     policy = twin.store.get("kyverno.io", "clusterpolicies", name)
     assert policy is not None and policy["status"]["ready"] is True
     assert int(webhook["metadata"]["resourceVersion"]) < int(policy["metadata"]["resourceVersion"])
@@ -179,9 +186,11 @@ def test_drift_reports_a_missing_kyverno_and_remediation_installs_it_before_the_
     fixed = drift.check(make_ctx(), remediate=True)
     order = [r["action"] for r in fixed.remediations]
     assert order.index("ensure_kyverno") < order.index("ensure_kyverno_policy")
-    assert {r["action"]: r["outcome"] for r in fixed.remediations}["ensure_kyverno_policy"] == "changed"
+    # Kyverno installed; the policy is the bootstrap bundle's, which kvfleet may not create: refused with the command
+    (policy,) = [r for r in fixed.remediations if r["action"] == "ensure_kyverno_policy"]
+    assert policy["outcome"] == "refused" and "kvfleet bootstrap --print" in policy["detail"]["reason"]
     after = {f.kind for f in drift.check(make_ctx()).findings}
-    assert "kyverno_missing" not in after and "policy_missing" not in after
+    assert "kyverno_missing" not in after and "policy_missing" in after
 
 
 def test_preflight_names_a_missing_kyverno(chart_env, make_ctx, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

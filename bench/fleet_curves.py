@@ -182,6 +182,7 @@ class GateWatchdog:
         first_seen: dict[tuple[str, str, int], float] = {}
         while not self._done.wait(1.0):
             try:
+                hitl.resume_stranded()  # a gate answered but left parked by dag.test
                 for gate in hitl.pending():
                     key = (gate.run_id, gate.task_id, gate.map_index)
                     if time.monotonic() - first_seen.setdefault(key, time.monotonic()) > GATE_PATIENCE_S:

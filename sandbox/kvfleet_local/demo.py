@@ -94,6 +94,7 @@ def _answer_stale_gates(first_seen: dict[tuple[str, int], float]) -> None:
     try:
         from kvfleet.airflow import hitl
 
+        hitl.resume_stranded()  # a gate answered but left parked by dag.test (kvfleet.airflow.hitl.resume_stranded)
         for gate in hitl.pending():
             key = (gate.task_id, gate.map_index)
             if time.monotonic() - first_seen.setdefault(key, time.monotonic()) > 60:

@@ -75,6 +75,8 @@ KVFLEET_ACCESS_KEY = "sandbox"  # what exports() gives kvfleet as AWS_ACCESS_KEY
 ADMIN_ACCESS_KEY = "sandbox-admin"  # EKS-shaped tokens of the sandbox's admin (eks_token)
 ADMIN = UserInfo("kubernetes-admin", ("system:masters",))
 RBAC_DIR = Path(__file__).resolve().parents[2] / "k8s" / "rbac"
+# kvfleet's ClusterPolicy as the bootstrap bundle carries it (rendered for fleet.example.yaml's settings)
+KYVERNO_POLICY = Path(__file__).resolve().parents[2] / "k8s" / "kyverno" / "curvine-l2-policy.yaml"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 CURVINE_RBAC_FILE = "curvine-rbac.yaml"
 
@@ -310,7 +312,7 @@ def _bootstrap_policies(sandbox: Sandbox) -> None:
     (k8s/kyverno/curvine-l2-policy.yaml, rendered for fleet.example.yaml's settings; stage 4 patches it to the
     inventory's), created as the admin once Kyverno serves, as the bundle's header says. A cluster that starts
     without Kyverno (``SandboxSettings.kyverno == "chart"``) gets none: the admin applies it after the install."""
-    path = RBAC_DIR.parent / "kyverno" / "curvine-l2-policy.yaml"
+    path = KYVERNO_POLICY
     if not sandbox.rbac_enforced or not path.is_file():
         return
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]

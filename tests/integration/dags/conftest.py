@@ -122,6 +122,8 @@ def gate_watchdog() -> Iterator[None]:
     def watch() -> None:
         while not done.wait(1.0):
             try:
+                for stranded in hitl.resume_stranded():  # dag.test's lost resume (hitl.resume_stranded)
+                    print(f"gate_watchdog: resumed {stranded}, answered but left parked by dag.test")
                 for gate in hitl.pending():
                     key = (gate.run_id, gate.task_id, gate.map_index)
                     if time.monotonic() - first_seen.setdefault(key, time.monotonic()) > 60:

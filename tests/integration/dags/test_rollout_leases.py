@@ -4,6 +4,8 @@ skipped because its setup failed, and the lease stayed for 3 h). Also the abort 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import text
 from test_rollout_sandbox import conf
@@ -61,5 +63,57 @@ def test_an_aborted_rollout_leaves_no_lease(dagbag, history, sandbox_process, sm
     finally:
         done.set()
         t.join(timeout=5)
+    assert dr.state == "failed"
+    assert _leases(history) == []
+
+
+def test_a_gate_answered_then_parked_again_by_dag_test_is_resumed(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
+                                                                   small_fleet) -> None:
+    """dag.test()'s lost resume, made to happen: the Reject is recorded and, in the same transaction, the task is
+    written back to awaiting_input (what dag.test's in-process runner does when the answer lands between its park
+    and its own state write). hitl.resume_stranded (the gate watchdog calls it every second) resumes it: the run
+    ends, rejected, and leaves no lease. Without it dag.test waits for ever; a bound here fails the task instead."""
+    import threading
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    from kvfleet.airflow import hitl
+
+    def _ti(gate: hitl.PendingGate) -> Any:
+        return select(TaskInstance).filter_by(dag_id=gate.dag_id, run_id=gate.run_id, task_id=gate.task_id,
+                                              map_index=gate.map_index)
+
+    done, stranded, stuck = threading.Event(), threading.Event(), threading.Event()
+
+    def strand() -> None:
+        while not done.wait(0.2):
+            for gate in hitl.pending():
+                with create_session() as session:
+                    hitl.respond(gate, "Reject", "bob", session=session)
+                    ti = session.scalars(_ti(gate).with_for_update()).one()
+                    ti.state = TaskInstanceState.AWAITING_INPUT  # the runner's unlocked write
+                stranded.set()
+                # bounded: still parked 60 s later means nothing resumed it; fail it so dag.test ends
+                if done.wait(60):
+                    return
+                with create_session() as session:
+                    ti = session.scalars(_ti(gate)).one()
+                    if ti.state == TaskInstanceState.AWAITING_INPUT:
+                        stuck.set()
+                        ti.state = TaskInstanceState.FAILED
+                return
+
+    t = threading.Thread(target=strand, daemon=True)
+    t.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
+                                                                   clusters=["c-patch"]))
+    finally:
+        done.set()
+        t.join(timeout=5)
+    assert stranded.is_set() and not stuck.is_set()
     assert dr.state == "failed"
     assert _leases(history) == []

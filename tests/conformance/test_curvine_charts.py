@@ -230,10 +230,9 @@ RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRo
 
 
 def _without_rbac(release: str, chart: Path, tmp_path: Path) -> list[dict[str, Any]]:
-    from kvfleet.fleet.bootstrap_bundle import CHART_VALUES
-    from kvfleet.fleet.curvine_values import nested
+    from kvfleet.fleet.curvine_values import NO_CHART_RBAC, nested
 
-    return _objects(chart, release, tmp_path, values=nested(CHART_VALUES))
+    return _objects(chart, release, tmp_path, values=nested(NO_CHART_RBAC))
 
 
 def _by_kind_and_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

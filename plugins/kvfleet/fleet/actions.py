@@ -349,13 +349,13 @@ class RerenderDeployment:
 
 @dataclass(frozen=True)
 class ApplyClusterPolicy:
-    """Create or update the Kyverno ClusterPolicy that injects the L2 overlay; ``body`` is canonical JSON."""
+    """Patch the spec of kvfleet's Kyverno ClusterPolicy (the L2 overlay's injection) back to the desired one;
+    ``body`` is canonical JSON. Never a create: the policy comes with the kvfleet-bootstrap bundle."""
 
     kind: ClassVar[str] = "apply_cluster_policy"
     mutating: ClassVar[bool] = True
     name: str
-    create: bool
-    body: str  # the whole desired ClusterPolicy; an update sends its spec only
+    body: str  # the whole desired ClusterPolicy; the patch sends its spec only
     diff: str | None = field(default=None, compare=False)
     endpoint: None = None
 
@@ -363,7 +363,8 @@ class ApplyClusterPolicy:
         return f"ClusterPolicy {self.name}"
 
     def equivalent(self) -> str:
-        return f"kubectl apply -f k8s/kyverno/curvine-l2-policy.yaml   # ClusterPolicy {self.name}"
+        return (f"kubectl patch clusterpolicies.kyverno.io {self.name} --type merge -p '{{\"spec\": ...}}'"
+                "   # the spec of k8s/kyverno/curvine-l2-policy.yaml, rendered for the inventory")
 
 
 # ---- stage 3: Curvine (helm releases and the objects around them) ---------------------------------------------

@@ -9,7 +9,7 @@ because writing it takes rights kvfleet's runtime identity does not hold (k8s/rb
 - **kvfleet's ClusterPolicy** on a kyverno-mode cluster (``fleet.endpoint_spec.kyverno_policy``): kvfleet's
   runtime role may get and patch it by name, never create one.
 - **Curvine's own RBAC**, which both Curvine charts would otherwise create and which kvfleet, installing the
-  charts with ``rbac.create=false`` (:data:`CHART_VALUES`), no longer writes: the CSI driver's two
+  charts with ``rbac.create=false`` (``fleet.curvine_values.NO_CHART_RBAC``), no longer writes: the CSI driver's two
   ServiceAccounts, ClusterRoles and ClusterRoleBindings (cluster-wide rights on Secrets, PersistentVolumes and
   VolumeAttachments: whoever writes them must hold those rights or ``escalate``/``bind``), and the runtime
   chart's Role and RoleBinding. Names and rules are the charts' (``tests/conformance/facts/curvine_charts.yaml``,
@@ -35,7 +35,6 @@ from typing import Any
 import yaml
 
 from kvfleet.fleet import constants as C
-from kvfleet.fleet.curvine_values import NO_CHART_RBAC
 
 GROUP = "kvfleet"  # the Kubernetes group kvfleet's IAM role is mapped to (k8s/rbac/eks-access-entry.json)
 ENDPOINT_CLUSTER_ROLE = "kvfleet:endpoint-namespace"
@@ -43,13 +42,10 @@ CURVINE_CLUSTER_ROLE = "kvfleet:curvine-namespace"
 RBAC = "rbac.authorization.k8s.io"
 RUNTIME_FILES = ("cluster.yaml", "endpoints.yaml")
 KYVERNO_FILE = "kyverno-mode.yaml"
-BUNDLE_LABEL = "kvfleet.io/bootstrap"
+BUNDLE_LABEL = "kvfleet.io/bootstrap"  # on every Curvine object the bundle adds: `kubectl get -A -l ...`
 # helm pkg/kube/client.go Client.Update: an object the new manifest drops is not deleted when the live object is
 # annotated so (pkg/kube/resource_policy.go ResourcePolicyAnno, KeepPolicy).
-KEEP = ("helm.sh/resource-policy", "keep")  # on every object the bundle adds: `kubectl get -A -l kvfleet.io/bootstrap`
-
-# Both Curvine charts are installed without their RBAC objects: the bundle holds them.
-CHART_VALUES: dict[str, bool] = NO_CHART_RBAC
+KEEP = ("helm.sh/resource-policy", "keep")
 
 CSI_NODE = "curvine-csi-node"
 CSI_CONTROLLER = "curvine-csi-controller"
@@ -58,7 +54,7 @@ RUNTIME_RBAC_NAME = "curvine"  # Role, RoleBinding and ServiceAccount of release
 _CORE, _STORAGE = "", "storage.k8s.io"
 _ALL = ["get", "list", "watch", "create", "update", "patch", "delete"]
 # (apiGroup, resources, verbs) of each chart role: curvine-helm curvine-csi/templates/clusterrole.yaml and
-# curvine-runtime/templates/rbac.yaml (facts: tests/conformance/facts/curvine_charts.yaml, rbac).
+# curvine-runtime/templates/rbac.yaml (facts: tests/conformance/facts/curvine_charts.yaml, cluster_roles).
 CSI_NODE_RULES: list[tuple[str, list[str], list[str]]] = [
     (_CORE, ["secrets"], _ALL),
     (_CORE, ["pods"], ["create", "delete", "get", "list", "watch"]),
@@ -213,6 +209,6 @@ def render_text(cluster: Any, endpoint_namespaces: Iterable[str], rbac_dir: Path
     return "\n".join(lines) + "\n" + dump(bundle(cluster, endpoint_namespaces, rbac_dir, policy))
 
 
-__all__ = ["BUNDLE_LABEL", "CHART_VALUES", "CSI_CONTROLLER", "CSI_NODE", "GROUP", "RUNTIME_RBAC_NAME",
+__all__ = ["BUNDLE_LABEL", "CSI_CONTROLLER", "CSI_NODE", "GROUP", "RUNTIME_RBAC_NAME",
            "apply_command", "bundle", "curvine_rbac", "dump", "missing_namespace", "missing_policy",
            "namespace_bindings", "render_text", "runtime_role_files"]

@@ -321,8 +321,8 @@ def ensure_kyverno_policy(ctx: StageContext) -> str:
         raise PermanentError(missing_policy(ctx.inventory.source, ctx.cluster.name, name))
     if live.get("spec") == desired["spec"]:
         return "unchanged"
-    executor.run(ctx, STAGE, [ApplyClusterPolicy(name, False, canonical(desired),
-                                                 diff=_yaml_diff((live or {}).get("spec"), desired["spec"], name))])
+    executor.run(ctx, STAGE, [ApplyClusterPolicy(name, canonical(desired),
+                                                 diff=_yaml_diff(live.get("spec"), desired["spec"], name))])
     return "planned" if ctx.dry_run else "changed"
 
 

@@ -206,12 +206,8 @@ def _rerender(ctx: StageContext, a: A.RerenderDeployment) -> None:
 def _apply_policy(ctx: StageContext, a: A.ApplyClusterPolicy) -> None:
     body = json.loads(a.body)
     with ctx.write_ahead(a.kind, a.target()):
-        if a.create:
-            call(ctx.kube.custom.create_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", body,
-                 what=f"create ClusterPolicy {a.name}")
-        else:
-            call(ctx.kube.custom.patch_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", a.name,
-                 {"spec": body["spec"]}, what=f"update ClusterPolicy {a.name}")
+        call(ctx.kube.custom.patch_cluster_custom_object, "kyverno.io", "v1", "clusterpolicies", a.name,
+             {"spec": body["spec"]}, what=f"update ClusterPolicy {a.name}")
     ctx.say(f"stage 4 (kyverno): ClusterPolicy {a.name} applied; no operator pause is needed in this mode")
 
 

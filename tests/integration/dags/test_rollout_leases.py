@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import text
-from test_rollout_sandbox import conf
+from test_rollout_sandbox import answer_when_asked, conf, gated_rollout
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,27 +42,7 @@ def test_stages_failing_on_every_try_leave_no_lease_and_no_slot(dagbag, history,
 
 
 def test_an_aborted_rollout_leaves_no_lease(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
-    import threading
-    import time
-
-    from kvfleet.airflow import hitl
-
-    done = threading.Event()
-
-    def reject() -> None:
-        while not done.is_set():
-            for gate in hitl.pending():
-                hitl.respond(gate, "Reject", "bob")
-            time.sleep(0.5)
-
-    t = threading.Thread(target=reject, daemon=True)
-    t.start()
-    try:
-        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
-                                                                   clusters=["c-patch"]))
-    finally:
-        done.set()
-        t.join(timeout=5)
+    dr = gated_rollout(dagbag, small_fleet, lambda done: answer_when_asked("Reject", "bob", done))
     assert dr.state == "failed"
     assert _leases(history) == []
 
@@ -86,9 +66,9 @@ def test_a_gate_answered_then_parked_again_by_dag_test_is_resumed(dagbag, histor
         return select(TaskInstance).filter_by(dag_id=gate.dag_id, run_id=gate.run_id, task_id=gate.task_id,
                                               map_index=gate.map_index)
 
-    done, stranded, stuck = threading.Event(), threading.Event(), threading.Event()
+    stranded, stuck = threading.Event(), threading.Event()
 
-    def strand() -> None:
+    def strand(done: threading.Event) -> None:
         while not done.wait(0.2):
             for gate in hitl.pending():
                 with create_session() as session:
@@ -106,14 +86,7 @@ def test_a_gate_answered_then_parked_again_by_dag_test_is_resumed(dagbag, histor
                         ti.state = TaskInstanceState.FAILED
                 return
 
-    t = threading.Thread(target=strand, daemon=True)
-    t.start()
-    try:
-        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
-                                                                   clusters=["c-patch"]))
-    finally:
-        done.set()
-        t.join(timeout=5)
+    dr = gated_rollout(dagbag, small_fleet, strand)
     assert stranded.is_set() and not stuck.is_set()
     assert dr.state == "failed"
     assert _leases(history) == []

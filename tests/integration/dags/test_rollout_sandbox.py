@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -68,7 +69,7 @@ def test_failed_canary_stops_only_its_cluster(dagbag, history, sandbox_process, 
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None
 
 
-def _answer_when_asked(option: str, user: str, done: threading.Event) -> None:
+def answer_when_asked(option: str, user: str, done: threading.Event) -> None:
     from kvfleet.airflow import hitl
 
     while not done.is_set():
@@ -77,18 +78,24 @@ def _answer_when_asked(option: str, user: str, done: threading.Event) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.parametrize("answer, state", [("Approve", "success"), ("Reject", "failed")])
-def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_process, small_fleet, answer,  # type: ignore[no-untyped-def]
-                                                 state) -> None:
+def gated_rollout(dagbag, fleet, answer: Callable[[threading.Event], None]):  # type: ignore[no-untyped-def]
+    """kvfleet_rollout on c-patch with approval after the canary, while ``answer(done)`` runs in a thread (it
+    returns once ``done`` is set, at the end of the run); the DagRun."""
     done = threading.Event()
-    responder = threading.Thread(target=_answer_when_asked, args=(answer, "alice", done), daemon=True)
+    responder = threading.Thread(target=answer, args=(done,), daemon=True)
     responder.start()
     try:
-        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, approval="after_canary",
-                                                                           clusters=["c-patch"]))
+        return dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(fleet, approval="after_canary",
+                                                                    clusters=["c-patch"]))
     finally:
         done.set()
         responder.join(timeout=5)
+
+
+@pytest.mark.parametrize("answer, state", [("Approve", "success"), ("Reject", "failed")])
+def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_process, small_fleet, answer,  # type: ignore[no-untyped-def]
+                                                 state) -> None:
+    dr = gated_rollout(dagbag, small_fleet, lambda done: answer_when_asked(answer, "alice", done))
     assert dr.state == state
     run_key = f"kvfleet_rollout/{dr.run_id}"
     outcomes = _outcomes(history, run_key)

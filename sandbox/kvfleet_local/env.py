@@ -30,6 +30,9 @@ def airflow_env(airflow_home: Path, pg: EmbeddedPostgres, dags_folder: Path | No
         "AIRFLOW__CORE__MAX_MAP_LENGTH": "1024",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # boto3 sessions that share one botocore loader (kvfleet.clients.aws_session): a process that builds
+        # clients again and again (dag.test, the triggerer) decodes each service model once.
+        "AIRFLOW__AWS__SESSION_FACTORY": "kvfleet.clients.aws_session.SharedLoaderSessionFactory",
         # The history as production runs it: tasks write as the writer role (no TRUNCATE, no DDL, no trigger
         # control on the audit log); migrations run as the owner.
         "KVFLEET_HISTORY_URL": pg.url(HISTORY_DB, WRITER_ROLE),

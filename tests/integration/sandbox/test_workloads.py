@@ -458,3 +458,31 @@ def test_a_job_runs_to_completion_or_fails_after_its_backoff_limit(sb, core, kub
     batch.delete_namespaced_job("bad", "default")
     wait_for("the failed job's pods deleted with it",
              lambda: not core.list_namespaced_pod("default", label_selector="job-name=bad").items)
+
+
+def test_an_idle_cluster_skips_periodic_passes_but_starts_due_pods_and_judges_deadlines(sb, core, apps) -> None:
+    """The idle skip (WorkloadController._idle): with nothing written, most periodic passes do nothing, yet a
+    pod start that is due, a fault hook and a Deployment's progress deadline are never missed."""
+    from kvfleet_sandbox.controllers.workloads import IDLE_SKIPS
+
+    wl = sb.twin(CLUSTER).services["workloads"]
+    apps.create_namespaced_deployment("default", gpu_deployment("idle", 1))
+    wait_for("a Running pod", lambda: [p for p in pods_of(core, "idle") if p.status.phase == "Running"])
+    wl.settle(0)
+    passes, full = wl.passes, wl.full_passes
+    wait_for("40 more passes", lambda: wl.passes >= passes + 40, timeout=30)
+    ran, looped = wl.full_passes - full, wl.passes - passes
+    assert looped // (IDLE_SKIPS + 1) - 1 <= ran <= looped // (IDLE_SKIPS + 1) + 2, (ran, looped)
+    # a pod bound while idle starts after pod_startup_s of model time, not later: the due start ends the skip
+    apps.create_namespaced_deployment("default", gpu_deployment("due", 1))
+    wait_for("the second pod Running", lambda: [p for p in pods_of(core, "due") if p.status.phase == "Running"])
+    # a fault hook is a full pass at once
+    full = wl.full_passes
+    wl.kill_pod("default", pods_of(core, "due")[0].metadata.name)
+    wait_for("a full pass after the kill", lambda: wl.full_passes > full)
+    # a deadline only time passes: a Deployment that cannot progress (no GPU left) times out on the model clock
+    apps.create_namespaced_deployment("default", gpu_deployment("stuck", 1, progressDeadlineSeconds=20))
+    wait_for("ProgressDeadlineExceeded", lambda: any(
+        c.reason == "ProgressDeadlineExceeded"
+        for c in getattr(status_of(apps.read_namespaced_deployment("stuck", "default")), "conditions", None) or []),
+        timeout=20)

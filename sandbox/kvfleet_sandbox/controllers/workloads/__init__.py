@@ -60,6 +60,8 @@ from kvfleet_sandbox.controllers.workloads.scheduler import Scheduler, node_slot
 from kvfleet_sandbox.controllers.workloads.statefulset import StatefulSetController
 from kvfleet_sandbox.twin import ClusterTwin
 
+IDLE_SKIPS = 3  # periodic passes skipped in a row on an unchanged cluster (see WorkloadController._idle)
+
 
 class WorkloadController:
     """The controller manager of one cluster twin: owns the loop and runs every workload controller in a pass;
@@ -80,6 +82,13 @@ class WorkloadController:
         self.scheduler = Scheduler(writer)
         self.nodes = NodeFaults(writer)
         self._lock = threading.Lock()
+        # The idle skip (``_pass``): the store's version when the last full pass began, the model time its
+        # earliest pod start is due, the periodic passes skipped since, and whether a full pass is asked for.
+        self._last_rv: int | None = None
+        self._due_at: float | None = None
+        self._skipped = 0
+        self._force = True
+        self.full_passes = 0  # passes that ran the controllers (the loop's own count includes skipped ones)
         self._loop = ReconcileLoop(f"workloads:{twin.name}", twin.clock, TICK_MODEL_S, self._pass)
         self.store.subscribe(self._on_event)
         self.ai_toolkit = AiToolkit(twin, self.wake)
@@ -89,6 +98,7 @@ class WorkloadController:
     # --- public fault hooks ---------------------------------------------------------------------------------
 
     def wake(self) -> None:
+        self._force = True
         self._loop.wake()
 
     def kill_pod(self, namespace: str, name: str) -> bool:
@@ -122,9 +132,14 @@ class WorkloadController:
         until = clock.now() + model_s
         while clock.now() < until:
             time.sleep(max(0.001, clock.real(until - clock.now())))
-        self._loop.wake()
+        self.wake()
         if not self._loop.wait_passes(self._loop.passes + 2, timeout):
             raise TimeoutError(f"workloads:{self.twin.name}: no two passes within {timeout} s")
+
+    @property
+    def passes(self) -> int:
+        """The loop's passes, skipped ones included (``full_passes`` counts those that ran the controllers)."""
+        return self._loop.passes
 
     def stop(self) -> None:
         self._loop.stop()
@@ -144,20 +159,42 @@ class WorkloadController:
 
     def _pass(self) -> float | None:
         with self._lock:
-            snap = Snapshot(self.twin)
-            self.gc.run(snap)
-            snap = self._fresh(snap)
-            for d in snap.deployments:
-                self.deployments.sync(d, snap)
-            snap = self._fresh(snap)
-            self._sync_owners(snap)
-            snap = self._fresh(snap)
-            self.volumes.run(snap)
-            snap = self._fresh(snap)
-            due = self._place_and_start(snap)
-            snap = self._fresh(snap)
-            self._statuses(snap)
+            rv, now = self.store.resource_version, self.twin.clock.now()
+            if self._idle(rv, now):
+                return None if self._due_at is None else self._due_at - now
+            self._skipped, self._force, self._last_rv = 0, False, rv
+            self.full_passes += 1
+            due = self._full_pass()
+            self._due_at = None if due is None else now + due
             return due
+
+    def _idle(self, rv: int, now: float) -> bool:
+        """Whether a periodic pass may be skipped: nothing written since the last full pass began (a pass that
+        wrote sees its own writes in the next one), no pod start due, no full pass asked for (a fault hook,
+        ``settle``), and fewer than ``IDLE_SKIPS`` skipped in a row. What only time changes besides pod starts
+        (a Deployment's progress deadline) is then judged at least every ``(IDLE_SKIPS + 1) * TICK_MODEL_S``
+        model seconds. An idle cluster's passes were most of an idle sandbox's CPU (each lists every object)."""
+        if self._force or rv != self._last_rv or (self._due_at is not None and now >= self._due_at) \
+                or self._skipped >= IDLE_SKIPS:
+            return False
+        self._skipped += 1
+        return True
+
+    def _full_pass(self) -> float | None:
+        snap = Snapshot(self.twin)
+        self.gc.run(snap)
+        snap = self._fresh(snap)
+        for d in snap.deployments:
+            self.deployments.sync(d, snap)
+        snap = self._fresh(snap)
+        self._sync_owners(snap)
+        snap = self._fresh(snap)
+        self.volumes.run(snap)
+        snap = self._fresh(snap)
+        due = self._place_and_start(snap)
+        snap = self._fresh(snap)
+        self._statuses(snap)
+        return due
 
     def _sync_owners(self, snap: Snapshot) -> None:
         for rs in snap.replicasets:

@@ -154,8 +154,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    """The inventory's JSON Schema, generated from the model (kvfleet.fleet.inventory_model)."""
-    from kvfleet.fleet.inventory_model import json_schema
+    """The inventory's JSON Schema, generated from the model (kvfleet.fleet.inventory.schema)."""
+    from kvfleet.fleet.inventory.loader import json_schema
 
     _out(json.dumps(json_schema(), indent=2, sort_keys=True))
     return 0

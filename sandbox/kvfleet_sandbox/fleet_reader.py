@@ -2,7 +2,7 @@
 
 Called by :func:`kvfleet_sandbox.runtime.start_sandbox` (given a path) and by ``kvfleet sandbox up`` (to refuse a
 file it cannot read before starting the detached child). The file is validated by the inventory model
-(``kvfleet.fleet.inventory_model``: the same keys, both spellings of ``clusters:``/``endpoints:``, the same checks
+(``kvfleet.fleet.inventory``: the same keys, both spellings of ``clusters:``/``endpoints:``, the same checks
 and messages as ``kvfleet validate``), the only part of the product the sandbox imports besides
 ``kvfleet.fleet.constants``. From the validated model the twin keeps
 
@@ -28,13 +28,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvfleet.fleet.constants import CURVINE_NAMESPACE, NODE_RECOVERY_DEFAULT
-from kvfleet.fleet.inventory_model import (
-    MAX_INVENTORY_BYTES,
-    ClusterIn,
-    FleetProblems,
-    resolve_l2_injection,
-    validate_text,
-)
+from kvfleet.fleet.inventory.derived import resolve_l2_injection
+from kvfleet.fleet.inventory.loader import validate_text
+from kvfleet.fleet.inventory.messages import FleetProblems
+from kvfleet.fleet.inventory.schema import ClusterIn
+from kvfleet.fleet.inventory.vocabulary import MAX_INVENTORY_BYTES
 
 MAX_FLEET_BYTES = MAX_INVENTORY_BYTES
 

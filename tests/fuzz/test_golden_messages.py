@@ -19,8 +19,8 @@ import pytest
 from golden_cases import GOLDEN, messages
 
 from kvfleet.fleet import constants as C
-from kvfleet.fleet import inventory_model as inventory
 from kvfleet.fleet import models
+from kvfleet.fleet.inventory import vocabulary as inventory
 
 CASES: list[dict[str, Any]] = json.loads(GOLDEN.read_text(encoding="utf-8"))
 # Allowed values that are plain lowercase words (a token rule below would skip them).

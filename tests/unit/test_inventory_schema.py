@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kvfleet.fleet import inventory_doc
-from kvfleet.fleet.inventory_model import json_schema
+from kvfleet.fleet.inventory.loader import json_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEETS = [ROOT / "fleet.example.yaml", *sorted((ROOT / "tests" / "fleets").glob("*.yaml"))]
@@ -81,7 +81,7 @@ def test_the_docs_check_fails_on_a_stale_table(tmp_path: Path) -> None:
 
 
 def test_every_model_field_is_in_the_table() -> None:
-    from kvfleet.fleet.inventory_model import ClusterIn, EndpointIn, SettingsIn
+    from kvfleet.fleet.inventory.schema import ClusterIn, EndpointIn, SettingsIn
 
     table = inventory_doc.table()
     for prefix, model in (("settings.", SettingsIn), ("clusters[].", ClusterIn), ("endpoints[].", EndpointIn)):

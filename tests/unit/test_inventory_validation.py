@@ -117,18 +117,29 @@ def test_all_problems_are_listed_not_only_the_first() -> None:
     assert len(_problems(_with(many))) == 4
 
 
-def test_field_errors_do_not_hide_the_checks_across_objects() -> None:
-    """A bad field inside an object (Curvine's namespace, an endpoint's model) leaves the rest of that object to the
-    checks across objects: GPU capacity, the host-path prefix, the model's fit, the cluster reference."""
+def test_an_object_with_a_bad_field_is_left_out_of_the_checks_across_objects_and_says_so() -> None:
+    """A bad field inside an object (Curvine's namespace, an endpoint's model) leaves that object out of the checks
+    across objects (GPU capacity, the host-path prefix, the model's fit): no made-up value stands in for the bad
+    one, and the object's first problem says so. References are still read from the document as written."""
     def many(d):  # type: ignore[no-untyped-def]
         d["clusters"][0]["curvine"] = {"namespace": "kube-system", "worker": {"host_path": "/etc/x"}}
         d["endpoints"][0].update(replicas=5, model="qwen2.5-32b-instruct", cluster="c1")
         d["endpoints"].append({**d["endpoints"][0], "name": "other", "cluster": "zzz", "replicas": "2", "model": "qwen2-7b"})
 
-    paths = sorted(p.split(": ")[1] for p in _problems(_with(many)))
-    assert paths == ["clusters.c1.curvine.namespace", "clusters.c1.curvine.worker.host_path", "clusters.c1.gpu_nodes",
-                     "endpoints[0](chat).model", "endpoints[0](chat).model", "endpoints[1](other).cluster",
+    problems = _problems(_with(many))
+    paths = sorted(p.split(": ")[1] for p in problems)
+    assert paths == ["clusters.c1.curvine.namespace", "endpoints[0](chat).model", "endpoints[1](other).cluster",
                      "endpoints[1](other).replicas"], paths
+    left_out = [p for p in problems if "left out of the checks across objects until this is fixed" in p]
+    assert sorted(p.split(": ")[1] for p in left_out) == ["clusters.c1.curvine.namespace", "endpoints[0](chat).model",
+                                                          "endpoints[1](other).replicas"], left_out
+    # with the fields fixed, the checks across objects run on them again
+    def fixed(d):  # type: ignore[no-untyped-def]
+        d["clusters"][0]["curvine"] = {"worker": {"host_path": "/etc/x"}}
+        d["endpoints"][0].update(replicas=5, model="qwen2-5-32b-instruct", cluster="c1")
+
+    paths = sorted(p.split(": ")[1] for p in _problems(_with(fixed)))
+    assert paths == ["clusters.c1.curvine.worker.host_path", "clusters.c1.gpu_nodes", "endpoints[0](chat).model"], paths
 
 
 def test_remote_url_in_endpoint_env_is_refused() -> None:

@@ -36,7 +36,7 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.endpoint_spec import pvc_manifest
-from kvfleet.fleet.inventory_model import size_to_bytes
+from kvfleet.fleet.inventory.vocabulary import size_to_bytes
 from kvfleet.stages import executor, readiness
 from kvfleet.stages.base import Outcome, Pending, StageContext
 from kvfleet.stages.converge import converge

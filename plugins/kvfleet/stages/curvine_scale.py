@@ -33,7 +33,7 @@ from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
-from kvfleet.fleet.inventory_model import size_to_bytes
+from kvfleet.fleet.inventory.vocabulary import size_to_bytes
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext

@@ -1,11 +1,10 @@
-"""The fleet inventory: what platform teams declare, parsed into frozen value types and validated in full.
+"""The frozen values the rest of kvfleet reads, and reading the inventory file.
 
-Called from the CLI (`kvfleet validate|plan`), from every DAG's first task and from the drift watch. The file's
-shape, its keys and every check live in one model, :mod:`kvfleet.fleet.inventory_model` (pydantic); this module
+Called from the CLI (`kvfleet validate|plan`), from every DAG's first task and from the drift watch. This module
 reads the file (``read_inventory_text``: a regular file of at most ``MAX_INVENTORY_BYTES``), has the model validate
-it (behind the bounded YAML loader, ``fleet/yaml_safe.py``) and turns the validated model into the frozen value
-types the rest of kvfleet uses (``Inventory``, ``Cluster``, ``Endpoint``, ``Lob``, ``CurvineSpec``): defaults
-resolved (the L2 injection ``auto``, the Curvine worker count from the GPU nodes, a model's size from the catalogue).
+it (:mod:`.loader`) and turns the validated model into the frozen values kvfleet uses (``Inventory``, ``Cluster``,
+``Endpoint``, ``Lob``, ``CurvineSpec``): defaults resolved (the L2 injection ``auto``, the Curvine worker count from
+the GPU nodes, a model's size from the catalogue).
 
 Validation collects *every* problem before it raises, because a platform team fixing a 12-endpoint file one
 error per run would rightly give up. Each message names the file, the path inside it, the value, what is
@@ -26,20 +25,11 @@ from typing import Any, Final
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import models
-from kvfleet.fleet.inventory_model import (
-    MAX_INVENTORY_BYTES,
-    SIZE,
-    ClusterIn,
-    EndpointIn,
-    FleetFile,
-    FleetProblems,
-    gpu_budget,
-    model_size,
-    replica_fit,
-    resolve_l2_injection,
-    size_to_bytes,
-    validate_text,
-)
+from kvfleet.fleet.inventory.derived import gpu_budget, model_size, replica_fit, resolve_l2_injection
+from kvfleet.fleet.inventory.loader import validate_text
+from kvfleet.fleet.inventory.messages import FleetProblems
+from kvfleet.fleet.inventory.schema import ClusterIn, EndpointIn, FleetFile
+from kvfleet.fleet.inventory.vocabulary import MAX_INVENTORY_BYTES, SIZE, size_to_bytes
 
 
 class InventoryWarning(UserWarning):

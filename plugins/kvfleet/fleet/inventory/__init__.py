@@ -1,0 +1,36 @@
+"""The fleet inventory: what platform teams declare, read, validated in full and turned into the values kvfleet uses.
+
+The package, by concern (each module imports only those above it):
+
+==================  ===============================================================================================
+``vocabulary``      the patterns, limits and choices a value must match; how a message quotes a value
+``fields``          the field checks: a value in, the kept value or the kvfleet message out
+``messages``        from pydantic's errors to kvfleet's messages (the YAML path a user reads, one text per type)
+``derived``         what a validated inventory implies: the L2 injection run, the GPU budget, a model's size
+``rules``           the checks across fields and objects, on the objects that validated
+``schema``          the model (pydantic): every key with its type, default, bounds and description
+``loader``          the bounded YAML loader, the top level, validation and the JSON Schema
+``values``          the frozen values the rest of kvfleet reads, and reading the file
+==================  ===============================================================================================
+
+What the rest of kvfleet imports is below; the twin (``kvfleet_sandbox.fleet_reader``) reads the same model.
+"""
+
+from kvfleet.fleet.inventory.values import (
+    AddonSpec,
+    Cluster,
+    CurvineSpec,
+    Endpoint,
+    Inventory,
+    InventoryWarning,
+    Lob,
+    Settings,
+    gpu_demand,
+    load_inventory,
+    model_fit,
+    parse_inventory,
+    read_inventory_text,
+)
+
+__all__ = ["AddonSpec", "Cluster", "CurvineSpec", "Endpoint", "Inventory", "InventoryWarning", "Lob", "Settings",
+           "gpu_demand", "load_inventory", "model_fit", "parse_inventory", "read_inventory_text"]

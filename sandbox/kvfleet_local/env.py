@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvfleet.history.db import AIRFLOW_DB, HISTORY_DB, OWNER_ROLE, WRITER_ROLE, EmbeddedPostgres, project_root
+from kvfleet.history.db import AIRFLOW_DB, HISTORY_DB, OWNER_ROLE, WRITER_ROLE, EmbeddedPostgres
+from kvfleet.paths import project_root
 
 
 def airflow_env(airflow_home: Path, pg: EmbeddedPostgres, dags_folder: Path | None = None) -> dict[str, str]:

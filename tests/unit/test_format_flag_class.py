@@ -13,6 +13,7 @@ import yaml
 from kvfleet.clients import helm as helm_client
 from kvfleet.errors import GateRefused
 from kvfleet.fleet import curvine_values as cv
+from kvfleet.fleet.curvine_gates import normalize_overrides, refuse_flag_overrides
 from kvfleet.settings import load_settings
 from kvfleet.stages import curvine_upgrade as up
 from kvfleet.stages import executor
@@ -37,7 +38,7 @@ def test_override_keys_touching_a_format_flag_are_refused_naming_the_key(overrid
     problems = cv.format_override_problems(overrides)
     assert problems and "format" in problems[0].lower() and "key" in problems[0]
     with pytest.raises(GateRefused, match="(?i)format.*Approval does not change this"):
-        up.refuse_flag_overrides("c1", overrides)
+        refuse_flag_overrides("c1", overrides)
 
 
 @pytest.mark.parametrize("value", [
@@ -74,11 +75,11 @@ def test_keys_helm_could_read_as_more_than_one_key_are_refused(key: str) -> None
 ])
 def test_ordinary_overrides_pass(overrides) -> None:  # type: ignore[no-untyped-def]
     assert cv.format_override_problems(overrides) == []
-    up.refuse_flag_overrides("c1", overrides)
+    refuse_flag_overrides("c1", overrides)
 
 
 def test_nested_overrides_keep_literal_dots_in_their_keys() -> None:
-    flat = up.normalize_overrides({"worker": {"nodeSelector": {"sagemaker.amazonaws.com/compute-type": "x"}}})
+    flat = normalize_overrides({"worker": {"nodeSelector": {"sagemaker.amazonaws.com/compute-type": "x"}}})
     assert flat == {"worker.nodeSelector.sagemaker\\.amazonaws\\.com/compute-type": "x"}
     assert cv.nested(flat) == {"worker": {"nodeSelector": {"sagemaker.amazonaws.com/compute-type": "x"}}}
 

@@ -7,7 +7,7 @@ from kvfleet.errors import PermanentError
 
 def test_unknown_conf_keys_are_refused_naming_the_known_ones() -> None:
     from kvfleet.airflow.params import rollout_params
-    from kvfleet.airflow.rollout import refuse_unknown_conf
+    from kvfleet.airflow.request import refuse_unknown_conf
 
     params = {k: p.value for k, p in rollout_params().items()}
     refuse_unknown_conf(params)  # every Param is known

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 _NAMES: dict[str, Any] = {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9][-A-Za-z0-9:/._]*$"}}
 
-# DAG shapes needed at parse time (kvfleet.airflow.rollout.SLOTS and kvfleet.airflow.curvine's task ids equal them).
+# DAG shapes needed at parse time (kvfleet.airflow.rollout reads WAVE_SLOTS from here; kvfleet.airflow.curvine's task
+# ids equal the Curvine ones).
 WAVE_SLOTS = 5
 CURVINE_APPROVE_TASK = "approve"
 CURVINE_NO_APPROVAL_TASK = "no_approval"

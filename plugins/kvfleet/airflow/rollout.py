@@ -2,7 +2,7 @@
 
 Task structure (one run): ``plan`` -> a mapped task group per cluster -> ``finish``. Inside a cluster's group:
 ``cluster_stages`` (takes the cluster lease and a parallelism slot, then stages 1–3) -> ``wave_0`` (the canary)
--> ``gate_0`` -> ``wave_1`` -> ``gate_1`` -> ... -> ``wave_{SLOTS-1}`` -> ``release`` (teardown: restore the
+-> ``gate_0`` -> ``wave_1`` -> ``gate_1`` -> ... -> ``wave_{WAVE_SLOTS-1}`` -> ``release`` (teardown: restore the
 operator if this run paused it, release lease and slot).
 
 What each exit path does with the lease and the slot:
@@ -16,10 +16,10 @@ What each exit path does with the lease and the slot:
   check restores an operator that the dead task left paused.
 
 Why wave *slots*: Airflow cannot loop, and a human gate must be a task of its own. So a cluster's plan waves
-are laid onto ``SLOTS`` slots: slot k runs plan wave k, and the last slot runs every remaining wave in order
-(its inner gates stop on a failure and pause — stop, recorded as ``paused_for_review`` — on an inconclusive
-verification; a later run resumes). Mapping is per cluster only, so 1,000 endpoints on 10 clusters is 10
-instances per task, far below ``max_map_length`` (1024).
+are laid onto ``WAVE_SLOTS`` slots (``kvfleet.airflow.params``: the DAG file lays out the same ones): slot k runs
+plan wave k, and the last slot runs every remaining wave in order (its inner gates stop on a failure and pause —
+stop, recorded as ``paused_for_review`` — on an inconclusive verification; a later run resumes). Mapping is per
+cluster only, so 1,000 endpoints on 10 clusters is 10 instances per task, far below ``max_map_length`` (1024).
 
 Waits give their worker slot back (docs/reference/airflow.md#deferral): a task that must wait **defers**
 (``TaskDeferred``, resumed in ``kvfleet.airflow.operators.DeferrableTaskOperator.resume``) instead of sleeping:
@@ -56,11 +56,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import airflow_run_alive as airflow_run_alive  # its former home
 from kvfleet.airflow.context import cluster_context, run_info, scoped
 from kvfleet.airflow.params import WAVE_SLOTS
 from kvfleet.airflow.request import RolloutRequest
-from kvfleet.airflow.request import refuse_unknown_conf as refuse_unknown_conf  # its former home
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
@@ -74,9 +72,6 @@ from kvfleet.stages.base import Pending, StageContext
 from kvfleet.stages.locks import ClusterLock
 
 log = logging.getLogger(__name__)
-SLOTS = WAVE_SLOTS  # the DAG file lays out the same number of slots (one place: airflow/params.py)
-LEASE_TTL_S = ACTIVE_TTL_S  # while a task runs (heartbeat every 20 s)
-PARKED_LEASE_TTL_S = PARKED_TTL_S  # between tasks of the run: the gate's 2 h response timeout and a margin
 
 
 def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
@@ -87,9 +82,9 @@ def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
 
 def _lease(ctx: StageContext, req: RolloutRequest) -> ClusterLock:
     info = run_info()
-    return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.name, info.run_key, "rollout", ttl_s=LEASE_TTL_S,
+    return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.name, info.run_key, "rollout", ttl_s=ACTIVE_TTL_S,
                        wait_s=req.lock_wait_s, poll_s=min(ctx.poll_s * 5, 10),
-                       progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_LEASE_TTL_S)
+                       progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_TTL_S)
 
 
 def _slot_prefix(run_key: str) -> str:
@@ -109,9 +104,9 @@ def _slot(history: HistoryRepos, run_key: str, cluster: str, limit: int) -> str 
     names = [f"{_slot_prefix(run_key)}{i}" for i in range(limit)]
     held = [n for n in names if (leases.get(n) or {}).get("holder") == holder]  # resumed after a deferral
     for name in held[:1] + [n for n in names if n not in held]:
-        row = leases.try_take(name, holder, "rollout parallelism", PARKED_LEASE_TTL_S)
+        row = leases.try_take(name, holder, "rollout parallelism", PARKED_TTL_S)
         if row.get("holder") == holder:
-            leases.park(name, holder, PARKED_LEASE_TTL_S)
+            leases.park(name, holder, PARKED_TTL_S)
             return name
     return None
 
@@ -375,7 +370,7 @@ def _cluster_plan(cluster: str) -> dict[str, Any]:
 
 def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:
     waves: list[dict[str, Any]] = next(c["waves"] for c in plan["clusters"] if c["cluster"] == cluster)
-    return waves[slot:] if slot == SLOTS - 1 else waves[slot:slot + 1]
+    return waves[slot:] if slot == WAVE_SLOTS - 1 else waves[slot:slot + 1]
 
 
 def _mark(ctx: StageContext, eps: list[Endpoint], outcome: str, reason: str) -> None:
@@ -507,7 +502,7 @@ def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
             stop = _stop_after(ctx, wave, verdict, rest, req)
             if stop is not None:
                 return {**out, **stop}
-        out["has_next"] = slot < SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
+        out["has_next"] = slot < WAVE_SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
         return out
     except TaskDeferred:
         if lease is not None:  # parked over the wait (a bake parks it itself, with a ttl that outlives the bake)

@@ -1,29 +1,30 @@
 """Domain constants: every fixed name and default the sources give (docs/reference/).
 
 Pure module: fleet/, clients/, stages/ and sandbox/ all import from here so that a name such as the
-operator's controller Deployment exists exactly once.
+operator's controller Deployment exists exactly once. It imports nothing from kvfleet: it is the leaf the twin may
+import (tests/contracts/test_import_contracts.py).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-# The L2 overlay's names and defaults are defined once, in fleet.overlay (the one desired value);
-# they are re-exported here for the twin (which may import only this module) and for older callers.
-from kvfleet.fleet.overlay import CURVINE_PVC as CURVINE_PVC
-from kvfleet.fleet.overlay import ENV_CHUNK_SIZE as ENV_CHUNK_SIZE
-from kvfleet.fleet.overlay import ENV_HASHSEED as ENV_HASHSEED
-from kvfleet.fleet.overlay import ENV_REMOTE_SERDE as ENV_REMOTE_SERDE
-from kvfleet.fleet.overlay import ENV_REMOTE_URL as ENV_REMOTE_URL
-from kvfleet.fleet.overlay import L2_MOUNT_PATH as L2_MOUNT_PATH
-from kvfleet.fleet.overlay import L2_SERDE as L2_SERDE
-from kvfleet.fleet.overlay import L2_URL as L2_URL
-from kvfleet.fleet.overlay import L2_VOLUME_NAME as L2_VOLUME_NAME
-from kvfleet.fleet.overlay import OPERATOR_L2_SCHEME as OPERATOR_L2_SCHEME
-from kvfleet.fleet.overlay import PYTHONHASHSEED as PYTHONHASHSEED
-
 # --- LMCache / L2 -----------------------------------------------------------------------------------
-# The overlay's names (env, mount path, volume, claim, defaults): fleet.overlay, re-exported above.
+# The L2 overlay's names and defaults (env, mount path, volume, claim): fleet.overlay builds the one desired value
+# from them, the inventory's settings take their defaults from them and the twin reads them here.
+ENV_REMOTE_URL: Final = "LMCACHE_REMOTE_URL"
+ENV_REMOTE_SERDE: Final = "LMCACHE_REMOTE_SERDE"
+ENV_HASHSEED: Final = "PYTHONHASHSEED"
+# Not set by the overlay (the CR declares it: endpoint_spec.worker_env), but pods with different chunk sizes
+# compute different keys, so stage 5 checks the pods agree on it too.
+ENV_CHUNK_SIZE: Final = "LMCACHE_CHUNK_SIZE"
+L2_MOUNT_PATH: Final = "/mnt/curvine"
+L2_URL: Final = f"fs://localhost:0{L2_MOUNT_PATH}/l2cache/"  # host:port are placeholders fs:// ignores
+L2_SERDE: Final = "naive"
+PYTHONHASHSEED: Final = "0"
+L2_VOLUME_NAME: Final = "curvine-l2"
+CURVINE_PVC: Final = "curvine-l2-pvc"  # stage 3 creates it in every endpoint namespace
+OPERATOR_L2_SCHEME: Final = "sagemaker-hyperpod://"  # the operator's node-local ai-toolkit daemon
 CHUNK_SIZE: Final = 256  # LMCache stores a block only past a full 256-token chunk
 OPERATOR_L2_URL: Final = f"{OPERATOR_L2_SCHEME}$(NODE_IP):9200"  # node-local ai-toolkit daemon
 # Read by the twin's LMCache model only (the operator renders them; kvfleet never sets them).

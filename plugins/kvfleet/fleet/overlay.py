@@ -23,8 +23,8 @@ Derived from the value, and only from it:
 - ``VIOLATION_KINDS``: the drift kinds the patch fixes (``fleet.drift.PATCHABLE``).
 
 tests/unit/test_overlay_properties.py proves over generated live Deployments that the patch leaves no violation
-and is empty exactly when there is none. This module imports nothing from kvfleet at run time, so that
-``fleet.constants`` can re-export its names (the twin reads them there): the literals exist here only.
+and is empty exactly when there is none. The overlay's fixed names and defaults (env names, mount path, volume,
+claim) are defined in ``fleet.constants``, the leaf the twin reads them from; this module imports them from there.
 """
 
 from __future__ import annotations
@@ -33,22 +33,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from kvfleet.fleet.constants import (
+    CURVINE_PVC,
+    ENV_CHUNK_SIZE,
+    ENV_HASHSEED,
+    ENV_REMOTE_SERDE,
+    ENV_REMOTE_URL,
+    L2_MOUNT_PATH,
+    L2_VOLUME_NAME,
+    OPERATOR_L2_SCHEME,
+)
+
 if TYPE_CHECKING:
     from kvfleet.fleet.inventory import Endpoint, Settings
 
-ENV_REMOTE_URL: Final = "LMCACHE_REMOTE_URL"
-ENV_REMOTE_SERDE: Final = "LMCACHE_REMOTE_SERDE"
-ENV_HASHSEED: Final = "PYTHONHASHSEED"
-# Not set by the overlay (the CR declares it: endpoint_spec.worker_env), but pods with different chunk sizes
-# compute different keys, so stage 5 checks the pods agree on it too.
-ENV_CHUNK_SIZE: Final = "LMCACHE_CHUNK_SIZE"
-L2_MOUNT_PATH: Final = "/mnt/curvine"
-L2_URL: Final = f"fs://localhost:0{L2_MOUNT_PATH}/l2cache/"  # host:port are placeholders fs:// ignores
-L2_SERDE: Final = "naive"
-PYTHONHASHSEED: Final = "0"
-L2_VOLUME_NAME: Final = "curvine-l2"
-CURVINE_PVC: Final = "curvine-l2-pvc"  # stage 3 creates it in every endpoint namespace
-OPERATOR_L2_SCHEME: Final = "sagemaker-hyperpod://"  # the operator's node-local ai-toolkit daemon
 # Where the pod spec sits in a Deployment, as a JSON pointer.
 POD_TEMPLATE: Final = "/spec/template/spec"
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from kvfleet.fleet import economics, lmcache_log
 from kvfleet.fleet import overlay as ov
+from kvfleet.fleet.constants import ENV_HASHSEED, ENV_REMOTE_SERDE, ENV_REMOTE_URL, OPERATOR_L2_SCHEME
 from kvfleet.fleet.endpoint_spec import pod_is_live
 
 PASS_HIT_RATIO: Final = 0.99
@@ -85,18 +86,18 @@ def env_mismatches(env_a: Env, env_b: Env, names: Sequence[str]) -> list[str]:
 
 def diagnose(stored: int, hits: int, total: int, env_a: Env, scan_a: lmcache_log.LogScan, settings_seed: str) -> str:
     """Why a probe did not reach full hits, from what pod A stored and the env it runs with."""
-    url = str(env_a.get(ov.ENV_REMOTE_URL) or "")
+    url = str(env_a.get(ENV_REMOTE_URL) or "")
     if stored == 0:
         why = f" ({scan_a.errors[-1]})" if scan_a.errors else ""
-        serde = env_a.get(ov.ENV_REMOTE_SERDE)
+        serde = env_a.get(ENV_REMOTE_SERDE)
         return f"no store line: L2 not written (URL or serde){why}; URL={url!r}, serde={serde!r}"
-    if hits == 0 and url.startswith(ov.OPERATOR_L2_SCHEME):
-        return (f"0 hits: pods on the operator's node-local L2 URL ({ov.OPERATOR_L2_SCHEME}), not the shared "
+    if hits == 0 and url.startswith(OPERATOR_L2_SCHEME):
+        return (f"0 hits: pods on the operator's node-local L2 URL ({OPERATOR_L2_SCHEME}), not the shared "
                 "Curvine fs://")
-    if hits == 0 and env_a.get(ov.ENV_HASHSEED) != settings_seed:
-        seed = env_a.get(ov.ENV_HASHSEED)
-        return (f"stored on A but 0 hits on B with differing {ov.ENV_HASHSEED} (unset or random: {seed!r}); "
-                f"each pod derives different LMCache keys — set {ov.ENV_HASHSEED}={settings_seed}")
+    if hits == 0 and env_a.get(ENV_HASHSEED) != settings_seed:
+        seed = env_a.get(ENV_HASHSEED)
+        return (f"stored on A but 0 hits on B with differing {ENV_HASHSEED} (unset or random: {seed!r}); "
+                f"each pod derives different LMCache keys — set {ENV_HASHSEED}={settings_seed}")
     if hits == 0:
         return "stored on A but 0 hits on B: the pods do not share the L2 path (check the Curvine mount and PVC)"
     return f"partial hit: {hits}/{total} tokens"

@@ -17,10 +17,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from kvfleet.history.db import get_engine, sql_dir
+from kvfleet.history.db import get_engine
 from kvfleet.history.keys import StepKey, json_param
 from kvfleet.history.queries import run_query
 from kvfleet.outcomes import Status
+from kvfleet.paths import sql_dir
 
 GENESIS_HASH = "0" * 64
 

@@ -45,15 +45,12 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable
-
-# The path helpers live in the leaf module kvfleet.paths (clients and the sandbox use them too); re-exported
-# here for callers that import them from the history.
-from kvfleet.paths import project_root, sql_dir, state_dir
+from kvfleet.paths import state_dir
 from kvfleet.settings import load_settings
 
 __all__ = ["AIRFLOW_DB", "EMBEDDED", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres",
            "dispose_engines", "embedded", "get_engine", "history_url", "migration_url", "new_engine", "owner_url",
-           "project_root", "reachable", "sql_dir", "state_dir"]
+           "reachable"]
 
 log = logging.getLogger(__name__)
 # The wheel logs every pg_ctl call at INFO; kvfleet's own log line says when the embedded server is used.

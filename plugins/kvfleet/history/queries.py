@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from kvfleet.history.db import get_engine, sql_dir
+from kvfleet.history.db import get_engine
+from kvfleet.paths import sql_dir
 
 # Keyset-paged named queries and the columns of their cursor (their ORDER BY).
 PAGED: dict[str, tuple[str, ...]] = {

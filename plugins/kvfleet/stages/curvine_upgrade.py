@@ -43,9 +43,7 @@ from kvfleet.errors import GateRefused, KvfleetError, PermanentError
 from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_values as cv
-from kvfleet.fleet.curvine_gates import metadata_preserved
-from kvfleet.fleet.curvine_gates import normalize_overrides as normalize_overrides  # the judges' former home
-from kvfleet.fleet.curvine_gates import refuse_flag_overrides as refuse_flag_overrides
+from kvfleet.fleet.curvine_gates import metadata_preserved, normalize_overrides, refuse_flag_overrides
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages import curvine_scale, executor
 from kvfleet.stages.base import Outcome, StageContext

@@ -69,9 +69,6 @@ STAGE = "drift"
 MANAGED = f"{C.MANAGED_BY_LABEL}={C.MANAGED_BY_VALUE}"
 REQUEST_TIMEOUT = 20
 OPERATOR_ZERO_WATCH = "operator_zero_replicas"
-# Drift on an endpoint that the batched patch cannot fix (the CR is wrong or absent): one definition, in
-# fleet.drift, beside PATCHABLE.
-NOT_PATCHABLE = rules.NOT_PATCHABLE
 
 
 @dataclass
@@ -400,7 +397,7 @@ def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings
     by_ep: dict[str, list[rules.Finding]] = {}
     for f in found:
         by_ep.setdefault(str(f.endpoint), []).append(f)
-    blocked = {f.endpoint for f in all_findings if f.kind in NOT_PATCHABLE}
+    blocked = {f.endpoint for f in all_findings if f.kind in rules.NOT_PATCHABLE}
     declared: dict[str, Endpoint] = {e.key: e for e in ctx.inventory.endpoints_of(ctx.cluster.name)}
     out = []
     for key in sorted(k for k in by_ep if k in blocked):

@@ -20,8 +20,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from kvfleet.history.db import sql_dir
 from kvfleet.history.queries import since_to_timedelta
+from kvfleet.paths import sql_dir
 
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 # SQLAlchemy's text() bind syntax: ":name", not "::cast" and not a "\:" escape.

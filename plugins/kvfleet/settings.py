@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Pydanti
 from pydantic_settings.sources.utils import parse_env_vars
 
 from kvfleet.errors import PermanentError
-from kvfleet.fleet.repo_rule import repo_url_problem
+from kvfleet.fleet.shared_rules import SNS_TOPIC_ARN, redact_url, repo_url_problem
 
 log = logging.getLogger(__name__)
 PREFIX = "KVFLEET_"
@@ -46,7 +46,6 @@ NOT_SETTINGS = frozenset({
     "KVFLEET_FAULTS", "KVFLEET_FUZZ_LONG", "KVFLEET_FAULT_MATRIX_OUT",  # the test suite's switches
     "KVFLEET_UPSTREAM_CURVINE_HELM", "KVFLEET_UPSTREAM_CURVINE_CHART",
 })
-SNS_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
 PG_SCHEMES = re.compile(r"^postgres(ql)?(\+psycopg2)?$")  # the driver kvfleet ships (psycopg2)
 _warned: set[str] = set()
 # The mapping load_settings(env) reads instead of os.environ, for the duration of that call.
@@ -198,7 +197,7 @@ class Settings(BaseSettings):
     @field_validator("notify_sns_topic_arn")
     @classmethod
     def _arn(cls, value: str) -> str:
-        if value and not SNS_ARN.fullmatch(value):
+        if value and not SNS_TOPIC_ARN.fullmatch(value):
             raise ValueError("is not an SNS topic ARN")
         return value
 
@@ -276,17 +275,9 @@ def _masked(value: Any, info: FieldInfo | None) -> str:
 
 
 def masked_url(text: str) -> str:
-    """``scheme://host[:port]/…`` of a URL, quoted: never its user, password, path, query or fragment."""
-    scheme, _, rest = text.strip().partition("://")
-    rest = rest.rsplit("@", 1)[-1]  # a user and password (which may hold '/', '?' or '#') end at the last '@'
-    for sep in "/?#":
-        rest = rest.split(sep, 1)[0]
-    if not _HOST_PORT.fullmatch(rest) or not _HOST_PORT.fullmatch(scheme + "x"):
-        return "(a value that is not a URL; not shown)"
-    return repr(f"{scheme}://{rest}/…")
-
-
-_HOST_PORT = re.compile(r"[A-Za-z0-9.+_\[\]:-]{1,120}", re.ASCII)
+    """A URL as a message quotes it: ``scheme://host[:port]/…`` (``kvfleet.fleet.shared_rules.redact_url``)."""
+    shown = redact_url(text)
+    return repr(shown + ("" if shown.endswith("/…") else "/…")) if shown else "(a value that is not a URL; not shown)"
 
 
 class _EnvSource(EnvSettingsSource):

@@ -5,7 +5,7 @@ including the ones inside functions, which import-linter's static graph also see
 - ``clients`` import no ``stages``, ``airflow`` or ``history`` (only ``fleet``, ``errors``, ``paths`` and
   ``settings``);
 - ``kvfleet.settings`` (every ``KVFLEET_*`` variable) imports only ``kvfleet.errors`` and the chart-URL rule
-  ``kvfleet.fleet.repo_rule``; ``kvfleet.paths`` (where the checkout, the SQL files and the state directory are)
+  ``kvfleet.fleet.shared_rules``; ``kvfleet.paths`` (where the checkout, the SQL files and the state directory are)
   imports only ``kvfleet.settings``;
 - product code never imports ``sandbox``; ``sandbox`` imports only ``kvfleet.fleet.constants``, the inventory model
   (the package ``kvfleet.fleet.inventory``, through which the twin reads a fleet file) and ``kvfleet.paths`` of the
@@ -109,8 +109,8 @@ def test_paths_and_settings_are_near_leaves() -> None:
     """``kvfleet.paths`` and ``kvfleet.settings`` are shared by every layer and the sandbox, so they import only
     each other's foundations: the settings, the error model and the pure chart-URL rule."""
     assert sorted(RAW["kvfleet.paths"]) == ["kvfleet.settings", "kvfleet.settings.load_settings"]
-    assert GRAPH["kvfleet.settings"] == {"kvfleet.errors", "kvfleet.fleet.repo_rule"}
-    assert RAW["kvfleet.fleet.repo_rule"] == set()
+    assert GRAPH["kvfleet.settings"] == {"kvfleet.errors", "kvfleet.fleet.shared_rules"}
+    assert RAW["kvfleet.fleet.shared_rules"] == set()
 
 
 def test_product_code_never_imports_the_sandbox() -> None:

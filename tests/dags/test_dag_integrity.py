@@ -86,7 +86,7 @@ def test_parsing_a_dag_file_imports_no_heavy_module(path: Path) -> None:
         "kvfleet.airflow.triggers", "kvfleet.airflow.triggers.events", "kvfleet.airflow.triggers.fleet_watch",
         "kvfleet.fleet", "kvfleet.fleet.gates",
         # the Params' defaults are settings, read when the DAG file makes them (pydantic-settings, no I/O)
-        "kvfleet.settings", "kvfleet.errors", "kvfleet.fleet.repo_rule"}, sorted(m for m in new if m.startswith("kvfleet."))
+        "kvfleet.settings", "kvfleet.errors", "kvfleet.fleet.shared_rules"}, sorted(m for m in new if m.startswith("kvfleet."))
     # The gates' notifier (callbacks.GateWaitingNotifier) imports kvfleet.airflow.notify (and the gate texts,
     # kvfleet.airflow.gates) when a gate starts waiting, never at parse time.
     lazy = sorted(m for m in after if _under(m, ("kvfleet.airflow.notify", "kvfleet.airflow.gates")))

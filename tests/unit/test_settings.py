@@ -11,7 +11,7 @@ import pytest
 from kvfleet import settings as S
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.inventory import load_inventory
-from kvfleet.fleet.repo_rule import repo_url_problem
+from kvfleet.fleet.shared_rules import repo_url_problem
 from kvfleet.settings import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
+from kvfleet.fleet.shared_rules import redact_url
 from kvfleet.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -94,11 +95,8 @@ class NotifySettings:
 
 
 def _safe_url(url: str) -> str:
-    """A URL for the log: scheme, host and port only, as written (a webhook's path or query often carries its
-    secret, and a user name its password). String operations only: never raises, whatever the URL."""
-    scheme, _, rest = url.partition("://")
-    netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
-    return f"{scheme}://{netloc[:80] or '?'}/…"
+    """A URL for the log: scheme, host and port only (``kvfleet.fleet.shared_rules.redact_url``)."""
+    return redact_url(url) or "(a webhook URL that is not a URL)"
 
 
 @dataclass(frozen=True)

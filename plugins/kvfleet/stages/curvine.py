@@ -46,7 +46,7 @@ STAGE = "curvine"
 
 def repo_url(ctx: StageContext) -> str:
     """The chart repository: the inventory's, unless ``KVFLEET_HELM_REPO_CURVINE`` names a mirror (checked by the
-    same rule as the inventory's: ``kvfleet.fleet.repo_rule``)."""
+    same rule as the inventory's: ``kvfleet.fleet.shared_rules``)."""
     return ctx.settings.helm_repo_curvine or ctx.cluster.curvine.repo_url
 
 

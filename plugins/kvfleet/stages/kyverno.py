@@ -24,7 +24,7 @@ The install (facts and sources: ``tests/conformance/facts/kyverno_chart.yaml``):
 ``kyverno`` (Kyverno's install docs: never a shared or system namespace), values as a file (:data:`VALUES`:
 the CRDs installed by the chart, three admission controller replicas for high availability). The repository
 URL can point at a mirror through ``KVFLEET_HELM_REPO_KYVERNO`` (as ``KVFLEET_HELM_REPO_CURVINE`` does for
-Curvine; both obey the inventory's https rule, ``kvfleet.fleet.repo_rule``).
+Curvine; both obey the inventory's https rule, ``kvfleet.fleet.shared_rules``).
 
 Whether kvfleet may install: ``KVFLEET_KYVERNO_INSTALL`` (``refuse``, the default, or ``install``). Refused: a
 ``PermanentError`` naming the cluster and the exact ``helm`` command, recorded as ``refused``. Installing

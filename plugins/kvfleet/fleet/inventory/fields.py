@@ -7,10 +7,13 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import hardware, models
@@ -34,7 +37,6 @@ from kvfleet.fleet.inventory.vocabulary import (
     RESERVED_ENV,
     SEMVER,
     SIZE,
-    SNS_TOPIC_ARN,
     SYSTEM_NAMESPACE_PREFIX,
     _fail,
     key_text,
@@ -42,7 +44,7 @@ from kvfleet.fleet.inventory.vocabulary import (
     show,
     type_name,
 )
-from kvfleet.fleet.repo_rule import REPO_URL
+from kvfleet.fleet.shared_rules import REPO_URL, SNS_TOPIC_ARN
 
 # ---- field checks: each returns the value or raises the kvfleet message -----------------------------------------
 
@@ -74,7 +76,26 @@ def _text(max_len: int = 253, allow_empty: bool = False, check: Check | None = N
     return BeforeValidator(run)
 
 
-def _int(lo: int, hi: int, why: str = "", odd: bool = False) -> BeforeValidator:
+@dataclass(frozen=True)
+class _Checked:
+    """A field check that is also what the JSON Schema says of the field (its bounds or allowed values), so that
+    each is declared once. pydantic calls ``check`` before its own strict type check."""
+
+    check: Callable[[Any], Any]
+    schema: tuple[tuple[str, Any], ...]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        out = handler(schema)
+        # `int | None`: the bounds belong to the integer branch; an enum (null included) to the whole field
+        target = next((s for s in out.get("anyOf", []) if s.get("type") == "integer"), out)
+        target.update({k: list(v) if isinstance(v, list) else v for k, v in self.schema})  # a reader may edit it
+        return out
+
+
+def _int(lo: int, hi: int, why: str = "", odd: bool = False) -> _Checked:
     def run(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _fail(f"{show(value)} is not an integer; use a whole number in {lo}–{hi}")
@@ -86,7 +107,7 @@ def _int(lo: int, hi: int, why: str = "", odd: bool = False) -> BeforeValidator:
             raise _fail(f"{value} is even; Curvine's Raft masters must be odd (1, 3, 5, 7)")
         return value
 
-    return BeforeValidator(run)
+    return _Checked(run, (("minimum", lo), ("maximum", hi)))
 
 
 def _bool(value: Any) -> bool:
@@ -95,8 +116,9 @@ def _bool(value: Any) -> bool:
     return value
 
 
-def _choice(allowed: Iterable[str], nullable: bool = False) -> BeforeValidator:
-    options = tuple(allowed)
+def _choice(allowed: Iterable[str], nullable: bool = False) -> _Checked:
+    # a set's order differs between processes (string hashing): the schema and the docs list it sorted
+    options = tuple(sorted(allowed)) if isinstance(allowed, set | frozenset) else tuple(allowed)
 
     def run(value: Any) -> Any:
         if value is None and nullable:
@@ -105,13 +127,13 @@ def _choice(allowed: Iterable[str], nullable: bool = False) -> BeforeValidator:
             raise _fail(f"{show(value)} is not one of {', '.join(sorted(options))}; pick one of them")
         return value
 
-    return BeforeValidator(run)
+    return _Checked(run, (("enum", [*options, None] if nullable else list(options)),))
 
 
-def _enum(options: Iterable[str], nullable: bool = False) -> Any:
-    """The schema's enum of a choice field (beside its ``_choice`` validator)."""
+def _enum(options: Iterable[str]) -> Any:
+    """The schema's enum of a field checked by its own validator (an add-on name, NodeRecovery)."""
     values: list[Any] = sorted(options) if isinstance(options, frozenset) else list(options)
-    return Field(json_schema_extra={"enum": [*values, None] if nullable else values})
+    return Field(json_schema_extra={"enum": values})
 
 
 def _pattern(pattern: re.Pattern[str], message: str) -> Check:
@@ -270,7 +292,7 @@ def _l2_url(value: str) -> str | None:
 
 
 def _repo_url(value: str) -> str | None:
-    # The one URL pattern, shared with the environment's chart-mirror overrides (kvfleet.fleet.repo_rule).
+    # The one URL pattern, shared with the environment's chart-mirror overrides (kvfleet.fleet.shared_rules).
     return None if REPO_URL.fullmatch(value) else (
         f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user name, query or spaces); "
         "use e.g. https://curvineio.github.io/helm-charts")

@@ -163,20 +163,20 @@ class LobIn(_Model):
 
 
 class SettingsIn(_Model):
-    wave_size: Annotated[int, Field(ge=1, le=500), _int(1, 500)] = _described(
+    wave_size: Annotated[int, _int(1, 500)] = _described(
         "Endpoints per cluster per wave after the canary wave.", default=3)
-    chunk_size: Annotated[int, Field(ge=16, le=4096), _int(16, 4096)] = _described(
+    chunk_size: Annotated[int, _int(16, 4096)] = _described(
         "LMCache chunk size in tokens: prompts shorter than one chunk never reach L2.", default=C.CHUNK_SIZE)
     l2_url: Annotated[str, _text(max_len=1024, check=_l2_url)] = _described(
         f"LMCache's remote URL: an fs:// URL under the Curvine mount {C.L2_MOUNT_PATH}/.", default=C.L2_URL)
-    serde: Annotated[str, _choice(("naive",)), _enum(("naive",))] = _described(
+    serde: Annotated[str, _choice(("naive",))] = _described(
         "LMCache's remote serde (cachegen has a bug under the fs connector).", default=C.L2_SERDE)
     hash_seed: Annotated[str, BeforeValidator(_hash_seed)] = _described(
         "PYTHONHASHSEED on every pod: one fixed integer string in 0–4294967295, so LMCache keys match across pods.",
         default=C.PYTHONHASHSEED)
-    lmcache_log_format: Annotated[str, _choice(LMCACHE_LOG_FORMATS), _enum(LMCACHE_LOG_FORMATS)] = _described(
+    lmcache_log_format: Annotated[str, _choice(LMCACHE_LOG_FORMATS)] = _described(
         "The LMCache release whose log lines verification reads.", default="0.3.9")
-    operator_pause_threshold_minutes: Annotated[int, Field(ge=1, le=1440), _int(1, 1440)] = _described(
+    operator_pause_threshold_minutes: Annotated[int, _int(1, 1440)] = _described(
         "Drift reports an operator paused longer than this.", default=30)
     curvine_host_path_prefixes: Annotated[list[Annotated[str, BeforeValidator(_prefix_entry)]],
                                           Field(min_length=1, max_length=20)] = _described(
@@ -189,21 +189,21 @@ class SettingsIn(_Model):
 
 
 class TieredStorageIn(_Model):
-    mode: Annotated[str, _choice(C.TIERED_MODES), _enum(C.TIERED_MODES)] = _described(
+    mode: Annotated[str, _choice(C.TIERED_MODES)] = _described(
         "HyperPod managed tiered storage (the L1 CPU tier).", default="Enable")
-    memory_percent: Annotated[int, Field(ge=C.MEMORY_PERCENT_MIN, le=C.MEMORY_PERCENT_MAX), _int(
+    memory_percent: Annotated[int, _int(
         C.MEMORY_PERCENT_MIN, C.MEMORY_PERCENT_MAX, " (HyperPod accepts 20–100)")] = _described(
         "InstanceMemoryAllocationPercentage: host memory given to the L1 tier.", default=C.MEMORY_PERCENT_DEFAULT)
 
 
 class GpuNodesIn(_Model):
-    count: Annotated[int, Field(ge=1, le=10000), _int(1, 10000)] = _described("GPU nodes of the cluster.")
+    count: Annotated[int, _int(1, 10000)] = _described("GPU nodes of the cluster.")
     instance_type: Annotated[str, _text(check=_gpu_instance_type)] = _described(
         "Their SageMaker instance type (kvfleet must know its GPUs).", default="ml.g6e.4xlarge")
 
 
 class CurvineMasterIn(_Model):
-    replicas: Annotated[int, Field(ge=1, le=7), _int(1, 7, odd=True)] = _described(
+    replicas: Annotated[int, _int(1, 7, odd=True)] = _described(
         "Curvine masters (Raft: odd).", default=1)
     storage_class: Annotated[str, _text(check=_storage_class)] = _described(
         "StorageClass of the masters' volumes.", default="ebs-sc")
@@ -212,7 +212,7 @@ class CurvineMasterIn(_Model):
 
 
 class CurvineWorkerIn(_Model):
-    replicas: Annotated[int | None, Field(ge=1, le=1000), _int(1, 1000)] = _described(
+    replicas: Annotated[int | None, _int(1, 1000)] = _described(
         "Workers; by default one per GPU node (the cluster's gpu_nodes.count).", default=None)
     host_path: Annotated[str, _text(max_len=4096, check=_host_path)] = _described(
         "The node directory (NVMe) a worker stores blocks in; under settings.curvine_host_path_prefixes.",
@@ -238,7 +238,7 @@ class CurvineIn(_Model):
         "The StorageClass pods mount L2 through.", default=C.CURVINE_STORAGE_CLASS)
     fs_path: Annotated[str, _text(max_len=4096, check=_fs_path)] = _described("Curvine path of the L2 cache.",
                                                                               default="/l2cache")
-    scale_out: Annotated[str, _choice(("report", "auto")), _enum(("report", "auto"))] = _described(
+    scale_out: Annotated[str, _choice(("report", "auto"))] = _described(
         "report: the scheduled path only reports capacity; auto: it may add workers.", default="report")
 
     @field_validator("repo_url")
@@ -299,7 +299,7 @@ class ClusterIn(_Model):
     node_recovery: Annotated[str | None, BeforeValidator(_node_recovery), _enum(C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
     gpu_nodes: GpuNodesIn = _described("The cluster's GPU nodes: {count, instance_type}.")
-    l2_injection: Annotated[str, _choice(L2_INJECTION_CHOICES), _enum(L2_INJECTION_CHOICES)] = _described(
+    l2_injection: Annotated[str, _choice(L2_INJECTION_CHOICES)] = _described(
         "How the L2 mount reaches operator pods: auto (kyverno on production, else patch), patch, kyverno.",
         default="auto")
     update_strategy: UpdateStrategy = _described(
@@ -327,8 +327,8 @@ class EndpointIn(_Model):
         "The CRD's modelName; a catalogue name sizes the model.")
     instance_type: Annotated[str, _text(check=_instance_type)] = _described(
         "SageMaker instance type of its replicas: the cluster's gpu_nodes.instance_type.")
-    replicas: Annotated[int, Field(ge=0, le=1000), _int(0, 1000)] = _described("Replicas (1 GPU each).", default=2)
-    routing: Annotated[str, _choice(C.ROUTING_STRATEGIES), _enum(C.ROUTING_STRATEGIES)] = _described(
+    replicas: Annotated[int, _int(0, 1000)] = _described("Replicas (1 GPU each).", default=2)
+    routing: Annotated[str, _choice(C.ROUTING_STRATEGIES)] = _described(
         "Intelligent routing strategy.", default="prefixaware")
     l1: Bool = _described("LMCache's local CPU tier.", default=True)
     l2: Bool = _described("The shared Curvine tier.", default=True)
@@ -340,12 +340,12 @@ class EndpointIn(_Model):
                                                        default_factory=dict)
     update_strategy: UpdateStrategy = _described("This endpoint's update strategy (wins over the cluster's).",
                                                  default=None)
-    workload: Annotated[str | None, _choice(WORKLOADS, nullable=True), _enum(WORKLOADS, nullable=True)] = _described(
+    workload: Annotated[str | None, _choice(WORKLOADS, nullable=True)] = _described(
         "What the traffic is; validate warns when routing contradicts it.", default=None)
     model_params_b: Annotated[float | None, _number(MAX_MODEL_PARAMS_B, "write the parameter count in billions, "
                                                     "e.g. 7.62 for a 7B model")] = _described(
         "Parameters in billions (else the catalogue's).", default=None)
-    dtype: Annotated[str | None, _choice(models.DTYPES, True), _enum(models.DTYPES, True)] = _described(
+    dtype: Annotated[str | None, _choice(models.DTYPES, True)] = _described(
         "Weights' dtype, with model_params_b (else the catalogue's).", default=None)
 
 

@@ -1,19 +1,19 @@
 """The inventory's vocabulary: the patterns a value must match, the limits and choices, and how a message quotes a
 value (cut, never a container's repr).
 
-Every pattern is used with ``fullmatch`` and ``re.ASCII``; the shared ones (a region, an SNS topic ARN, a chart
-repository URL) live in :mod:`kvfleet.fleet.repo_rule`, which ``kvfleet.settings`` reads too.
+Every pattern is used with ``fullmatch`` and ``re.ASCII``; the shared ones (an SNS topic ARN, a chart
+repository URL) live in :mod:`kvfleet.fleet.shared_rules`, which ``kvfleet.settings`` reads too.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from pydantic_core import PydanticCustomError
 
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.shared_rules import redact_url
 
 MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
@@ -55,7 +55,6 @@ HOST_PATH = re.compile(r"/[A-Za-z0-9._/-]*", _A)
 HOST_PATH_PREFIXES: Final = ("/opt/dlami/nvme", "/mnt", "/data")
 # Namespaces Kubernetes owns (docs/reference/kubernetes.md: the kube- prefix is reserved for Kubernetes itself).
 SYSTEM_NAMESPACE_PREFIX: Final = "kube-"
-SNS_TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?", _A)
 INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9-]+\.[a-z0-9]+", _A)
 MAX_PRICE_USD_PER_HOUR: Final = 10_000.0  # far above any SageMaker instance (ml.p5en.48xlarge is ~100 USD/h)
 MAX_MODEL_PARAMS_B: Final = 10_000.0  # billions; far above any model a replica can hold
@@ -152,10 +151,5 @@ def size_to_bytes(size: str) -> int:
 
 
 def safe_url(url: str) -> str:
-    """A webhook URL as a message quotes it: scheme and host only (its path or query often is the secret)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-    except ValueError:
-        return "(unparseable URL)"
-    return show(f"{parts.scheme}://{host}/…" if parts.path not in ("", "/") or parts.query else url)
+    """A webhook URL as a message quotes it (``kvfleet.fleet.shared_rules.redact_url``: scheme, host and port)."""
+    return show(redact_url(url) or "(a value that is not a URL; not shown)")

@@ -1,0 +1,54 @@
+"""The rules the inventory and the settings share (kvfleet.fleet.shared_rules) behave the same in both readers:
+one SNS topic ARN pattern (a Unicode digit is no digit in either), and one way of showing a URL (never its user,
+password, path or query)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvfleet.errors import InventoryError
+from kvfleet.fleet.inventory import parse_inventory
+from kvfleet.fleet.shared_rules import SNS_TOPIC_ARN, redact_url
+from kvfleet.settings import ConfigError, load_settings
+
+FLEET = """
+lobs:
+  - name: retail
+    notify: {{{notify}}}
+clusters:
+  - {{name: c1, region: us-east-1, gpu_nodes: {{count: 2, instance_type: ml.g5.4xlarge}}}}
+"""
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://user:s3cret@hooks.example.com", "https://hooks.example.com/…"),
+    ("https://hooks.example.com:8443/t/s3cret?token=s3cret", "https://hooks.example.com:8443/…"),
+    ("https://u:p/s3cret@hooks.example.com/x", "https://hooks.example.com/…"),  # a password with a '/'
+    ("https://hooks.example.com", "https://hooks.example.com"),
+    ("https://hooks.example.com/", "https://hooks.example.com"),
+    ("not a url s3cret", None),
+])
+def test_a_url_is_shown_by_scheme_host_and_port_only(url: str, shown: str | None) -> None:
+    assert redact_url(url) == shown
+
+
+def test_the_inventory_never_quotes_a_webhooks_password() -> None:
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(FLEET.format(notify="webhook_url: 'http://user:s3cret@10.0.0.1'"))
+    text = str(info.value)
+    assert "s3cret" not in text and "'http://10.0.0.1/…' points at a private or reserved address" in text
+
+
+@pytest.mark.parametrize("arn", ["arn:aws:sns:us-east-1:12345678901١:t", "arn:aws:sns:us-east-١:123456789012:t"])
+def test_a_unicode_digit_is_no_digit_of_an_arn_in_either_reader(arn: str) -> None:
+    assert SNS_TOPIC_ARN.fullmatch(arn) is None
+    with pytest.raises(ConfigError):
+        load_settings({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": arn})
+    with pytest.raises(InventoryError, match="is not an SNS topic ARN"):
+        parse_inventory(FLEET.format(notify=f"sns_topic_arn: '{arn}'"))
+
+
+def test_a_valid_arn_passes_both_readers() -> None:
+    arn = "arn:aws:sns:us-east-1:123456789012:kvfleet-retail"
+    assert load_settings({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": arn}).notify_sns_topic_arn == arn
+    assert parse_inventory(FLEET.format(notify=f"sns_topic_arn: '{arn}'")).lob("retail").notify_sns_topic_arn == arn

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kvfleet.airflow.params import CURVINE_APPROVE_TASK, CURVINE_NO_APPROVAL_TASK
 from kvfleet.fleet.inventory import load_inventory
 from kvfleet.stages import curvine
 from kvfleet.stages.base import StageContext
@@ -113,8 +114,8 @@ def test_approval_is_on_by_default_for_production_clusters(tmp_path: Path) -> No
     fleet.write_text(FLEET + FLEET.replace(CLUSTER, "ml-cv-dev").replace("production: true", "production: false")
                      .replace("clusters:\n", ""))
     conf = {"fleet": str(fleet), "approval": "auto"}
-    assert glue.approval_route([CLUSTER], {**conf, "clusters": [CLUSTER]}) == glue.APPROVE_TASK
-    assert glue.approval_route(["ml-cv-dev"], {**conf, "clusters": ["ml-cv-dev"]}) == glue.NO_APPROVAL_TASK
-    assert glue.approval_route(["ml-cv-dev"], {**conf, "approval": "always"}) == glue.APPROVE_TASK
-    assert glue.approval_route([CLUSTER], {**conf, "approval": "never"}) == glue.NO_APPROVAL_TASK
-    assert glue.approval_route([CLUSTER], {**conf, "dry_run": True}) == glue.NO_APPROVAL_TASK
+    assert glue.approval_route([CLUSTER], {**conf, "clusters": [CLUSTER]}) == CURVINE_APPROVE_TASK
+    assert glue.approval_route(["ml-cv-dev"], {**conf, "clusters": ["ml-cv-dev"]}) == CURVINE_NO_APPROVAL_TASK
+    assert glue.approval_route(["ml-cv-dev"], {**conf, "approval": "always"}) == CURVINE_APPROVE_TASK
+    assert glue.approval_route([CLUSTER], {**conf, "approval": "never"}) == CURVINE_NO_APPROVAL_TASK
+    assert glue.approval_route([CLUSTER], {**conf, "dry_run": True}) == CURVINE_NO_APPROVAL_TASK

@@ -178,16 +178,6 @@ def test_the_rollout_teardown_runs_outside_the_cluster_pool_and_ahead_of_other_d
     assert weight(rollout, release) > others
 
 
-def test_parse_time_constants_match_the_task_bodies() -> None:
-    """The DAG files take the Curvine upgrade's branch task ids from the light params module; the task bodies
-    (heavy modules) must agree. (The rollout's wave slots need no check: its task bodies read
-    ``params.WAVE_SLOTS`` itself.)"""
-    from kvfleet.airflow import curvine, params
-
-    assert (params.CURVINE_APPROVE_TASK, params.CURVINE_NO_APPROVAL_TASK) == (curvine.APPROVE_TASK,
-                                                                               curvine.NO_APPROVAL_TASK)
-
-
 def _as_list(callback: object) -> list[object]:
     return list(callback) if isinstance(callback, list | tuple) else [callback]
 

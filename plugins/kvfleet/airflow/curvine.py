@@ -33,8 +33,6 @@ from kvfleet.stages.curvine_upgrade import UpgradeRequest
 
 log = logging.getLogger(__name__)
 
-APPROVE_TASK = kvparams.CURVINE_APPROVE_TASK
-NO_APPROVAL_TASK = kvparams.CURVINE_NO_APPROVAL_TASK
 
 
 def _scope(params: dict[str, Any]) -> Inventory:
@@ -106,12 +104,12 @@ def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
     """Which path leads to the upgrade: the human approval, or straight on."""
     mode = params.get("approval") or "auto"
     if params.get("dry_run") or mode == "never":
-        return NO_APPROVAL_TASK
+        return kvparams.CURVINE_NO_APPROVAL_TASK
     production = [c.name for c in _scope(params).clusters if c.production and c.name in clusters]
     if mode == "always" or production:
         log.info("approval required (%s): %s", mode, ", ".join(production or clusters))
-        return APPROVE_TASK
-    return NO_APPROVAL_TASK
+        return kvparams.CURVINE_APPROVE_TASK
+    return kvparams.CURVINE_NO_APPROVAL_TASK
 
 
 @task_boundary

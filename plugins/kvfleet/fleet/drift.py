@@ -45,8 +45,6 @@ from kvfleet.fleet.endpoint_spec import (
 )
 from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory
 
-__all__ = ["pod_is_live"]  # re-exported: the one definition lives in fleet.endpoint_spec
-
 # Severity says what the drift costs: critical = data loss waiting for a restart; high = the cache (or the
 # fleet's ability to change it) is broken now; medium = wrong but working; low = bookkeeping.
 SEVERITY: dict[str, str] = {

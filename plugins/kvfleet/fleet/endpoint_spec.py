@@ -18,7 +18,7 @@ from typing import Any
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import overlay as ov
 from kvfleet.fleet.inventory import Endpoint, Settings
-from kvfleet.fleet.overlay import Violation as Violation
+from kvfleet.fleet.overlay import Violation
 
 # Fields of the CR that the operator refuses to change on an existing endpoint (CRD descriptions, cited in
 # tests/conformance/facts/inference_endpoint_config.yaml: "Once set, the enabled field cannot be modified";

@@ -12,7 +12,7 @@ from airflow.providers.amazon.aws.hooks import base_aws
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
 from kvfleet.clients import aws_session
-from kvfleet.clients.aws_session import SharedLoaderSessionFactory, shared_loader
+from kvfleet.clients.aws_session import SharedLoaderSessionFactory
 
 
 @pytest.fixture(autouse=True)
@@ -34,8 +34,7 @@ def test_two_hooks_in_two_regions_share_one_loader_but_not_their_credentials_or_
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "other")
     west = AwsBaseHook(aws_conn_id=None, client_type="sagemaker", region_name="us-west-2").get_session("us-west-2")
     assert east is not west
-    assert east._session.get_component("data_loader") is west._session.get_component("data_loader") \
-        is shared_loader()
+    assert east._session.get_component("data_loader") is west._session.get_component("data_loader")
     assert (east.region_name, west.region_name) == ("us-east-1", "us-west-2")
     assert east_keys.access_key == "testing" and west.get_credentials().access_key == "other"
     # a client built through the shared loader is a whole client: its model, its paginators, its endpoint
@@ -44,9 +43,15 @@ def test_two_hooks_in_two_regions_share_one_loader_but_not_their_credentials_or_
     assert sm.can_paginate("list_clusters") and "us-west-2" in sm.meta.endpoint_url
 
 
-def test_the_shared_loader_searches_where_a_fresh_boto3_session_does() -> None:
+def test_the_loader_searches_as_a_fresh_sessions_does_and_a_new_data_path_gets_its_own(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     fresh = boto3.session.Session()._session.get_component("data_loader")
-    assert set(fresh.search_paths) <= set(shared_loader().search_paths)
+    hooked = AwsBaseHook(aws_conn_id=None, client_type="sts", region_name="us-east-1").get_session("us-east-1")
+    assert hooked._session.get_component("data_loader").search_paths == fresh.search_paths  # same order
+    monkeypatch.setenv("AWS_DATA_PATH", str(tmp_path))
+    custom = AwsBaseHook(aws_conn_id=None, client_type="sts", region_name="us-east-1").get_session("us-east-1")
+    loader = custom._session.get_component("data_loader")
+    assert loader is not hooked._session.get_component("data_loader")
+    assert loader.search_paths[0] == str(tmp_path)  # a model under AWS_DATA_PATH still wins
 
 
 def test_anything_but_a_boto3_session_is_left_alone() -> None:

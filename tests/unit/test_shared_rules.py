@@ -23,7 +23,11 @@ clusters:
 @pytest.mark.parametrize(("url", "shown"), [
     ("https://user:s3cret@hooks.example.com", "https://hooks.example.com/…"),
     ("https://hooks.example.com:8443/t/s3cret?token=s3cret", "https://hooks.example.com:8443/…"),
-    ("https://u:p/s3cret@hooks.example.com/x", "https://hooks.example.com/…"),  # a password with a '/'
+    ("https://u:p/s3cret@hooks.example.com/x", None),  # a password with a '/', or an '@' in a path: ambiguous
+    ("https://hooks.example.com/hook?user=a@S3CRET", "https://hooks.example.com/…"),  # an '@' in the query
+    ("https://h.example.com/#a@S3CRET", "https://h.example.com/…"),  # ... or in the fragment
+    ("https://x.webhook.office.com/webhookb2/guid@tenant/IncomingWebhook/s3cret", None),
+    ("https://hooks.exämple.com/s3cret", "https://hooks.exämple.com/…"),  # a host that is not ASCII is shown
     ("https://hooks.example.com", "https://hooks.example.com"),
     ("https://hooks.example.com/", "https://hooks.example.com"),
     ("not a url s3cret", None),
@@ -32,11 +36,13 @@ def test_a_url_is_shown_by_scheme_host_and_port_only(url: str, shown: str | None
     assert redact_url(url) == shown
 
 
-def test_the_inventory_never_quotes_a_webhooks_password() -> None:
+@pytest.mark.parametrize("url", ["http://user:s3cret@10.0.0.1", "https://10.0.0.1/x?u=a@s3cret"])
+def test_the_inventory_never_quotes_a_webhooks_password_or_token(url: str) -> None:
     with pytest.raises(InventoryError) as info:
-        parse_inventory(FLEET.format(notify="webhook_url: 'http://user:s3cret@10.0.0.1'"))
+        parse_inventory(FLEET.format(notify=f"webhook_url: '{url}'"))
     text = str(info.value)
-    assert "s3cret" not in text and "'http://10.0.0.1/…' points at a private or reserved address" in text
+    shown = url.split("://")[0] + "://10.0.0.1/…"
+    assert "s3cret" not in text and f"'{shown}' points at a private or reserved address" in text, text
 
 
 @pytest.mark.parametrize("arn", ["arn:aws:sns:us-east-1:12345678901١:t", "arn:aws:sns:us-east-١:123456789012:t"])

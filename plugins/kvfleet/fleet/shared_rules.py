@@ -24,22 +24,26 @@ REPO_URL = re.compile(r"(https?)://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0
 EXAMPLE = "https://curvineio.github.io/helm-charts"
 SNS_TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?",
                            re.ASCII)
-_HOST_PORT = re.compile(r"[A-Za-z0-9.+_\[\]:-]{1,120}", re.ASCII)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,30}", re.ASCII)
 
 
 def redact_url(url: str) -> str | None:
     """``scheme://host[:port]`` of ``url``, followed by ``/…`` when anything was left out (a user name and
-    password, a path, a query, a fragment); None when it does not look like a URL. String operations only: never
-    raises, whatever the text. A user name and password (which may hold '/', '?' or '#') end at the last '@'."""
+    password, a path, a query, a fragment); None when it is not a URL whose host can be told for certain. String
+    operations only: never raises, whatever the text.
+
+    The host is what the authority (up to the first '/', '?' or '#', RFC 3986 §3.2) holds after its last '@'. An
+    '@' after the authority but before the query is ambiguous (a password holding an unencoded '/', or an '@' in
+    a path such as a Teams webhook's): nothing is shown rather than part of a secret."""
     scheme, sep, rest = url.strip().partition("://")
-    _, at, after = rest.rpartition("@")
-    host = after
-    for end in "/?#":
-        host = host.split(end, 1)[0]
-    if not sep or not _HOST_PORT.fullmatch(host) or not _HOST_PORT.fullmatch(scheme + "x"):
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    _, at, host = authority.rpartition("@")
+    path = tail.split("?", 1)[0].split("#", 1)[0]
+    if not sep or not _SCHEME.fullmatch(scheme) or not host or len(host) > 261 or "@" in path \
+            or any(c.isspace() or not c.isprintable() for c in host):
         return None
-    left_out = bool(at) or after[len(host):] not in ("", "/")
-    return f"{scheme}://{host}" + ("/…" if left_out else "")
+    return f"{scheme}://{host}" + ("/…" if at or tail not in ("", "/") else "")
 
 
 def repo_url_problem(value: str, *, allow_http: bool, shown: str, allowance: str) -> str | None:

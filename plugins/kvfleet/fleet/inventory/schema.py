@@ -391,8 +391,8 @@ class FleetFile(_Model):
         return fleet
 
 
-LEFT_OUT: Final = {"lobs": "this line of business", "clusters": "this cluster", "endpoints": "this endpoint",
-                   "settings": "the settings"}
+LEFT_OUT: Final = {"lobs": "this line of business is", "clusters": "this cluster is",
+                   "endpoints": "this endpoint is", "settings": "the settings are"}
 
 
 def _left_out(errors: list[Any]) -> list[Any]:
@@ -402,11 +402,11 @@ def _left_out(errors: list[Any]) -> list[Any]:
     out = []
     for error in errors:
         loc = tuple(error["loc"])
-        owner = loc[:2] if loc and loc[0] in ("lobs", "clusters", "endpoints") and len(loc) > 2 else \
-            loc[:1] if loc and loc[0] == "settings" and len(loc) > 1 else None
+        owner = loc[:2] if loc and loc[0] in ("lobs", "clusters", "endpoints") and len(loc) >= 2 else \
+            loc[:1] if loc and loc[0] == "settings" else None
         if owner is not None and owner not in seen:
             seen.add(owner)
-            note = f" ({LEFT_OUT[str(owner[0])]} is left out of the checks across objects until this is fixed)"
+            note = f" ({LEFT_OUT[str(owner[0])]} left out of the checks across objects until this is fixed)"
             error = {**error, "ctx": {**(error.get("ctx") or {}), "left_out": note}}
         out.append(error)
     return out

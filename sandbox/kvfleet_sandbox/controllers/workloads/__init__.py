@@ -164,7 +164,11 @@ class WorkloadController:
                 return None if self._due_at is None else self._due_at - now
             self._skipped, self._force, self._last_rv = 0, False, rv
             self.full_passes += 1
-            due = self._full_pass()
+            try:
+                due = self._full_pass()
+            except Exception:
+                self._force = True  # a pass that failed runs again at the next tick, not after the skips
+                raise
             self._due_at = None if due is None else now + due
             return due
 

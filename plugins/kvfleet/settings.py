@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Pydanti
 from pydantic_settings.sources.utils import parse_env_vars
 
 from kvfleet.errors import PermanentError
-from kvfleet.fleet.shared_rules import SNS_TOPIC_ARN, redact_url, repo_url_problem
+from kvfleet.fleet.shared_rules import NOT_A_URL, SNS_TOPIC_ARN, redact_url, repo_url_problem
 
 log = logging.getLogger(__name__)
 PREFIX = "KVFLEET_"
@@ -277,7 +277,7 @@ def _masked(value: Any, info: FieldInfo | None) -> str:
 def masked_url(text: str) -> str:
     """A URL as a message quotes it: ``scheme://host[:port]/…`` (``kvfleet.fleet.shared_rules.redact_url``)."""
     shown = redact_url(text)
-    return repr(shown + ("" if shown.endswith("/…") else "/…")) if shown else "(a value that is not a URL; not shown)"
+    return repr(shown) if shown else NOT_A_URL
 
 
 class _EnvSource(EnvSettingsSource):

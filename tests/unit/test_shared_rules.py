@@ -58,3 +58,14 @@ def test_a_valid_arn_passes_both_readers() -> None:
     arn = "arn:aws:sns:us-east-1:123456789012:kvfleet-retail"
     assert load_settings({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": arn}).notify_sns_topic_arn == arn
     assert parse_inventory(FLEET.format(notify=f"sns_topic_arn: '{arn}'")).lob("retail").notify_sns_topic_arn == arn
+
+
+def test_a_chart_repository_port_out_of_range_is_refused_by_both_readers() -> None:
+    """One rule for a chart repository URL: the inventory took port 99999, which the settings refused."""
+    url = "https://charts.example.com:99999/curvine"
+    fleet = ("clusters:\n  - {name: c1, region: us-east-1, gpu_nodes: {count: 2, instance_type: ml.g5.4xlarge}, "
+             f"curvine: {{repo_url: '{url}'}}}}\n")
+    with pytest.raises(InventoryError, match="with a port from 1 to 65535"):
+        parse_inventory(fleet)
+    with pytest.raises(ConfigError, match="with a port from 1 to 65535"):
+        load_settings({"KVFLEET_HELM_REPO_CURVINE": url})

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
-from kvfleet.fleet.shared_rules import redact_url
+from kvfleet.fleet.shared_rules import NOT_A_URL, redact_url
 from kvfleet.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class NotifySettings:
 
 def _safe_url(url: str) -> str:
     """A URL for the log: scheme, host and port only (``kvfleet.fleet.shared_rules.redact_url``)."""
-    return redact_url(url) or "(a webhook URL that is not a URL)"
+    return redact_url(url) or NOT_A_URL
 
 
 @dataclass(frozen=True)

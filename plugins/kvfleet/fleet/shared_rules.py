@@ -24,6 +24,7 @@ REPO_URL = re.compile(r"(https?)://([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0
 EXAMPLE = "https://curvineio.github.io/helm-charts"
 SNS_TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?",
                            re.ASCII)
+NOT_A_URL = "(a value that is not a URL; not shown)"  # what a caller shows when redact_url gives None
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,30}", re.ASCII)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import BeforeValidator, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
@@ -44,7 +44,7 @@ from kvfleet.fleet.inventory.vocabulary import (
     show,
     type_name,
 )
-from kvfleet.fleet.shared_rules import REPO_URL, SNS_TOPIC_ARN
+from kvfleet.fleet.shared_rules import SNS_TOPIC_ARN
 
 # ---- field checks: each returns the value or raises the kvfleet message -----------------------------------------
 
@@ -117,7 +117,6 @@ def _bool(value: Any) -> bool:
 
 
 def _choice(allowed: Iterable[str], nullable: bool = False) -> _Checked:
-    # a set's order differs between processes (string hashing): the schema and the docs list it sorted
     options = tuple(sorted(allowed)) if isinstance(allowed, set | frozenset) else tuple(allowed)
 
     def run(value: Any) -> Any:
@@ -127,13 +126,14 @@ def _choice(allowed: Iterable[str], nullable: bool = False) -> _Checked:
             raise _fail(f"{show(value)} is not one of {', '.join(sorted(options))}; pick one of them")
         return value
 
-    return _Checked(run, (("enum", [*options, None] if nullable else list(options)),))
+    return _enum(run, options, nullable)
 
 
-def _enum(options: Iterable[str]) -> Any:
-    """The schema's enum of a field checked by its own validator (an add-on name, NodeRecovery)."""
-    values: list[Any] = sorted(options) if isinstance(options, frozenset) else list(options)
-    return Field(json_schema_extra={"enum": values})
+def _enum(check: Callable[[Any], Any], options: Iterable[Any], nullable: bool = False) -> _Checked:
+    """A choice field: ``check`` (its own message), and its options as the schema's enum (a set's sorted: its order
+    differs between processes, with string hashing)."""
+    values = sorted(options) if isinstance(options, set | frozenset) else list(options)
+    return _Checked(check, (("enum", [*values, None] if nullable else values),))
 
 
 def _pattern(pattern: re.Pattern[str], message: str) -> Check:
@@ -214,8 +214,7 @@ def _storage_class(value: str) -> str | None:
             "'.', starting and ending with a letter or digit, at most 253 characters); use e.g. ebs-sc")
 
 
-def _size(value: str) -> str | None:
-    return None if SIZE.fullmatch(value) else f"{show(value)} is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti"
+_size = _pattern(SIZE, "is not a size like 100Gi; use <number>Ki|Mi|Gi|Ti")
 
 
 def _instance_type(value: str) -> str | None:
@@ -235,15 +234,12 @@ def _gpu_instance_type(value: str) -> str | None:
     return problem
 
 
-def _chart(value: str) -> str | None:
-    return None if CHART_NAME.fullmatch(value) else (
-        f"{show(value)} is not a helm chart name (lowercase letters, digits and '-', starting and ending with a letter "
-        "or digit); use e.g. curvine")
+_chart = _pattern(CHART_NAME, "is not a helm chart name (lowercase letters, digits and '-', starting and ending "
+                  "with a letter or digit); use e.g. curvine")
 
 
-def _chart_version(value: str) -> str | None:
-    return None if SEMVER.fullmatch(value) else (
-        f"{show(value)} is not a SemVer 2 version, which helm requires; use e.g. {C.CURVINE_CHART_VERSION}")
+_chart_version = _pattern(SEMVER, "is not a SemVer 2 version, which helm requires; use e.g. "
+                          f"{C.CURVINE_CHART_VERSION}")
 
 
 def _addon_version(value: str) -> str | None:
@@ -252,8 +248,7 @@ def _addon_version(value: str) -> str | None:
         "`aws eks describe-addon-versions` lists")
 
 
-def _region(value: str) -> str | None:
-    return None if REGION.fullmatch(value) else f"{show(value)} is not an AWS region such as us-east-1"
+_region = _pattern(REGION, "is not an AWS region such as us-east-1")
 
 
 def _model_name(value: str) -> str | None:
@@ -291,17 +286,9 @@ def _l2_url(value: str) -> str | None:
     return problem
 
 
-def _repo_url(value: str) -> str | None:
-    # The one URL pattern, shared with the environment's chart-mirror overrides (kvfleet.fleet.shared_rules).
-    return None if REPO_URL.fullmatch(value) else (
-        f"{show(value)} is not a chart repository URL (https://host[:port]/path, no user name, query or spaces); "
-        "use e.g. https://curvineio.github.io/helm-charts")
-
-
-def _sns_arn(value: str) -> str | None:
-    return None if SNS_TOPIC_ARN.fullmatch(value) else (
-        f"{show(value)} is not an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic name of letters, "
-        "digits, '-', '_'>); use e.g. arn:aws:sns:us-east-1:123456789012:kvfleet-retail, or remove the key")
+_sns_arn = _pattern(SNS_TOPIC_ARN, "is not an SNS topic ARN (arn:aws:sns:<region>:<12-digit account>:<topic name "
+                    "of letters, digits, '-', '_'>); use e.g. arn:aws:sns:us-east-1:123456789012:kvfleet-retail, or "
+                    "remove the key")
 
 
 

@@ -9,9 +9,6 @@ from pydantic import BaseModel
 
 from kvfleet.fleet.inventory.vocabulary import key_text, show, type_name
 
-# ---- from pydantic's errors to kvfleet's messages -------------------------------------------------------------
-
-
 Loc = tuple[str | int, ...]
 
 

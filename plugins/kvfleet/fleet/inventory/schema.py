@@ -61,7 +61,6 @@ from kvfleet.fleet.inventory.fields import (
     _price_key,
     _private_range,
     _region,
-    _repo_url,
     _size,
     _sns_arn,
     _storage_class,
@@ -87,6 +86,7 @@ from kvfleet.fleet.inventory.vocabulary import (
     show,
     type_name,
 )
+from kvfleet.fleet.shared_rules import repo_url_problem
 
 # ---- the model ----------------------------------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class CurvineIn(_Model):
     csi_chart: Annotated[str, _text(check=_chart)] = _described("Helm chart of Curvine's CSI driver.",
                                                                 default="curvine-csi")
     allow_insecure_repo: Bool = _described("Accept an http:// repo_url.", default=False)
-    repo_url: Annotated[str, _text(max_len=2048, check=_repo_url)] = _described(
+    repo_url: Annotated[str, _text(max_len=2048)] = _described(
         "The charts' repository (https://).", default="https://curvineio.github.io/helm-charts")
     version: Annotated[str, _text(check=_chart_version)] = _described("Chart version (SemVer 2).",
                                                                       default=C.CURVINE_CHART_VERSION)
@@ -243,16 +243,17 @@ class CurvineIn(_Model):
 
     @field_validator("repo_url")
     @classmethod
-    def _https_unless_allowed(cls, value: str, info: ValidationInfo) -> str:
-        if value.startswith("http://") and not info.data.get("allow_insecure_repo", False):
-            raise _fail(f"{show(value)} is plain http: charts fetched over it can be altered in transit; use "
-                        "https://, or set allow_insecure_repo: true beside it for a repository you trust on your "
-                        "network")
+    def _repo_rule(cls, value: str, info: ValidationInfo) -> str:
+        """The chart-repository rule the environment's mirror overrides obey too (``kvfleet.fleet.shared_rules``)."""
+        problem = repo_url_problem(value, allow_http=info.data.get("allow_insecure_repo", False), shown=show(value),
+                                   allowance="set allow_insecure_repo: true beside it")
+        if problem:
+            raise _fail(problem)
         return value
 
 
 class AddonIn(_Model):
-    name: Annotated[str, BeforeValidator(lambda v: _addon_name(v)), _enum(C.ADDON_ORDER)] = _described(
+    name: Annotated[str, _enum(_addon_name, C.ADDON_ORDER)] = _described(
         "An EKS add-on kvfleet manages.")
     version: Annotated[str | None, _text(allow_empty=True, check=_addon_version)] = _described(
         "Its version (v + SemVer); none: whatever is installed.", default=None)
@@ -284,8 +285,7 @@ def _update_strategy(value: Any) -> Any:
     return value
 
 
-UpdateStrategy = Annotated[str | None, BeforeValidator(_update_strategy),
-                           Field(json_schema_extra={"enum": [*UPDATE_STRATEGIES, None]})]
+UpdateStrategy = Annotated[str | None, _enum(_update_strategy, UPDATE_STRATEGIES, nullable=True)]
 
 
 class ClusterIn(_Model):
@@ -296,7 +296,7 @@ class ClusterIn(_Model):
                                   "approval.", default=False)
     tiered_storage: TieredStorageIn = _described("HyperPod managed tiered storage (L1).",
                                                  default_factory=TieredStorageIn)
-    node_recovery: Annotated[str | None, BeforeValidator(_node_recovery), _enum(C.NODE_RECOVERY_VALUES)] = _described(
+    node_recovery: Annotated[str | None, _enum(_node_recovery, C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
     gpu_nodes: GpuNodesIn = _described("The cluster's GPU nodes: {count, instance_type}.")
     l2_injection: Annotated[str, _choice(L2_INJECTION_CHOICES)] = _described(
@@ -380,8 +380,8 @@ class FleetFile(_Model):
         found = Found()
         if isinstance(data, dict):
             context = info.context if isinstance(info.context, dict) else {}
-            found = cross_checks(normalised(data), _parts(normalised(data), fleet),
-                                 str(context.get("source", "fleet.yaml")))
+            doc = normalised(data)
+            found = cross_checks(doc, _parts(doc, fleet), str(context.get("source", "fleet.yaml")))
             context.setdefault("warnings", []).extend(found.warnings)
         if errors or found.problems:
             errors = _left_out(errors) if fleet is None else errors

@@ -13,7 +13,7 @@ from typing import Any, Final
 from pydantic_core import PydanticCustomError
 
 from kvfleet.fleet import constants as C
-from kvfleet.fleet.shared_rules import redact_url
+from kvfleet.fleet.shared_rules import NOT_A_URL, redact_url
 
 MAX_INVENTORY_BYTES: Final = 4 * 1024 * 1024  # 4 MiB: the 12-endpoint example is 4 KiB; 1,000 endpoints ~ 300 KiB
 SHOW_CHARS: Final = 80  # a value quoted in a message is cut to this many characters
@@ -149,7 +149,6 @@ def size_to_bytes(size: str) -> int:
     return int(m.group(1)) * int(1024**power)
 
 
-
 def safe_url(url: str) -> str:
     """A webhook URL as a message quotes it (``kvfleet.fleet.shared_rules.redact_url``: scheme, host and port)."""
-    return show(redact_url(url) or "(a value that is not a URL; not shown)")
+    return show(redact_url(url) or NOT_A_URL)

@@ -195,8 +195,18 @@ Table = tuple[list[dict[str, Any]], list[str]]
 
 def _runs(h: Any, args: argparse.Namespace) -> Table:
     rows = h.queries.rows("recent_runs", cutoff=_cutoff(args.since), limit=args.limit)
+    if not args.json:  # the table shows the inventory as a person reads it; --json keeps the three columns
+        for r in rows:
+            r["inventory"] = _revision(r["inventory_sha256"], r["inventory_commit"], r["inventory_dirty"])
     return rows, ["started_at", "dag_id", "run_id", "trigger", "triggered_by", "status", "changed", "unchanged",
-                  "failed", "planned", "unknown_changes", "reason"]
+                  "failed", "planned", "unknown_changes", "inventory", "reason"]
+
+
+def _revision(sha256: str | None, commit: str | None, dirty: bool | None) -> str | None:
+    """``1a2b3c4d5e6f@0123456789ab`` (digest, then commit; ``+dirty`` when the tree had uncommitted changes)."""
+    if not sha256:
+        return None
+    return sha256[:12] + (f"@{commit[:12]}" + ("+dirty" if dirty else "") if commit else "")
 
 
 def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[dict[str, Any]]:
@@ -255,7 +265,7 @@ _TABLES = {"runs": _runs, "verifications": _verifications, "drift": _drift, "gat
 # Every filter option of `kvfleet audit` and the subcommands it narrows; any other subcommand refuses it (exit 2)
 # rather than list every row. tests/e2e/test_cli_audit_filters.py runs each pair of the parser against this.
 AUDIT_FILTERS: dict[str, tuple[str, ...]] = {
-    "run": ("rollout", "gates", "changes"),
+    "run": ("rollout", "gates", "changes", "inventory"),
     "since": ("runs", "verifications", "drift", "endpoint", "gates", "changes"),
     "limit": ("runs", "verifications", "drift", "gates", "changes"),
     "after": _PAGED,
@@ -284,6 +294,9 @@ def _check_audit_args(args: argparse.Namespace) -> None:
         args.since = DEFAULT_SINCE
     if args.what == "curvine" and not args.cluster:
         raise UsageError("kvfleet audit curvine: --cluster is required")
+    if args.what == "inventory" and not args.run:
+        raise UsageError("kvfleet audit inventory: --run is required (dag_id/run_id, as `kvfleet audit runs` lists "
+                         "them)")
     if args.what == "endpoint" and not args.endpoint:
         raise UsageError("kvfleet audit endpoint: --endpoint is required (namespace/name or name)")
     if args.limit is None:  # a page of 100 for the paged listings, 50 rows for the others (as before)
@@ -299,6 +312,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         return _audit_rollout(h, args)
     if args.what == "curvine":
         return _audit_curvine(h, args)
+    if args.what == "inventory":
+        return _audit_inventory(h, args)
     args.next = None
     rows, cols = _TABLES[args.what](h, args)
     if args.json:
@@ -329,6 +344,25 @@ def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
         c["fs_used_gib"] = None if c.get("fs_used_bytes") is None else f"{c['fs_used_bytes'] / 2**30:.2f}"
     _print_table(caps, ["at", "step", "phase", "capacity_gib", "fs_used_gib", "live_workers", "lost_workers",
                         "files_total", "run_key"])
+    return 0
+
+
+def _audit_inventory(h: Any, args: argparse.Namespace) -> int:
+    """The inventory a run applied, as its first task pinned it (canonical JSON); exit 1 when it has none."""
+    pinned = h.runs.pinned(args.run)
+    if pinned is None:
+        print(f"kvfleet audit inventory: run {args.run[:200]} has no pinned inventory (no such run, or one recorded "
+              "before inventories were pinned); `kvfleet audit runs` lists the runs", file=sys.stderr)
+        return 1
+    body = json.loads(pinned["body"])
+    if args.json:
+        _json_dump({"run_key": args.run, "sha256": pinned["sha256"], "commit": pinned["commit"],
+                    "dirty": pinned["dirty"], "source": pinned["source"], "inventory": body})
+        return 0
+    _out(f"# run {args.run}: {pinned['source']} sha256:{pinned['sha256']}"
+         + (f" at {pinned['commit']}" + (" (uncommitted changes)" if pinned["dirty"] else "")
+            if pinned["commit"] else ""))
+    _out(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
     return 0
 
 
@@ -674,9 +708,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("audit", help="query the history store")
     a.add_argument("what", choices=["runs", "rollout", "verifications", "drift", "curvine", "endpoint", "gates",
-                                     "changes", "verify"],
-                   help="changes: write-ahead records; verify: check the audit log's hash chain")
-    a.add_argument("--run", help="rollout, gates, changes: the run key (dag_id/run_id); rollout: default the newest")
+                                     "changes", "inventory", "verify"],
+                   help="changes: write-ahead records; inventory: what a run applied, as it pinned it; verify: "
+                        "check the audit log's hash chain")
+    a.add_argument("--run", help="rollout, gates, changes, inventory (required): the run key (dag_id/run_id); "
+                                 "rollout: default the newest")
     a.add_argument("--since", type=_since, default=None,
                    help="runs, verifications, drift, endpoint, gates, changes: 7d, 12h, 30m (at most 36500d; "
                         f"default {DEFAULT_SINCE}, drift --open: every open finding)")

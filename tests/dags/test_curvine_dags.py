@@ -107,12 +107,31 @@ def test_scale_out_dag_detects_new_nodes_and_scales_to_four_workers(dagbag, hist
     assert history.runs.get(f"kvfleet_curvine_scale_out/{again.run_id}")["summary"]["outcomes"] == {"unchanged": 1}
 
 
-def test_approval_is_on_by_default_for_production_clusters(tmp_path: Path) -> None:
-    from kvfleet.airflow import curvine as glue
+def test_approval_is_on_by_default_for_production_clusters(tmp_path: Path, history: Any) -> None:
+    """The route reads which clusters are production from the run's pinned inventory (an edit after the run
+    started changes nothing)."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from kvfleet.fleet.pinning import pin
 
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET + FLEET.replace(CLUSTER, "ml-cv-dev").replace("production: true", "production: false")
                      .replace("clusters:\n", ""))
+    history.runs.start("kvfleet_curvine_upgrade/manual__1", dag_id="kvfleet_curvine_upgrade", run_id="manual__1",
+                       trigger="manual", triggered_by="ann", params={}, inventory=pin(fleet))
+    fleet.write_text(fleet.read_text().replace("production: true", "production: false"))
+    dag_run = SimpleNamespace(dag_id="kvfleet_curvine_upgrade", run_id="manual__1", run_type="manual",
+                              triggering_user_name="ann")
+    task = SimpleNamespace(task_id="approval_route", map_index=-1)
+    with set_current_context({"dag_run": dag_run, "ti": task}):  # type: ignore[typeddict-item]
+        _routes(fleet)
+
+
+def _routes(fleet: Path) -> None:
+    from kvfleet.airflow import curvine as glue
+
     conf = {"fleet": str(fleet), "approval": "auto"}
     assert glue.approval_route([CLUSTER], {**conf, "clusters": [CLUSTER]}) == CURVINE_APPROVE_TASK
     assert glue.approval_route(["ml-cv-dev"], {**conf, "clusters": ["ml-cv-dev"]}) == CURVINE_NO_APPROVAL_TASK

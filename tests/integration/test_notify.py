@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -435,8 +436,30 @@ def test_route_sends_each_lob_to_its_own_destinations_and_falls_back_to_the_glob
     assert [d.label for d in notify.route(s, {"retail"}, None)] == [""]  # no inventory read: the global ones
 
 
+def _pinned(path: Any) -> Any:
+    """The inventory at ``path`` as a run's first task pins it (routing reads the run's snapshot, not the file)."""
+    from kvfleet.fleet.inventory import InventoryWarning
+    from kvfleet.fleet.pinning import pin
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InventoryWarning)
+        return pin(path)
+
+
+@pytest.fixture
+def gate_run(history: Any, routed_fleet: Any) -> Any:
+    """The run of ``gate_context``, opened with the routed fleet pinned; the file is emptied afterwards, so a
+    notification that read the file instead of the snapshot would route nowhere."""
+    ti = gate_context()["ti"]
+    history.runs.start(f"{ti.dag_id}/{ti.run_id}", dag_id=ti.dag_id, run_id=ti.run_id, trigger="manual",
+                       triggered_by="ann", params={"fleet": str(routed_fleet.path)},
+                       inventory=_pinned(routed_fleet.path))
+    routed_fleet.path.write_text("lobs: []\n")
+    return history
+
+
 def test_gate_waiting_goes_to_the_lob_of_its_wave(routed_fleet: Any, emulator: AwsEmulator, topic: str,
-                                                  receiver: Receiver, lob_receiver: Receiver) -> None:
+                                                  receiver: Receiver, lob_receiver: Receiver, gate_run: Any) -> None:
     context = gate_context()
     context["task"].wave_task_id = "cluster.wave_0"
     wave = {"cluster": "c-patch", "waves": [0], "endpoints": {"retail/retail-chat": "pass"}}
@@ -454,7 +477,8 @@ def test_gate_waiting_goes_to_the_lob_of_its_wave(routed_fleet: Any, emulator: A
 
 
 def test_curvine_approval_goes_to_every_lob_on_its_clusters(routed_fleet: Any, emulator: AwsEmulator, topic: str,
-                                                            receiver: Receiver, lob_receiver: Receiver) -> None:
+                                                            receiver: Receiver, lob_receiver: Receiver,
+                                                            gate_run: Any) -> None:
     context = gate_context()  # an ApprovalOperator without a wave: the Curvine upgrade's approval
     context["params"] = {"fleet": str(routed_fleet.path), "clusters": ["c-patch"]}
     notifier = notify.gate_waiting_notifier(settings(topic, receiver.url))
@@ -471,7 +495,7 @@ def test_a_red_run_goes_to_the_lobs_of_its_scope(routed_fleet: Any, emulator: Aw
     rk = f"kvfleet_rollout/{run_id}"
     params = {"fleet": str(routed_fleet.path), "lobs": ["search"]}
     history.runs.start(rk, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="bob",
-                      params=params)
+                      params=params, inventory=_pinned(routed_fleet.path))
     history.runs.end(rk, "failed", {"reason": "task failed (cluster.wave_0)"})
     from airflow.sdk import DAG
 
@@ -486,7 +510,7 @@ def test_a_red_run_goes_to_the_lobs_of_its_scope(routed_fleet: Any, emulator: Aw
 def _drift_run(history: Any, fleet: Any, name: str) -> str:
     rk = f"kvfleet_drift_check/{name}"
     history.runs.start(rk, dag_id="kvfleet_drift_check", run_id=name, trigger="scheduled", triggered_by=None,
-                      params={"fleet": str(fleet), "remediate": True})
+                      params={"fleet": str(fleet), "remediate": True}, inventory=_pinned(fleet))
     return rk
 
 

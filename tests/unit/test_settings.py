@@ -208,28 +208,15 @@ def test_the_filesystem_root_is_never_an_allowed_inventory_path(monkeypatch: pyt
 
 def test_a_dag_task_refuses_a_fleet_param_outside_the_paths(monkeypatch: pytest.MonkeyPatch, example_fleet: Path,
                                                             tmp_path: Path) -> None:
-    from kvfleet.airflow.context import scoped, scoped_inventory
+    from kvfleet.airflow.context import pin_inventory
 
     monkeypatch.setenv("KVFLEET_FLEET_PATHS", str(example_fleet))
-    assert scoped(str(example_fleet)).clusters
+    assert len(pin_inventory(str(example_fleet)).sha256) == 64
     secret = tmp_path / "not-an-inventory.yaml"
     secret.write_text("password: hunter2\n")
     with pytest.raises(ConfigError, match="is not one of the configured inventory paths") as info:
-        scoped_inventory({"fleet": str(secret)})
+        pin_inventory(str(secret))
     assert "hunter2" not in str(info.value)
-
-
-def test_notification_routing_reads_no_fleet_outside_the_paths(monkeypatch: pytest.MonkeyPatch,
-                                                               example_fleet: Path, tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
-    from kvfleet.airflow import notify
-
-    monkeypatch.setenv("KVFLEET_FLEET_PATHS", str(tmp_path))
-    # Airflow's logging set-up (loaded by an earlier test in this worker) may stop kvfleet's loggers propagating.
-    monkeypatch.setattr(logging.getLogger("kvfleet.airflow.notify"), "propagate", True)
-    with caplog.at_level(logging.WARNING, logger="kvfleet.airflow.notify"):
-        assert notify.load_fleet(str(example_fleet)) is None
-    assert "is not one of the configured inventory paths" in caplog.text
 
 
 # ---- docs/settings.md ----------------------------------------------------------------------------------------

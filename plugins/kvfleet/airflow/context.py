@@ -16,6 +16,7 @@ from kvfleet.history.keys import StepKey
 
 if TYPE_CHECKING:
     from kvfleet.fleet.inventory import Inventory
+    from kvfleet.fleet.pinning import Pinned
     from kvfleet.settings import Settings
     from kvfleet.stages.base import StageContext
 
@@ -107,31 +108,57 @@ def airflow_run_alive(holder: str) -> bool | None:
     return str(state).lower().split(".")[-1] in RUNNING_STATES
 
 
-def scoped(fleet: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
-           endpoints: Iterable[str] | None = (), settings: Settings | None = None) -> Inventory:
-    """The inventory at ``fleet`` (a run's ``fleet`` Param) narrowed to the run's scope (empty: all). Unknown names:
-    a PermanentError. Only the configured inventory paths are read (``KVFLEET_FLEET_PATHS``, by default the
-    directory of ``KVFLEET_FLEET``): a run naming any other file on the worker is refused (ConfigError) first."""
-    from kvfleet.fleet.inventory import load_inventory
+def pin_inventory(fleet: str, settings: Settings | None = None) -> Pinned:
+    """The inventory at ``fleet`` (a run's ``fleet`` Param), read, validated and pinned by the run's first task.
+    Only the configured inventory paths are read (``KVFLEET_FLEET_PATHS``, by default the directory of
+    ``KVFLEET_FLEET``): a run naming any other file on the worker is refused (ConfigError) first."""
+    from kvfleet.fleet.pinning import pin
     from kvfleet.settings import load_settings
 
-    inventory = load_inventory((settings or load_settings()).check_fleet_path(fleet))
+    return pin((settings or load_settings()).check_fleet_path(fleet))
+
+
+def run_inventory(run_key: str) -> Inventory:
+    """The inventory this run pinned when it started (``runs.inventory_sha256``), never the file as it is now;
+    a PermanentError naming the run when it has none."""
+    from kvfleet.errors import PermanentError
+    from kvfleet.fleet.pinning import Pinned, inventory_of
+    from kvfleet.history.runs import Runs
+
+    pinned = Runs().pinned(run_key)
+    if pinned is None:
+        raise PermanentError(f"run {run_key}: the history store holds no pinned inventory for this run; its first "
+                             "task pins the inventory when the run starts: clear that task (or trigger a new run) "
+                             "to pin it again")
+    return inventory_of(Pinned(**pinned))
+
+
+def narrowed(inventory: Inventory, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
+             endpoints: Iterable[str] | None = ()) -> Inventory:
+    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError."""
     return inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
                             endpoints=list(endpoints or ()) or None)
 
 
+def scoped(run_key: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
+           endpoints: Iterable[str] | None = ()) -> Inventory:
+    """The run's pinned inventory (:func:`run_inventory`) narrowed to its scope."""
+    return narrowed(run_inventory(run_key), lobs=lobs, clusters=clusters, endpoints=endpoints)
+
+
 def scoped_inventory(params: Mapping[str, Any]) -> Inventory:
-    """``scoped`` from a DAG's Params (``fleet``, ``lobs``, ``clusters``, ``endpoints``): the drift check, the
-    hit verification and the Curvine DAGs. The rollout parses its Params into a ``RolloutRequest`` instead."""
-    return scoped(params["fleet"], lobs=params.get("lobs"), clusters=params.get("clusters"),
+    """``scoped`` for the running task's run, from a DAG's Params (``lobs``, ``clusters``, ``endpoints``): the
+    drift check, the hit verification and the Curvine DAGs. The rollout parses its Params into a
+    ``RolloutRequest`` instead."""
+    return scoped(run_info().run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
                   endpoints=params.get("endpoints"))
 
 
-def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = (),
-                    clusters: Iterable[str] | None = (), endpoints: Iterable[str] | None = (), dry_run: bool = False,
+def cluster_context(cluster: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
+                    endpoints: Iterable[str] | None = (), dry_run: bool = False,
                     aws_conn_id: str = "aws_default") -> StageContext:
-    """One cluster's stage context inside a running task: the run's identity, the history store, a SIGTERM
-    handler (waits end promptly), and lease liveness from Airflow."""
+    """One cluster's stage context inside a running task: the run's identity, its pinned inventory, the history
+    store, a SIGTERM handler (waits end promptly), and lease liveness from Airflow."""
     from kvfleet.clients.kube import install_sigterm_handler
     from kvfleet.history.repos import HistoryRepos
     from kvfleet.settings import load_settings
@@ -139,7 +166,7 @@ def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = ()
 
     info = run_info()
     settings = load_settings()
-    inv = scoped(fleet, lobs=lobs, clusters=clusters, endpoints=endpoints, settings=settings)
+    inv = scoped(info.run_key, lobs=lobs, clusters=clusters, endpoints=endpoints)
     install_sigterm_handler()
     return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
                         dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id,
@@ -149,6 +176,6 @@ def cluster_context(cluster: str, fleet: str, *, lobs: Iterable[str] | None = ()
 def stage_context(cluster: str, params: Mapping[str, Any]) -> StageContext:
     """``cluster_context`` from a DAG's Params (scope, ``dry_run``, ``aws_conn_id``), for the DAGs other than
     the rollout."""
-    return cluster_context(cluster, params["fleet"], lobs=params.get("lobs"), clusters=params.get("clusters"),
+    return cluster_context(cluster, lobs=params.get("lobs"), clusters=params.get("clusters"),
                            endpoints=params.get("endpoints"), dry_run=bool(params.get("dry_run")),
                            aws_conn_id=params.get("aws_conn_id") or "aws_default")

@@ -19,10 +19,9 @@ from typing import Any
 
 from kvfleet.airflow import params as kvparams
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
+from kvfleet.airflow.context import narrowed, pin_inventory, run_info, scoped_inventory, stage_context
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import curvine_gates
-from kvfleet.fleet.inventory import Inventory
 from kvfleet.history.keys import StepEvent
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.history.runs import Runs
@@ -35,19 +34,18 @@ log = logging.getLogger(__name__)
 
 
 
-def _scope(params: dict[str, Any]) -> Inventory:
-    return scoped_inventory({"fleet": params["fleet"], "clusters": params.get("clusters") or None})
-
-
 def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[list[str], Any, HistoryRepos]:
+    from kvfleet.fleet.pinning import inventory_of
+
     info = run_info()
-    inv = _scope(params)
+    pinned = pin_inventory(params["fleet"])
+    inv = narrowed(inventory_of(pinned), clusters=params.get("clusters") or None)
     history = HistoryRepos.on()
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params)
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     clusters = [c.name for c in inv.clusters]
-    history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED,
-                                                      detail={"clusters": clusters, **detail}), actor=info.actor)
+    history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED, detail={
+        "clusters": clusters, "inventory": pinned.revision, **detail}), actor=info.actor)
     return clusters, info, history
 
 
@@ -105,7 +103,8 @@ def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
     mode = params.get("approval") or "auto"
     if params.get("dry_run") or mode == "never":
         return kvparams.CURVINE_NO_APPROVAL_TASK
-    production = [c.name for c in _scope(params).clusters if c.production and c.name in clusters]
+    production = [c.name for c in scoped_inventory({"clusters": params.get("clusters") or None}).clusters
+                  if c.production and c.name in clusters]
     if mode == "always" or production:
         log.info("approval required (%s): %s", mode, ", ".join(production or clusters))
         return kvparams.CURVINE_APPROVE_TASK

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
+from kvfleet.airflow.context import narrowed, pin_inventory, run_info, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
@@ -38,24 +38,29 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
     those the drift watch's events named (``kvfleet_drift_watch``), less any the inventory no longer has (the
     watch read it when it started; such a cluster is logged and skipped, not an error of the whole run).
     ``watch_errors``: the watch's ``error`` events among them, recorded last (``record_watch_errors``)."""
+    from kvfleet.fleet.pinning import inventory_of
+
     info = run_info()
+    pinned = pin_inventory(params["fleet"])
+    whole = inventory_of(pinned)
     gone: list[str] = []
     if event_clusters:
-        known = {c.name for c in scoped_inventory(_params({**params, "clusters": []})).clusters}
+        known = {c.name for c in whole.clusters}
         gone = sorted(set(event_clusters) - known)
         if gone:
             log.warning("the drift watch named cluster(s) no longer in the inventory, not checked: %s",
                         ", ".join(gone))
         params = {**params, "clusters": [c for c in event_clusters if c in known]}
-    inv = scoped_inventory(_params(params)) if params.get("clusters") or not event_clusters else None
+    inv = narrowed(whole, clusters=_params(params)["clusters"]) if params.get("clusters") or not event_clusters \
+        else None
     clusters = [c.name for c in inv.clusters] if inv is not None else []
     history = HistoryRepos.on()
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params)
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     history.runs.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
         "clusters": clusters, "endpoints": len(inv.endpoints) if inv is not None else 0,
-        "remediate": bool(params.get("remediate")), **({"not_in_inventory": gone} if gone else {})}),
-        actor=info.actor)
+        "remediate": bool(params.get("remediate")), "inventory": pinned.revision,
+        **({"not_in_inventory": gone} if gone else {})}), actor=info.actor)
     record_watch_errors(history, info.step_key, info.actor, watch_errors or [])
     return clusters
 

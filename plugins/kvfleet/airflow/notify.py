@@ -182,18 +182,23 @@ def send_routed(event: Event, settings: NotifySettings, lobs: Iterable[str | Non
     return results
 
 
-def load_fleet(path: Any) -> Any | None:
-    """The inventory at ``path`` (a run's ``fleet`` Param), or None (logged) when it cannot be read or is outside
-    the configured inventory paths (``KVFLEET_FLEET_PATHS``): the event then goes to the global destinations."""
-    if not path:
+def load_fleet(run_key: str | None, history: Any | None = None) -> Any | None:
+    """The inventory the run pinned when it started (``kvfleet.fleet.pinning``; never the file as it is now), or
+    None (logged) when the run has none or it cannot be read: the event then goes to the global destinations."""
+    if not run_key:
         return None
     try:
-        from kvfleet.fleet.inventory import load_inventory
+        from kvfleet.fleet.pinning import Pinned, inventory_of
 
-        return load_inventory(load_settings().check_fleet_path(str(path)))
+        pinned = (history if history is not None else _history()).runs.pinned(run_key)
+        if pinned is None:
+            log.warning("kvfleet: notification routing reads no LOB destinations: run %s has no pinned inventory",
+                        run_key[:200])
+            return None
+        return inventory_of(Pinned(**pinned))
     except Exception as exc:
-        log.warning("kvfleet: notification routing reads no LOB destinations: the inventory %s could not be "
-                    "read (%s: %s)", str(path)[:200], type(exc).__name__, str(exc)[:200])
+        log.warning("kvfleet: notification routing reads no LOB destinations: the inventory of run %s could not "
+                    "be read (%s: %s)", run_key[:200], type(exc).__name__, str(exc)[:200])
         return None
 
 
@@ -416,7 +421,7 @@ def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettin
                 opened = list(history.queries.rows("ui_findings_opened", cluster=str(result.get("cluster") or ""),
                                             run_key=run_key))
             if inventory is None:
-                inventory = load_fleet(((history.runs.get(run_key) or {}).get("params") or {}).get("fleet"))
+                inventory = load_fleet(run_key, history)
         except Exception as exc:
             log.warning("kvfleet: the drift notification reads no history (%s: %s); it names every finding",
                         type(exc).__name__, str(exc)[:200])
@@ -431,7 +436,7 @@ class KvfleetNotifier(BaseNotifier):
     """An Airflow notifier (``airflow.sdk.BaseNotifier``) for kvfleet's events; ``kind`` is ``gate_waiting``
     (in a HITL operator's ``notifiers``) or ``run_ended`` (a DAG callback, after the run-status callback).
     Its texts are never rendered as Jinja templates (``template_fields`` is empty). The event goes to the LOBs
-    it concerns (``route``), read from the inventory named by the run's ``fleet`` Param."""
+    it concerns (``route``), read from the inventory the run pinned when it started."""
 
     template_fields: Sequence[str] = ()
 
@@ -453,7 +458,7 @@ class KvfleetNotifier(BaseNotifier):
             if settings is None:
                 return
             params = _params(context)
-            inventory = load_fleet(params.get("fleet"))
+            inventory = load_fleet(_run_key(context))
             if not settings.enabled and not _any_lob_destination(inventory):
                 return
             if self.kind == GATE_WAITING:
@@ -481,6 +486,17 @@ class KvfleetNotifier(BaseNotifier):
         run = _history().runs.get(facts["run_key"]) or {"dag_id": facts["dag_id"], "run_id": facts["run_id"],
                                                    "status": "failed", "reason": context.get("reason")}
         return run_end_event(run, settings, self.statuses)
+
+
+def _run_key(context: Any) -> str | None:
+    """The run a notification is about: its DAG run's, else its task instance's (a HITL notifier's context)."""
+    from kvfleet.airflow.context import dag_run_facts
+
+    facts = dag_run_facts(context)
+    ti = context.get("ti")
+    dag_id = facts["dag_id"] if facts["dag_id"] != "unknown" else getattr(ti, "dag_id", None)
+    run_id = facts["run_id"] if facts["run_id"] != "unknown" else getattr(ti, "run_id", None)
+    return f"{dag_id}/{run_id}" if dag_id and run_id else None
 
 
 def _params(context: Any) -> dict[str, Any]:

@@ -56,12 +56,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import cluster_context, run_info, scoped
+from kvfleet.airflow.context import cluster_context, narrowed, pin_inventory, run_info
 from kvfleet.airflow.params import WAVE_SLOTS
 from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
+from kvfleet.fleet.pinning import inventory_of
 from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.keys import StepEvent
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
@@ -76,7 +77,7 @@ log = logging.getLogger(__name__)
 
 def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
     """A cluster's stage context for this run's request (scope, dry run, AWS connection)."""
-    return cluster_context(cluster, req.fleet, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints,
+    return cluster_context(cluster, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints,
                            dry_run=req.dry_run, aws_conn_id=req.aws_conn_id)
 
 
@@ -203,22 +204,26 @@ def _release_all(history: HistoryRepos, run_key: str, cluster: str) -> dict[str,
 @task_boundary
 def plan_rollout(params: dict[str, Any]) -> list[str]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store, with the
-    plan. Returns the names of the plan's clusters (what the per-cluster tasks are mapped over): the plan itself
-    goes to no XCom, since every task that needs it reads its part from ``runs.plan`` (``Runs.cluster_plan``),
-    so the run's XCom does not grow with the fleet's endpoints."""
+    plan and the inventory pinned (``kvfleet.fleet.pinning``: every later task applies that snapshot, not the file
+    as it is then). Returns the names of the plan's clusters (what the per-cluster tasks are mapped over): the plan
+    itself goes to no XCom, since every task that needs it reads its part from ``runs.plan``
+    (``Runs.cluster_plan``), so the run's XCom does not grow with the fleet's endpoints."""
     info = run_info()
     req = RolloutRequest.from_params(params)
-    inv = scoped(req.fleet, lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
+    pinned = pin_inventory(req.fleet)
+    inv = narrowed(inventory_of(pinned), lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
+    log.info("inventory %s: %s", pinned.source, pinned.revision)
     verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
     log.info("%s", render_plan_text(plan))
     history = HistoryRepos.on()
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params, plan=plan.as_dict())
+                      triggered_by=info.triggered_by, params=params, plan=plan.as_dict(), inventory=pinned)
     history.runs.record_step(info.step_key, StepEvent(step="plan", stage="plan", outcome="planned",
                                                  detail={"clusters": len(plan.clusters),
                                                          "endpoints": len(inv.endpoints),
-                                                         "dry_run": req.dry_run}),
+                                                         "dry_run": req.dry_run,
+                                                         "inventory": pinned.revision}),
                         actor=info.actor)
     return [c.cluster for c in plan.clusters]
 

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import text
 
 from kvfleet.airflow.boundary import task_boundary
-from kvfleet.airflow.context import run_info, scoped_inventory, stage_context
+from kvfleet.airflow.context import narrowed, pin_inventory, run_info, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.verdict import baseline_from_rows
@@ -69,14 +69,18 @@ log = logging.getLogger(__name__)
 
 @task_boundary
 def open_run(params: dict[str, Any]) -> list[str]:
+    from kvfleet.fleet.pinning import inventory_of
+
     info = run_info()
-    inv = scoped_inventory(params)
+    pinned = pin_inventory(params["fleet"])
+    inv = narrowed(inventory_of(pinned), lobs=params.get("lobs"), clusters=params.get("clusters"),
+                   endpoints=params.get("endpoints"))
     verify.check_prompt_length(int(params["prompt_tokens"]), inv.settings.chunk_size)
     history = HistoryRepos.on()
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params)
-    history.runs.record_step(info.step_key, StepEvent("scope", "verify", "planned",
-                                                 detail={"endpoints": len(inv.endpoints)}), actor=info.actor)
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
+    history.runs.record_step(info.step_key, StepEvent("scope", "verify", "planned", detail={
+        "endpoints": len(inv.endpoints), "inventory": pinned.revision}), actor=info.actor)
     return sorted({e.cluster for e in inv.endpoints})
 
 

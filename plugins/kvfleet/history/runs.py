@@ -9,7 +9,7 @@ same transaction as the step's audit line).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, text
 
@@ -17,6 +17,9 @@ from kvfleet.history.audit import AuditLog
 from kvfleet.history.db import get_engine
 from kvfleet.history.keys import StepEvent, StepKey, json_param
 from kvfleet.outcomes import QUIET, derive_status
+
+if TYPE_CHECKING:
+    from kvfleet.fleet.pinning import Pinned
 
 
 class Runs:
@@ -27,17 +30,38 @@ class Runs:
         self.audit = audit or AuditLog(self.engine)
 
     def start(self, run_key: str, *, dag_id: str, run_id: str, trigger: str, triggered_by: str | None,
-              params: Mapping[str, Any], plan: Mapping[str, Any] | None = None) -> None:
+              params: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
+              inventory: Pinned | None = None) -> None:
+        """Open the run's row, with its plan and the inventory it applies (stored once per digest). Called again by a
+        cleared first task, it keeps the row and takes the new plan and inventory."""
+        row: dict[str, Any] = {"k": run_key, "d": dag_id, "r": run_id, "t": trigger, "u": triggered_by,
+                               "p": json_param(dict(params)), "plan": json_param(plan) if plan is not None else None}
+        columns, values, kept = "", "", ""
+        if inventory is not None:
+            row.update(h=inventory.sha256, c=inventory.commit, dirty=inventory.dirty)
+            columns, values = ", inventory_sha256, inventory_commit, inventory_dirty", ", :h, :c, :dirty"
+            kept = (", inventory_sha256 = EXCLUDED.inventory_sha256, inventory_commit = EXCLUDED.inventory_commit, "
+                    "inventory_dirty = EXCLUDED.inventory_dirty")
         with self.engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO runs (run_key, dag_id, run_id, trigger, triggered_by, params, plan) "
-                    "VALUES (:k, :d, :r, :t, :u, CAST(:p AS jsonb), CAST(:plan AS jsonb)) "
-                    "ON CONFLICT (run_key) DO UPDATE SET plan = COALESCE(EXCLUDED.plan, runs.plan)"
-                ),
-                {"k": run_key, "d": dag_id, "r": run_id, "t": trigger, "u": triggered_by,
-                 "p": json_param(dict(params)), "plan": json_param(plan) if plan is not None else None},
-            )
+            if inventory is not None:
+                conn.execute(text("INSERT INTO inventory_snapshots (sha256, body, source) VALUES (:h, :b, :s) "
+                                  "ON CONFLICT (sha256) DO NOTHING"),
+                             {"h": inventory.sha256, "b": inventory.body, "s": inventory.source})
+            conn.execute(text(
+                f"INSERT INTO runs (run_key, dag_id, run_id, trigger, triggered_by, params, plan{columns}) "
+                f"VALUES (:k, :d, :r, :t, :u, CAST(:p AS jsonb), CAST(:plan AS jsonb){values}) "
+                f"ON CONFLICT (run_key) DO UPDATE SET plan = COALESCE(EXCLUDED.plan, runs.plan){kept}"), row)
+
+    def pinned(self, run_key: str) -> dict[str, Any] | None:
+        """The inventory the run applies, as its first task pinned it (the fields of
+        ``kvfleet.fleet.pinning.Pinned``); None when the run has none (no such run, a run recorded before revision
+        0010, or one whose first task has not run)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(text(
+                "SELECT s.body, s.sha256, s.source, r.inventory_commit AS commit, r.inventory_dirty AS dirty "
+                "FROM runs r JOIN inventory_snapshots s ON s.sha256 = r.inventory_sha256 WHERE r.run_key = :k"),
+                {"k": run_key}).mappings().first()
+        return None if row is None else dict(row)
 
     def cluster_plan(self, run_key: str, cluster: str) -> dict[str, Any] | None:
         """One cluster's part of the run's plan (``runs.plan``, as ``start`` stored it), cut in the database:

@@ -6,7 +6,10 @@ test session's Airflow metadata database (SimpleAuthManager, two users with know
   from ``POST /auth/token``), found through ``GET /api/v2/dags/~/dagRuns/~/hitlDetails``;
 - the next gate is listed with `kvfleet gate list --json` and answered Reject with `kvfleet gate respond` as bob
   (AIRFLOW_API_URL, AIRFLOW_API_USER, AIRFLOW_API_PASSWORD): the CLI never touches Airflow's database;
-- the run ends aborted in the history (Airflow: failed), and `kvfleet audit gates --json` names alice and bob.
+- the run ends aborted in the history (Airflow: failed), and `kvfleet audit gates --json` names alice and bob;
+- the inventory is edited while the canary's gate waits (alpha-docs' replicas changed, alpha-rag deleted): the
+  later waves apply the inventory the run pinned when it planned (alpha-docs keeps 2 replicas, alpha-rag is
+  marked aborted, no KeyError), and `kvfleet audit runs --json` shows that inventory's digest.
 """
 
 from __future__ import annotations
@@ -20,13 +23,20 @@ import sys
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from kvfleet.fleet import constants as C
+from kvfleet.fleet.inventory import InventoryWarning
+from kvfleet.fleet.pinning import pin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+KUBECTL = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "kubectl"
 USERS = {"alice": "alice-pw-7Qx", "bob": "bob-pw-9Lm"}
 JWT_SECRET = "kvfleet-gate-rest-test-" + "0123456789abcdef" * 3
 # One kyverno-mode cluster, one LOB, three endpoints, wave size 1: canary [chat] -> gate_0 -> [docs] -> gate_1 ->
@@ -121,13 +131,23 @@ def kvfleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
                           env=env)
 
 
-class Responder(threading.Thread):
-    """Answers the run's two approval gates as they come: gate_0 by a bare REST PATCH as alice, gate_1 with the
-    kvfleet CLI as bob. Records what it saw for the test's assertions."""
+def edited(fleet: str) -> str:
+    """The fleet as a platform team changes it while the canary's gate waits: alpha-docs gets 4 replicas (the 2
+    GPUs alpha-rag frees), and alpha-rag is deleted."""
+    doc = yaml.safe_load(fleet)
+    doc["endpoints"] = [{**e, "replicas": 4} if e["name"] == "alpha-docs" else e for e in doc["endpoints"]
+                        if e["name"] != "alpha-rag"]
+    return yaml.safe_dump(doc)
 
-    def __init__(self, base: str) -> None:
+
+class Responder(threading.Thread):
+    """Answers the run's two approval gates as they come: gate_0 by a bare REST PATCH as alice, after editing the
+    inventory file (``edited``), gate_1 with the kvfleet CLI as bob. Records what it saw for the test's
+    assertions."""
+
+    def __init__(self, base: str, fleet: Path) -> None:
         super().__init__(daemon=True)
-        self.base, self.done = base, threading.Event()
+        self.base, self.fleet, self.done = base, fleet, threading.Event()
         self.seen: dict[str, Any] = {}
         self.alice = rest(base, "POST", "/auth/token", {"username": "alice", "password": USERS["alice"]})[
             "access_token"]
@@ -150,6 +170,7 @@ class Responder(threading.Thread):
             if ti["state"] != "awaiting_input" or ti["task_id"] in self.seen:
                 continue
             if ti["task_id"] == "cluster.gate_0":
+                self.fleet.write_text(edited(self.fleet.read_text()))
                 path = (f"/api/v2/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/"
                         f"{ti['map_index']}/hitlDetails")
                 self.seen[ti["task_id"]] = rest(self.base, "PATCH", path,
@@ -162,7 +183,10 @@ class Responder(threading.Thread):
 
 def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  # type: ignore[no-untyped-def]
         dagbag, history, sandbox_process, small_fleet, api_server) -> None:
-    responder = Responder(api_server)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InventoryWarning)
+        planned = pin(small_fleet)  # what the plan task pins: the file before the edit
+    responder = Responder(api_server, small_fleet)
     responder.start()
     try:
         dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={
@@ -188,7 +212,18 @@ def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  
     run = history.runs.get(run_key)
     assert run is not None and run["status"] == "aborted", run
     outcomes = {(s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["endpoint"]}
-    assert ("alpha/alpha-rag", "aborted") in outcomes, outcomes
+    assert ("alpha/alpha-rag", "aborted") in outcomes, outcomes  # deleted from the file, still in the pinned plan
+
+    # the pinned inventory was applied: alpha-docs has the replicas of the planned revision, not of the edit
+    assert "alpha-rag" not in small_fleet.read_text()
+    docs = subprocess.run([str(KUBECTL), "--context", "c-kyverno", "-n", "alpha", "get",
+                           f"{C.IEC_PLURAL}.{C.IEC_GROUP}", "alpha-docs", "-o", "jsonpath={.spec.replicas}"],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert (docs.returncode, docs.stdout) == (0, "2"), docs.stderr
+    runs = kvfleet("audit", "runs", "--json", env=dict(os.environ))
+    assert runs.returncode == 0, runs.stderr
+    (row,) = [r for r in json.loads(runs.stdout) if r["run_key"] == run_key]
+    assert row["inventory_sha256"] == planned.sha256 and row["inventory_commit"] is None, row
 
     proc = kvfleet("audit", "gates", "--run", run_key, "--json", env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr

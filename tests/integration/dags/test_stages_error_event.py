@@ -11,6 +11,7 @@ real history store."""
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,8 @@ from sqlalchemy import text
 from kvfleet.airflow import rollout
 from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
+from kvfleet.fleet.inventory import InventoryWarning
+from kvfleet.fleet.pinning import pin
 from kvfleet.history.leases import Leases
 from kvfleet.history.repos import HistoryRepos
 
@@ -34,8 +37,14 @@ OTHER = "kvfleet_curvine_upgrade/other-run"
 
 
 @pytest.fixture
-def in_task() -> Iterator[None]:
-    """The Airflow context of this run's ``cluster.stages`` (what ``kvfleet.airflow.context.run_info`` reads)."""
+def in_task(history: HistoryRepos, example_fleet: Path) -> Iterator[None]:
+    """The Airflow context of this run's ``cluster.stages`` (what ``kvfleet.airflow.context.run_info`` reads), its
+    run opened in the history with the inventory its plan task pinned."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InventoryWarning)
+        pinned = pin(example_fleet)
+    history.runs.start(RUN_KEY, dag_id="kvfleet_rollout", run_id=RUN_ID, trigger="manual", triggered_by="ann",
+                       params={}, inventory=pinned)
     dag_run = SimpleNamespace(dag_id="kvfleet_rollout", run_id=RUN_ID, run_type="manual", triggering_user_name="ann")
     with set_current_context({"dag_run": dag_run, "ti": SimpleNamespace(task_id="cluster.stages", map_index=0)}):  # type: ignore[typeddict-item]
         yield

@@ -1,0 +1,131 @@
+"""An inventory pinned to a run: the validated inventory as canonical JSON, its sha256, and the git revision of the
+file it came from.
+
+The first task of every DAG run (the rollout's ``plan``, the ``scope`` task of the drift check, the hit verification
+and the Curvine DAGs) reads the inventory file once, validates it, and stores what it validated with the run
+(``kvfleet.history.runs.Runs.start``). Every later task of the run, and its notifications, rebuild the inventory from
+that snapshot (:func:`inventory_of`), never from the file: an edit merged while a rollout waits at a gate changes the
+next run, not the waves left in this one. ``kvfleet audit runs`` shows the digest and the commit.
+
+The snapshot is the validated model, every field with its value (defaults written out), keys sorted, no
+whitespace: what was applied is readable without the kvfleet version that applied it. A field without a value
+(``None``) is left out, as the file would leave it out. It is validated again when read, by the same model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+from kvfleet.errors import InventoryError
+from kvfleet.fleet.inventory import Inventory, InventoryWarning, read_inventory_text
+from kvfleet.fleet.inventory.loader import Validated, validate_document, validate_text
+from kvfleet.fleet.inventory.messages import FleetProblems
+from kvfleet.fleet.inventory.values import inventory_from
+
+GIT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What a run applies: the inventory's canonical JSON (``body``), its sha256, the name of the file it was read
+    from, and, when that file lives in a git work tree, the commit checked out and whether the tree had changes
+    that were not committed (``None``: not in a git work tree, or git could not tell)."""
+
+    body: str
+    sha256: str
+    source: str
+    commit: str | None = None
+    dirty: bool | None = None
+
+    @property
+    def revision(self) -> str:
+        """How a person reads it: ``sha256:1a2b3c4d5e6f`` and the commit when there is one."""
+        text = f"sha256:{self.sha256[:12]}"
+        if self.commit:
+            text += f" at {self.commit[:12]}" + (" (uncommitted changes)" if self.dirty else "")
+        return text
+
+
+def _plain(model: BaseModel) -> dict[str, Any]:
+    """A validated model as JSON values, keyed as the file spells its keys, fields without a value left out (the
+    model refuses an explicit null where the file may only omit a key). A field's own mapping (an add-on's
+    ``configuration``) is kept whole, nulls included."""
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if value is None:
+            continue
+        key = info.alias or name
+        if isinstance(value, BaseModel):
+            out[key] = _plain(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, BaseModel) for v in value):
+            out[key] = [_plain(v) for v in value]
+        else:
+            out[key] = to_jsonable_python(value)
+    return out
+
+
+def canonical(checked: Validated) -> str:
+    """The validated inventory as canonical JSON: sorted keys, no whitespace, UTF-8 text as it is."""
+    return json.dumps(_plain(checked.fleet), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def git_revision(path: str | Path) -> tuple[str | None, bool | None]:
+    """(the commit checked out in the git work tree holding ``path``, whether that tree has changes not
+    committed), or (None, None) when ``path`` is not in a work tree or git cannot tell (git missing, a repository
+    owned by someone else, a timeout). Hooks and the file-system monitor are switched off: reading the revision
+    runs nothing the repository configures."""
+    directory = Path(path).resolve().parent
+    base = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C", str(directory)]
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    try:
+        head = subprocess.run([*base, "rev-parse", "--verify", "HEAD"], capture_output=True, text=True,
+                              timeout=GIT_TIMEOUT_S, env=env, check=False)
+        if head.returncode != 0:
+            return None, None
+        status = subprocess.run([*base, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, timeout=GIT_TIMEOUT_S, env=env, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    commit = head.stdout.strip()
+    return commit or None, (bool(status.stdout.strip()) if status.returncode == 0 else None)
+
+
+def pin(path: str | Path) -> Pinned:
+    """Read and validate the inventory at ``path`` and pin it. ``InventoryError`` lists every problem."""
+    p = Path(path)
+    source = p.name[:200]
+    try:
+        checked = validate_text(read_inventory_text(p), source)
+    except FleetProblems as exc:
+        raise InventoryError(exc.problems) from None
+    for w in checked.warnings:
+        warnings.warn(w, InventoryWarning, stacklevel=2)
+    body = canonical(checked)
+    commit, dirty = git_revision(p)
+    return Pinned(body=body, sha256=hashlib.sha256(body.encode()).hexdigest(), source=source, commit=commit,
+                  dirty=dirty)
+
+
+def inventory_of(pinned: Pinned) -> Inventory:
+    """The inventory a pinned snapshot holds, validated again by today's model. A snapshot that no longer validates
+    (stored by another kvfleet version, or changed in the database) is an ``InventoryError`` listing why."""
+    if hashlib.sha256(pinned.body.encode()).hexdigest() != pinned.sha256:
+        raise InventoryError([f"{pinned.source}: the pinned inventory does not match its digest "
+                              f"sha256:{pinned.sha256[:12]}; the history store's copy was changed: plan a new run"])
+    try:
+        checked = validate_document(json.loads(pinned.body), pinned.source)
+    except FleetProblems as exc:
+        raise InventoryError([f"(pinned {pinned.revision}) {p}" for p in exc.problems]) from None
+    return inventory_from(checked.fleet, pinned.source, checked.warnings)

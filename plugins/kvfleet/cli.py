@@ -362,7 +362,7 @@ def _audit_inventory(h: Any, args: argparse.Namespace) -> int:
     _out(f"# run {args.run}: {pinned['source']} sha256:{pinned['sha256']}"
          + (f" at {pinned['commit']}" + (" (uncommitted changes)" if pinned["dirty"] else "")
             if pinned["commit"] else ""))
-    _out(json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False))
+    _out(json.dumps(body, indent=2, sort_keys=True))
     return 0
 
 

@@ -96,6 +96,17 @@ def test_numbers_json_spells_differently_from_yaml_read_back(tmp_path: Path, exa
     assert dict(inventory_of(pinned).prices) == doc["prices"]
 
 
+def test_text_beyond_ascii_is_carried(tmp_path: Path, example_fleet: Path) -> None:
+    """Any character YAML lets through (an emoji, a lone surrogate from a "\\ud800" escape) is pinned as an ASCII
+    escape and reads back as written."""
+    doc = yaml.safe_load(example_fleet.read_text())
+    doc["lobs"][0]["description"] = "caf\u00e9 \U0001f600 \ud800"
+    text = yaml.safe_dump(doc, allow_unicode=False)
+    pinned = _pin_text(tmp_path, text)
+    assert pinned.body.isascii()
+    assert inventory_of(pinned).lobs[0].description == "caf\u00e9 \U0001f600 \ud800"
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",

@@ -76,8 +76,9 @@ def _plain(model: BaseModel) -> dict[str, Any]:
 
 
 def canonical(checked: Validated) -> str:
-    """The validated inventory as canonical JSON: sorted keys, no whitespace, UTF-8 text as it is."""
-    return json.dumps(_plain(checked.fleet), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    """The validated inventory as canonical JSON: sorted keys, no whitespace, ASCII (any other character escaped, so a
+    lone surrogate YAML lets through is carried too, and the digest never depends on an encoding)."""
+    return json.dumps(_plain(checked.fleet), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
 
 
@@ -88,7 +89,8 @@ def git_revision(path: str | Path) -> tuple[str | None, bool | None]:
     runs nothing the repository configures."""
     directory = Path(path).resolve().parent
     base = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C", str(directory)]
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},  # no GIT_DIR from the worker
+           "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
     try:
         head = subprocess.run([*base, "rev-parse", "--verify", "HEAD"], capture_output=True, text=True,
                               timeout=GIT_TIMEOUT_S, env=env, check=False)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import dataclasses
 import os
 import shutil
 import sys
@@ -43,16 +42,16 @@ def bench_inventory(clusters: int, per_cluster: int) -> Any:
 
     base = load_inventory(ROOT / "fleet.example.yaml")
     template = base.cluster("ml-prod-use1")
-    cls = tuple(dataclasses.replace(template, name=f"ml-bench-{i:02d}", region=("us-east-1", "us-west-2")[i % 2],
-                                    addons=tuple(dataclasses.replace(a, configuration={
-                                        **(a.configuration or {}), "tlsCertificateS3Bucket": f"tls-bench-{i:02d}"})
-                                        for a in template.addons))
-                for i in range(clusters))
+    cls = [template.model_copy(update={
+        "name": f"ml-bench-{i:02d}", "region": ("us-east-1", "us-west-2")[i % 2],
+        "addons": [a.model_copy(update={"configuration": {
+            **(a.configuration or {}), "tlsCertificateS3Bucket": f"tls-bench-{i:02d}"}}) for a in template.addons]})
+        for i in range(clusters)]
     eps = tuple(Endpoint(name=f"ep-{j:03d}", namespace=f"team-{j % 5}", lob=LOBS[j % 3], cluster=c.name,
-                         model="qwen2-7b-instruct", instance_type=template.gpu_instance_type, replicas=2)
+                         model="qwen2-7b-instruct", instance_type=template.gpu_nodes.instance_type, replicas=2)
                 for c in cls for j in range(per_cluster))
-    lobs = tuple(dataclasses.replace(lob, remediate_drift=False) for lob in base.lobs)  # observe only
-    return dataclasses.replace(base, lobs=lobs, clusters=cls, endpoints=eps)
+    lobs = [lob.model_copy(update={"remediate_drift": False}) for lob in base.lobs]  # observe only
+    return base.model_copy(update={"lobs": lobs, "clusters": cls, "endpoints": eps})
 
 
 def _ctx(inv: Any, cluster: str) -> Any:
@@ -86,7 +85,7 @@ def seed(twin: Any, inv: Any) -> None:
 
     eps = inv.endpoints_of(twin.name)
     for ep in eps:
-        iec = render_iec(dataclasses.replace(ep, replicas=0), inv.settings)  # pods are seeded below
+        iec = render_iec(ep.model_copy(update={"replicas": 0}), inv.settings)  # pods are seeded below
         twin.store.create(C.IEC_GROUP, C.IEC_PLURAL, iec)
     selector = f"{C.MANAGED_BY_LABEL}={C.MANAGED_BY_VALUE}"
     deadline = time.monotonic() + 300

@@ -10,7 +10,6 @@ and warnings go to stderr.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -142,10 +141,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # warnings: patch on a production cluster, fewer Curvine workers than GPU nodes, routing against the
     # workload, a model kvfleet cannot size; refusals (a model that does not fit, hash_seed) raised above, exit 2
     if args.json:
-        _json_dump({"source": inv.source, "warnings": list(inv.warnings), "settings": dataclasses.asdict(inv.settings),
-                    "lobs": [dataclasses.asdict(x) for x in inv.lobs],
-                    "clusters": [dataclasses.asdict(x) for x in inv.clusters],
-                    "endpoints": [dataclasses.asdict(x) for x in inv.endpoints], "prices": dict(inv.prices)})
+        _json_dump({"source": inv.source, "warnings": list(inv.warnings), **inv.model_dump(mode="json")})
         return 0
     noted = f"; {len(caught)} warning(s) on stderr" if caught else ""
     _out(f"{args.fleet}: valid — {len(inv.lobs)} LOBs, {len(inv.clusters)} clusters, "

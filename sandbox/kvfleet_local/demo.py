@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         from kvfleet.fleet.inventory import load_inventory
 
         for cluster in load_inventory(fleet).clusters:  # one worker per GPU node: live workers and capacity 100Gi x N
-            spec = cluster.curvine
-            _step(f"Curvine on {cluster.name}: {spec.worker_replicas} workers, {spec.capacity_text} "
+            workers = cluster.curvine_workers
+            _step(f"Curvine on {cluster.name}: {workers} workers, {cluster.curvine.worker.capacity(workers)} "
                   f"(kvfleet audit curvine --cluster {cluster.name})")
             _run([sys.executable, "-m", "kvfleet.cli", "audit", "curvine", "--cluster", cluster.name], env)
 

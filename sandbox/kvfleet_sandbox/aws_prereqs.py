@@ -32,11 +32,9 @@ from botocore.exceptions import ClientError
 from kvfleet.fleet.constants import OPERATOR_ADDON, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE
 
 if TYPE_CHECKING:
+    from kvfleet.fleet.inventory import Cluster
     from kvfleet_sandbox.aws import AwsEmulator
 
-# An inventory cluster (``kvfleet.fleet.inventory.Cluster``: ``name``, ``region``, ``addon(name)``); typed loosely
-# because the sandbox imports nothing of the product but ``fleet.constants``.
-Cluster = Any
 
 EBS_CSI_ROLE = "aws-ebs-csi-dri-role"
 EBS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"

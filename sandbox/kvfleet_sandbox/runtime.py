@@ -53,11 +53,12 @@ from urllib.parse import urlsplit
 import yaml
 
 from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
+from kvfleet.fleet.inventory import Cluster, Inventory
 from kvfleet_sandbox.admin import AdminServer
 from kvfleet_sandbox.aws import AwsEmulator
 from kvfleet_sandbox.aws_prereqs import seed_prerequisites
 from kvfleet_sandbox.controllers import CONTROLLER_MODULES, MODULE_NAMES
-from kvfleet_sandbox.fleet_reader import ClusterLike, FleetLike, read_fleet
+from kvfleet_sandbox.fleet_reader import read_fleet
 from kvfleet_sandbox.kube import KubeApiServer, KubeStore
 from kvfleet_sandbox.kube.auth import Authenticator, UserInfo, presigned_token
 from kvfleet_sandbox.kube.tls import TlsMaterial, make_tls
@@ -100,7 +101,7 @@ def eks_token(region: str) -> str:
 class Sandbox:
     """A started sandbox; :meth:`stop` ends everything it started and is safe to call twice."""
 
-    inventory: FleetLike  # the sandbox's own Fleet, or the product Inventory a caller passed in
+    inventory: Inventory  # read from the fleet file, or the one a caller passed in
     settings: SandboxSettings
     state_dir: Path
     clock: Clock
@@ -197,13 +198,13 @@ class Sandbox:
 
 
 def start_sandbox(
-    fleet: str | Path | FleetLike,
+    fleet: str | Path | Inventory,
     state_dir: str | Path,
     settings: SandboxSettings | None = None,
     controllers: tuple[str, ...] | None = None,
 ) -> Sandbox:
-    """Start the twin of ``fleet`` (a fleet YAML path, read by :mod:`kvfleet_sandbox.fleet_reader`, or an object
-    of that shape such as a product ``Inventory``); on any failure, stop what was started and re-raise."""
+    """Start the twin of ``fleet`` (a fleet YAML path, read by :mod:`kvfleet_sandbox.fleet_reader`, or the product's
+    ``Inventory``); on any failure, stop what was started and re-raise."""
     inventory = read_fleet(fleet) if isinstance(fleet, str | Path) else fleet
     settings = settings or SandboxSettings()
     root = Path(state_dir)
@@ -273,7 +274,7 @@ def _authenticator(sandbox: Sandbox) -> Authenticator:
                          sts_origins={sandbox.aws.url.rstrip("/")})
 
 
-def _bootstrap_rbac(store: KubeStore, inventory: FleetLike, cluster: ClusterLike) -> None:
+def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) -> None:
     """The kvfleet-bootstrap bundle a cluster admin applies before kvfleet's first rollout (k8s/rbac/README.md,
     ``kvfleet bootstrap --print``): cluster.yaml, endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster,
     endpoint-namespaces.yaml as tools/render-k8s-manifests.py renders it for this inventory (each namespace with
@@ -342,7 +343,7 @@ def _curvine_rbac(namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:
+def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
     store = KubeStore(cluster.name)
     server = KubeApiServer(store, "127.0.0.1", 0, tls=sandbox.tls, authenticator=_authenticator(sandbox))
     if sandbox.rbac_enforced:
@@ -356,8 +357,8 @@ def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:
         cluster.name,
         cluster.region,
         eks,
-        [{"InstanceGroupName": GPU_GROUP, "InstanceType": cluster.gpu_instance_type,
-          "InstanceCount": cluster.gpu_node_count}],
+        [{"InstanceGroupName": GPU_GROUP, "InstanceType": cluster.gpu_nodes.instance_type,
+          "InstanceCount": cluster.gpu_nodes.count}],
         # An inventory that declares no NodeRecovery (None) gets what CreateCluster leaves: Automatic.
         node_recovery=cluster.node_recovery or NODE_RECOVERY_DEFAULT,
     )
@@ -373,7 +374,7 @@ def _start_cluster(sandbox: Sandbox, cluster: ClusterLike, index: int) -> None:
         aws=aws,
         clock=sandbox.clock,
         settings=sandbox.settings,
-        gpu_instance_type=cluster.gpu_instance_type,
+        gpu_instance_type=cluster.gpu_nodes.instance_type,
         gpu_nodes=[n["metadata"]["name"] for n in nodes],
         rng=random.Random(sandbox.settings.seed + index),
     )
@@ -387,7 +388,7 @@ def _capacity(instance_type: str) -> dict[str, str]:
             "ephemeral-storage": "524275692Ki", "nvidia.com/gpu": str(gpus_per_instance(instance_type))}
 
 
-def _node(summary: dict[str, Any], cluster: ClusterLike, index: int) -> dict[str, Any]:
+def _node(summary: dict[str, Any], cluster: Cluster, index: int) -> dict[str, Any]:
     """A Node as HyperPod's EKS orchestration registers it: ``hyperpod-<instance id>``."""
     instance_id = summary["InstanceId"]
     name = f"hyperpod-{instance_id}"
@@ -395,7 +396,7 @@ def _node(summary: dict[str, Any], cluster: ClusterLike, index: int) -> dict[str
     octets = re.findall(r"\d+", dns.split(".")[0])
     ip = ".".join(octets[:4]) if len(octets) >= 4 else f"10.1.{index // 250}.{index % 250 + 1}"
     zone = f"{cluster.region}{'abc'[index % 3]}"
-    capacity = _capacity(cluster.gpu_instance_type)
+    capacity = _capacity(cluster.gpu_nodes.instance_type)
     allocatable = dict(capacity, cpu=f"{int(capacity['cpu']) * 1000 - 90}m")
     stamp = summary["LaunchTime"].strftime("%Y-%m-%dT%H:%M:%SZ")
     condition = {"lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
@@ -413,7 +414,7 @@ def _node(summary: dict[str, Any], cluster: ClusterLike, index: int) -> dict[str
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                "node.kubernetes.io/instance-type": cluster.gpu_instance_type,
+                "node.kubernetes.io/instance-type": cluster.gpu_nodes.instance_type,
                 "topology.kubernetes.io/region": cluster.region,
                 "topology.kubernetes.io/zone": zone,
                 "sagemaker.amazonaws.com/compute-type": "hyperpod",
@@ -438,11 +439,11 @@ def _node(summary: dict[str, Any], cluster: ClusterLike, index: int) -> dict[str
     }
 
 
-def _seed_eks_defaults(store: KubeStore, cluster: ClusterLike, node_count: int) -> None:
+def _seed_eks_defaults(store: KubeStore, cluster: Cluster, node_count: int) -> None:
     """What EKS and the EBS CSI add-on put in a cluster before kvfleet arrives (stage 3 checks for them)."""
     classes = [cluster.ebs_storage_class]
-    if cluster.curvine.master_storage_class not in classes:
-        classes.append(cluster.curvine.master_storage_class)
+    if cluster.curvine.master.storage_class not in classes:
+        classes.append(cluster.curvine.master.storage_class)
     for i, sc in enumerate(classes):
         store.create("storage.k8s.io", "storageclasses", {
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",

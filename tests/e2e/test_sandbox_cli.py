@@ -58,7 +58,7 @@ def test_up_status_down(tmp_path: Path) -> None:
             got = subprocess.run(["bash", "-c", f"source {state / 'env'} && kubectl --context {cluster.name} "
                                   "get nodes -o name"], capture_output=True, text=True, timeout=30)
             assert got.returncode == 0, got.stderr
-            assert len(got.stdout.split()) == cluster.gpu_node_count
+            assert len(got.stdout.split()) == cluster.gpu_nodes.count
             sagemaker = boto3.client("sagemaker", region_name=cluster.region, endpoint_url=env["AWS_ENDPOINT_URL"],
                                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])

@@ -8,7 +8,6 @@ then check the invariants. Each invariant is a bool with its evidence, so the be
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -122,7 +121,7 @@ class FaultEnv:
     def inventory_for_matrix() -> Inventory:
         inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
         eps = tuple(e for e in inv.endpoints if e.cluster == PROD and e.name in ROLLED)
-        return dataclasses.replace(inv, endpoints=eps)
+        return inv.model_copy(update={"endpoints": eps})
 
     # --- contexts, admin, counters --------------------------------------------------------------------------
 
@@ -199,21 +198,23 @@ class FaultEnv:
     # --- steps: make work, run ----------------------------------------------------------------------------
 
     def _flip_cluster(self, cluster: str, **changes: Any) -> None:
-        clusters = tuple(dataclasses.replace(c, **changes) if c.name == cluster else c for c in self.inv.clusters)
-        self.inv = dataclasses.replace(self.inv, clusters=clusters)
+        clusters = [c.model_copy(update=changes) if c.name == cluster else c for c in self.inv.clusters]
+        self.inv = self.inv.model_copy(update={"clusters": clusters})
 
     def prepare(self, step: str) -> str:
         """Give the step something to do; return the cluster it acts on."""
         self.flips += 1
         if step == "stage1_update_cluster":
-            self._flip_cluster(PROD, memory_percent=25 if self.inv.cluster(PROD).memory_percent != 25 else 30)
+            tiered = self.inv.cluster(PROD).tiered_storage
+            self._flip_cluster(PROD, tiered_storage=tiered.model_copy(
+                update={"memory_percent": 25 if tiered.memory_percent != 25 else 30}))
             return PROD
         if step == "stage2_addon":
             spec = self.inv.cluster(PROD).addon(ADDON)
             conf = dict(spec.configuration or {})
             conf["keda"] = {"enabled": not bool((conf.get("keda") or {}).get("enabled"))}
-            addons = tuple(dataclasses.replace(a, configuration=conf) if a.name == ADDON else a
-                           for a in self.inv.cluster(PROD).addons)
+            addons = [a.model_copy(update={"configuration": conf}) if a.name == ADDON else a
+                      for a in self.inv.cluster(PROD).addons]
             self._flip_cluster(PROD, addons=addons)
             return PROD
         if step == "stage3_curvine":

@@ -153,11 +153,11 @@ def _ctx(inv: Inventory, cluster: str) -> Any:
 
 def _changed_operator_config(inv: Inventory, cluster: str) -> Inventory:
     def change(cl: Any) -> Any:
-        addons = tuple(dataclasses.replace(a, configuration={**dict(a.configuration or {}), "kvfleetTest": True})
-                       if a.name == C.OPERATOR_ADDON else a for a in cl.addons)
-        return dataclasses.replace(cl, addons=addons)
+        addons = [a.model_copy(update={"configuration": {**dict(a.configuration or {}), "kvfleetTest": True}})
+                  if a.name == C.OPERATOR_ADDON else a for a in cl.addons]
+        return cl.model_copy(update={"addons": addons})
 
-    return dataclasses.replace(inv, clusters=tuple(change(c) if c.name == cluster else c for c in inv.clusters))
+    return inv.model_copy(update={"clusters": [change(c) if c.name == cluster else c for c in inv.clusters]})
 
 
 def _replay_cluster(sandbox: Any, inv: Inventory, cluster: str) -> None:
@@ -271,9 +271,9 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
     inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     # The patch cluster is replayed with the scale-to-zero strategy: `auto` rolls 2-replica endpoints (no scale
     # subresource), and the scale grant must still be proven used, since scale-to-zero needs it.
-    inv = dataclasses.replace(inv, clusters=tuple(
-        dataclasses.replace(c, update_strategy="scale-to-zero") if c.name == PATCH_CLUSTER else c
-        for c in inv.clusters))
+    inv = inv.model_copy(update={"clusters": [
+        c.model_copy(update={"update_strategy": "scale-to-zero"}) if c.name == PATCH_CLUSTER else c
+        for c in inv.clusters]})
     sandbox = start_sandbox(inv, tmp_path_factory.mktemp("rbac-sandbox"), SandboxSettings(time_scale=0.01))
     try:
         with pytest.MonkeyPatch.context() as mp:

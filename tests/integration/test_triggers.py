@@ -12,7 +12,6 @@ The ``timeout`` of ``_first_event`` is a guard against a hang, not a timed asser
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
@@ -43,8 +42,7 @@ ROLLED = ("retail-assistant", "payments-disputes")
 
 def _inventory() -> Inventory:
     inv = load_inventory(ROOT / "fleet.example.yaml")
-    return dataclasses.replace(inv, endpoints=tuple(e for e in inv.endpoints
-                                                    if e.cluster != PROD or e.name in ROLLED))
+    return inv.model_copy(update={"endpoints": [e for e in inv.endpoints if e.cluster != PROD or e.name in ROLLED]})
 
 
 def rbac_with_watch(target: Path) -> Path:

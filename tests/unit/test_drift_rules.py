@@ -53,10 +53,10 @@ def _objects(ep: Any, settings: Any, **kw: Any) -> tuple[dict[str, Any], dict[st
 
 def converged(inv: Any, cluster: str) -> rules.ClusterObservation:
     cl = inv.cluster(cluster)
-    obs = rules.ClusterObservation(now=NOW, tiered_mode="Enable", tiered_percent=cl.memory_percent,
+    obs = rules.ClusterObservation(now=NOW, tiered_mode="Enable", tiered_percent=cl.tiered_storage.memory_percent,
                                    operator={"metadata": {"annotations": {}}, "spec": {"replicas": 1}},
                                    curvine_values={"cluster": {f: False for f in C.FORMAT_FLAGS}},
-                                   curvine_live_workers=cl.curvine.worker_replicas,
+                                   curvine_live_workers=cl.curvine_workers,
                                    policy=kyverno_policy(inv.settings), policy_checked=cl.l2_injection == "kyverno")
     obs.addons = {n: {"status": "ACTIVE", "version": "v1", "diffs": []} for n in C.ADDON_ORDER}
     for ep in inv.endpoints_of(cluster):
@@ -253,7 +253,7 @@ def test_overloaded_kinds_are_split_so_a_query_by_kind_tells_the_truth(inv: Any)
     assert rel.kind == "curvine_release_missing" and rel.severity == "high"
     (unread,) = rules.curvine_findings(cl, {"cluster": {}}, None, "master API: timeout")
     assert unread.kind == "curvine_master_unreadable" and unread.actual == "unknown: master API: timeout"
-    (mismatch,) = rules.curvine_findings(cl, {"cluster": {}}, cl.curvine.worker_replicas + 1, None)
+    (mismatch,) = rules.curvine_findings(cl, {"cluster": {}}, cl.curvine_workers + 1, None)
     assert mismatch.kind == "curvine_workers_mismatch"
     changed = kyverno_policy(inv.settings)
     changed["spec"]["background"] = True

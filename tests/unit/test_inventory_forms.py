@@ -4,7 +4,6 @@ the validator (`load_inventory`), by the CLI (`kvfleet validate --json`), by the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -66,8 +65,8 @@ def test_the_cli_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
     a, b = (_cli_json(p) for p in forms)
     assert (a["clusters"], a["endpoints"], a["lobs"]) == (b["clusters"], b["endpoints"], b["lobs"])
     inv = _load(forms[0])
-    assert a["clusters"] == [json.loads(json.dumps(dataclasses.asdict(c))) for c in inv.clusters]
-    assert a["endpoints"] == [json.loads(json.dumps(dataclasses.asdict(e))) for e in inv.endpoints]
+    assert a["clusters"] == [c.model_dump(mode="json") for c in inv.clusters]
+    assert a["endpoints"] == [e.model_dump(mode="json") for e in inv.endpoints]
 
 
 def test_the_drift_watch_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
@@ -84,8 +83,8 @@ def test_the_twin_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
     a, b = (read_fleet(p) for p in forms)
     assert a.clusters == b.clusters and a.endpoints == b.endpoints
     inv = _load(forms[0])
-    assert [(c.name, c.region, c.gpu_node_count, c.gpu_instance_type, c.l2_injection, c.ebs_storage_class)
-            for c in a.clusters] == [(c.name, c.region, c.gpu_node_count, c.gpu_instance_type, c.l2_injection,
+    assert [(c.name, c.region, c.gpu_nodes.count, c.gpu_nodes.instance_type, c.l2_injection, c.ebs_storage_class)
+            for c in a.clusters] == [(c.name, c.region, c.gpu_nodes.count, c.gpu_nodes.instance_type, c.l2_injection,
                                       c.ebs_storage_class) for c in inv.clusters]
     assert [(e.name, e.namespace, e.cluster) for e in a.endpoints] == [
         (e.name, e.namespace, e.cluster) for e in inv.endpoints]

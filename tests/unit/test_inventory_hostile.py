@@ -132,7 +132,7 @@ def test_a_host_path_outside_the_prefixes_is_refused(path: str) -> None:
 @pytest.mark.parametrize("path", ["/mnt/nvme/curvine", "/data/curvine", "/opt/dlami/nvme/curvine-data"])
 def test_a_host_path_under_a_default_prefix_is_fine(path: str) -> None:
     inv = _parse(_text(lambda d: d["clusters"][0].update(curvine={"worker": {"host_path": path}})))
-    assert inv.clusters[0].curvine.worker_host_path == path
+    assert inv.clusters[0].curvine.worker.host_path == path
 
 
 def test_the_prefixes_are_an_inventory_setting() -> None:
@@ -140,7 +140,7 @@ def test_the_prefixes_are_an_inventory_setting() -> None:
         d["settings"] = {"curvine_host_path_prefixes": ["/srv/nvme"]}
         d["clusters"][0]["curvine"] = {"worker": {"host_path": "/srv/nvme/curvine"}}
 
-    assert _parse(_text(custom)).clusters[0].curvine.worker_host_path == "/srv/nvme/curvine"
+    assert _parse(_text(custom)).clusters[0].curvine.worker.host_path == "/srv/nvme/curvine"
     problems = _problems(_text(lambda d: (custom(d), d["clusters"][0]["curvine"]["worker"].update(
         host_path="/mnt/curvine"))))
     assert any("/srv/nvme" in p and "host_path" in p for p in problems), problems
@@ -176,7 +176,7 @@ def test_a_private_webhook_is_allowed_by_an_explicit_range() -> None:
         d["settings"] = {"webhook_private_ranges": ["10.1.0.0/16"]}
         d["lobs"][0]["notify"] = {"webhook_url": "https://10.1.2.3/x"}
 
-    assert _parse(_text(allowed)).lob("retail").notify_webhook_url == "https://10.1.2.3/x"
+    assert _parse(_text(allowed)).lob("retail").notify.webhook_url == "https://10.1.2.3/x"
     problems = _problems(_text(lambda d: (allowed(d), d["lobs"][0]["notify"].update(
         webhook_url="http://169.254.169.254/"))))
     assert any("instance metadata service" in p for p in problems), problems
@@ -186,7 +186,7 @@ def test_a_private_webhook_is_allowed_by_an_explicit_range() -> None:
 
 def test_a_public_webhook_is_fine() -> None:
     inv = _parse(_text(lambda d: d["lobs"][0].update(notify={"webhook_url": "https://hooks.example.com/k"})))
-    assert inv.lob("retail").notify_webhook_url == "https://hooks.example.com/k"
+    assert inv.lob("retail").notify.webhook_url == "https://hooks.example.com/k"
 
 
 # ---- --fleet given a file that is not an inventory ---------------------------------------------------------------

@@ -45,18 +45,18 @@ def _parse(text: str):  # type: ignore[no-untyped-def]
 # --- notify (per LOB) ----------------------------------------------------------------------------------------
 
 def test_notify_is_optional_and_parsed() -> None:
-    assert _parse(yaml.safe_dump(BASE)).lob("retail").notify_sns_topic_arn is None
+    assert _parse(yaml.safe_dump(BASE)).lob("retail").notify.sns_topic_arn is None
     inv = _parse(_with(lambda d: d["lobs"][0].update(
         notify={"sns_topic_arn": TOPIC, "webhook_url": "https://hooks.example.com/kvfleet"})))
     lob = inv.lob("retail")
-    assert (lob.notify_sns_topic_arn, lob.notify_webhook_url) == (TOPIC, "https://hooks.example.com/kvfleet")
+    assert (lob.notify.sns_topic_arn, lob.notify.webhook_url) == (TOPIC, "https://hooks.example.com/kvfleet")
     def private_hook(d: dict[str, Any]) -> None:
         d["lobs"][0].update(notify={"webhook_url": "http://10.0.0.5:8080/h"})
         d["settings"] = {"webhook_private_ranges": ["10.0.0.0/24"]}  # a private target, allowed explicitly
 
     only_hook = _parse(_with(private_hook))
-    assert only_hook.lob("retail").notify_sns_topic_arn is None
-    assert only_hook.lob("retail").notify_webhook_url == "http://10.0.0.5:8080/h"
+    assert only_hook.lob("retail").notify.sns_topic_arn is None
+    assert only_hook.lob("retail").notify.webhook_url == "http://10.0.0.5:8080/h"
 
 
 @pytest.mark.parametrize("arn", ["arn:aws:sqs:us-east-1:123456789012:q", "arn:aws:sns:us-east-1:1234:t",
@@ -161,9 +161,9 @@ def test_unknown_l2_mode_names_auto_too() -> None:
 
 def test_workers_default_to_the_gpu_node_count() -> None:
     inv = _parse(_with(lambda d: d["clusters"][0]["gpu_nodes"].update(count=5)))
-    spec = inv.clusters[0].curvine
-    assert (spec.worker_replicas, spec.worker_replicas_declared) == (5, False)
-    assert spec.capacity_text == "100Gi × 5 = 500Gi"
+    cluster = inv.clusters[0]
+    assert (cluster.curvine_workers, cluster.curvine.worker.replicas) == (5, None)  # None: not declared
+    assert cluster.curvine.worker.capacity(cluster.curvine_workers) == "100Gi × 5 = 500Gi"
 
 
 @pytest.mark.parametrize("workers, words", [(2, "is below the cluster's 5 GPU nodes"),
@@ -171,7 +171,7 @@ def test_workers_default_to_the_gpu_node_count() -> None:
 def test_an_explicit_worker_count_is_an_override_warned_when_it_differs(workers: int, words: str) -> None:
     inv, said = _warned(_with(lambda d: (d["clusters"][0]["gpu_nodes"].update(count=5),
                                          d["clusters"][0].update(curvine={"worker": {"replicas": workers}}))))
-    assert inv.clusters[0].curvine.worker_replicas == workers  # type: ignore[attr-defined]
+    assert inv.clusters[0].curvine_workers == workers
     (w,) = [m for m in said if "worker.replicas" in m]
     assert w.startswith(f"fleet.yaml: clusters.c1.curvine.worker.replicas: {workers} {words}")
     assert "set it to 5" in w
@@ -185,12 +185,12 @@ def test_an_explicit_worker_count_is_an_override_warned_when_it_differs(workers:
 @pytest.mark.parametrize("value", ["Automatic", "None"])
 def test_node_recovery_declared(value: str) -> None:
     c = _parse(_with(lambda d: d["clusters"][0].update(node_recovery=value))).clusters[0]
-    assert (c.node_recovery, c.node_recovery_declared) == (value, True)
+    assert c.node_recovery == value
 
 
 def test_node_recovery_not_declared_is_none() -> None:
     c = _parse(yaml.safe_dump(BASE)).clusters[0]
-    assert (c.node_recovery, c.node_recovery_declared) == (None, False)
+    assert c.node_recovery is None
 
 
 def test_unquoted_none_in_yaml_is_the_string_none() -> None:
@@ -241,7 +241,8 @@ def test_a_7b_model_fits_and_the_plan_shows_its_kv_room() -> None:
 
     inv = _parse(_on_g6e(model="qwen2-7b-instruct"))
     ep = inv.endpoints[0]
-    assert (ep.catalogue_model, ep.model_params_b, ep.dtype) == ("qwen2-7b-instruct", 7.62, "bf16")
+    assert (ep.size.catalogue_model, ep.size.params_b, ep.size.dtype) == ("qwen2-7b-instruct", 7.62, "bf16")
+    assert (ep.model_params_b, ep.dtype) == (None, None)  # what the file declares
     plan = make_plan(inv, canary=False)
     (fit,) = [e["model_fit"] for w in plan.as_dict()["clusters"][0]["waves"] for e in w["endpoints"]]
     # the seed: "um modelo de 7B em bf16 usa cerca de 14 GB para pesos, deixando mais de 30 GB para blocos KV"
@@ -252,16 +253,16 @@ def test_a_7b_model_fits_and_the_plan_shows_its_kv_room() -> None:
 
 def test_explicit_params_and_dtype() -> None:
     inv = _parse(_on_g6e(model="my-model", model_params_b=13, dtype="fp16"))
-    assert (inv.endpoints[0].model_params_b, inv.endpoints[0].dtype, inv.endpoints[0].catalogue_model) == \
-        (13.0, "fp16", None)
+    size = inv.endpoints[0].size
+    assert (size.params_b, size.dtype, size.catalogue_model) == (13.0, "fp16", None)
     (msg,) = _problems(_on_g6e(model="my-model", model_params_b=30, dtype="bf16"))
     assert msg.startswith("fleet.yaml: endpoints[0](chat).model_params_b: a 30 B-parameter model in bf16 needs")
-    assert _parse(_on_g6e(model="my-model", model_params_b=30, dtype="fp8")).endpoints[0].dtype == "fp8"  # fits
+    assert _parse(_on_g6e(model="my-model", model_params_b=30, dtype="fp8")).endpoints[0].size.dtype == "fp8"  # fits
 
 
 def test_a_smaller_dtype_makes_a_catalogue_model_fit() -> None:
     inv = _parse(_on_g6e(model="qwen2-5-32b-instruct", dtype="fp8", model_id="Qwen/Qwen2.5-32B-Instruct"))
-    assert (inv.endpoints[0].model_params_b, inv.endpoints[0].dtype) == (32.76, "fp8")
+    assert (inv.endpoints[0].size.params_b, inv.endpoints[0].size.dtype) == (32.76, "fp8")
 
 
 @pytest.mark.parametrize("extra, field, words", [
@@ -277,7 +278,7 @@ def test_explicit_size_refused(extra: dict[str, object], field: str, words: str)
 
 def test_an_unknown_model_is_a_warning_not_a_guess() -> None:
     inv, said = _warned(_on_g6e(model="mystery", model_id="acme/mystery-70b"))
-    assert inv.endpoints[0].model_params_b is None  # type: ignore[attr-defined]
+    assert inv.endpoints[0].size.params_b is None
     assert any("is not in kvfleet's model catalogue" in m and "model_params_b" in m for m in said)
 
 
@@ -349,9 +350,9 @@ def test_the_example_fleet_follows_the_sources() -> None:
     said = [str(w.message) for w in caught]
     assert all(e.workload for e in inv.endpoints) and said == []
     assert inv.cluster("ml-prod-use1").l2_injection == "kyverno"
-    assert [(c.name, c.curvine.worker_replicas) for c in inv.clusters] == [("ml-prod-use1", 16), ("ml-stage-usw2", 12)]
-    assert [e.catalogue_model for e in inv.endpoints] == ["qwen2-7b-instruct"] * 12
-    assert inv.lob("support").notify_sns_topic_arn and inv.prices
+    assert [(c.name, c.curvine_workers) for c in inv.clusters] == [("ml-prod-use1", 16), ("ml-stage-usw2", 12)]
+    assert [e.size.catalogue_model for e in inv.endpoints] == ["qwen2-7b-instruct"] * 12
+    assert inv.lob("support").notify.sns_topic_arn and inv.prices
 
 
 # --- acceptance through the real CLI -------------------------------------------------------------------------

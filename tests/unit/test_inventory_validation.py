@@ -39,8 +39,7 @@ def test_defaults_follow_the_sources() -> None:
     inv = parse_inventory(yaml.safe_dump(BASE))
     c = inv.clusters[0]
     # node_recovery not declared: None, so stage 1 keeps the cluster's live value
-    assert (c.memory_percent, c.node_recovery, c.tiered_storage_mode) == (20, None, "Enable")
-    assert c.node_recovery_declared is False
+    assert (c.tiered_storage.memory_percent, c.node_recovery, c.tiered_storage.mode) == (20, None, "Enable")
     s = inv.settings
     assert (s.chunk_size, s.l2_url, s.serde, s.hash_seed) == (
         256, "fs://localhost:0/mnt/curvine/l2cache/", "naive", "0")

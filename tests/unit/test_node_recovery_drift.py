@@ -14,8 +14,8 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _cluster(name: str, node_recovery: str | None = None) -> Cluster:
-    return Cluster(name=name, region="us-east-1", gpu_node_count=2, gpu_instance_type="ml.g5.4xlarge",
-                   node_recovery=node_recovery)
+    declared = {} if node_recovery is None else {"node_recovery": node_recovery}  # None: the key left out
+    return Cluster(name=name, region="us-east-1", gpu_nodes={"count": 2, "instance_type": "ml.g5.4xlarge"}, **declared)
 
 
 def test_declared_value_the_cluster_lacks_is_a_finding() -> None:
@@ -40,7 +40,7 @@ def test_classify_reports_node_recovery_mismatch_for_a_declared_cluster() -> Non
     declared = cl.node_recovery
     want = declared or "Automatic"
     other = "None" if want == "Automatic" else "Automatic"
-    obs = rules.ClusterObservation(now=NOW, tiered_mode="Enable", tiered_percent=cl.memory_percent,
+    obs = rules.ClusterObservation(now=NOW, tiered_mode="Enable", tiered_percent=cl.tiered_storage.memory_percent,
                                    node_recovery=other)
     kinds = [f.kind for f in rules.classify(inv, name, obs)]
     assert ("node_recovery_mismatch" in kinds) is (declared is not None)

@@ -57,7 +57,7 @@ def test_a_unicode_digit_is_no_digit_of_an_arn_in_either_reader(arn: str) -> Non
 def test_a_valid_arn_passes_both_readers() -> None:
     arn = "arn:aws:sns:us-east-1:123456789012:kvfleet-retail"
     assert load_settings({"KVFLEET_NOTIFY_SNS_TOPIC_ARN": arn}).notify_sns_topic_arn == arn
-    assert parse_inventory(FLEET.format(notify=f"sns_topic_arn: '{arn}'")).lob("retail").notify_sns_topic_arn == arn
+    assert parse_inventory(FLEET.format(notify=f"sns_topic_arn: '{arn}'")).lob("retail").notify.sns_topic_arn == arn
 
 
 def test_a_chart_repository_port_out_of_range_is_refused_by_both_readers() -> None:

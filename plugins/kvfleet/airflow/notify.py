@@ -141,8 +141,9 @@ def _lob_destinations(inventory: Any, lob: str) -> tuple[str, str]:
     Read with getattr: an inventory without the fields (an older one) has no LOB destinations."""
     for item in getattr(inventory, "lobs", None) or ():
         if getattr(item, "name", None) == lob:
-            return (str(getattr(item, "notify_sns_topic_arn", None) or "").strip(),
-                    str(getattr(item, "notify_webhook_url", None) or "").strip())
+            to = getattr(item, "notify", None)
+            return (str(getattr(to, "sns_topic_arn", None) or "").strip(),
+                    str(getattr(to, "webhook_url", None) or "").strip())
     return "", ""
 
 
@@ -508,7 +509,7 @@ def _params(context: Any) -> dict[str, Any]:
 
 
 def _any_lob_destination(inventory: Any | None) -> bool:
-    return any(getattr(lob, "notify_sns_topic_arn", None) or getattr(lob, "notify_webhook_url", None)
+    return any(getattr(to := getattr(lob, "notify", None), "sns_topic_arn", None) or getattr(to, "webhook_url", None)
                for lob in getattr(inventory, "lobs", None) or ())
 
 

@@ -66,20 +66,20 @@ def install_values(cluster: Cluster) -> dict[str, Any]:
     """Values of the first install (docs/reference/curvine.md#format-flags): format flags true for the first start."""
     spec: CurvineSpec = cluster.curvine
     values: dict[str, Any] = {k: True for k in FLAG_KEYS}
-    values.update(sizing_values(spec))
+    values.update(sizing_values(cluster))
     values.update(NO_CHART_RBAC)
     values.update({
-        "master.storage.meta.storageClass": spec.master_storage_class,
-        "master.storage.meta.size": spec.master_meta_size,
-        "master.storage.journal.storageClass": spec.master_storage_class,
-        "master.storage.journal.size": spec.master_journal_size,
+        "master.storage.meta.storageClass": spec.master.storage_class,
+        "master.storage.meta.size": spec.master.meta_size,
+        "master.storage.journal.storageClass": spec.master.storage_class,
+        "master.storage.journal.size": spec.master.journal_size,
         "master.nodeSelector." + COMPUTE_TYPE_LABEL.replace(".", "\\."): COMPUTE_TYPE_VALUE,
         **placement_values(),
         "worker.storage.dataDirs[0].name": "data1",
         "worker.storage.dataDirs[0].type": "SSD",
         "worker.storage.dataDirs[0].enabled": True,
         "worker.storage.dataDirs[0].storageClass": "",
-        "worker.storage.dataDirs[0].hostPath": spec.worker_host_path,
+        "worker.storage.dataDirs[0].hostPath": spec.worker.host_path,
         "worker.storage.dataDirs[0].mountPath": "/data/data1",
     })
     return values
@@ -90,11 +90,11 @@ def placement_values() -> dict[str, Any]:
     return {WORKER_NODE_SELECTOR_KEY: COMPUTE_TYPE_VALUE, **WORKER_ANTI_AFFINITY}
 
 
-def sizing_values(spec: CurvineSpec) -> dict[str, Any]:
+def sizing_values(cluster: Cluster) -> dict[str, Any]:
     return {
-        "master.replicas": spec.master_replicas,
-        "worker.replicas": spec.worker_replicas,
-        "worker.storage.dataDirs[0].size": spec.worker_size,
+        "master.replicas": cluster.curvine.master.replicas,
+        "worker.replicas": cluster.curvine_workers,
+        "worker.storage.dataDirs[0].size": cluster.curvine.worker.size,
     }
 
 

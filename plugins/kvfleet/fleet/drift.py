@@ -267,12 +267,12 @@ def unmanaged_findings(cluster: str, inv: Inventory, iecs: Iterable[Mapping[str,
 
 
 def tiered_storage_findings(cl: Cluster, mode: str | None, percent: int | None) -> list[Finding]:
-    want_on = cl.tiered_storage_mode == "Enable"
-    ok = (mode == "Enable" and percent == cl.memory_percent) if want_on else mode == "Disable"
+    want_on = cl.tiered_storage.mode == "Enable"
+    ok = (mode == "Enable" and percent == cl.tiered_storage.memory_percent) if want_on else mode == "Disable"
     if ok:
         return []
-    want = cl.tiered_storage_mode + (f",InstanceMemoryAllocationPercentage={cl.memory_percent}"
-                                     if cl.tiered_storage_mode == "Enable" else "")
+    want = cl.tiered_storage.mode + (f",InstanceMemoryAllocationPercentage={cl.tiered_storage.memory_percent}"
+                                     if cl.tiered_storage.mode == "Enable" else "")
     have = f"{mode}" + (f",InstanceMemoryAllocationPercentage={percent}" if mode == "Enable" else "")
     return [Finding("tiered_storage_mismatch", cl.name, f"HyperPodCluster/{cl.name}", "TieredStorageConfig",
                     f"Mode={want}", f"Mode={have}")]
@@ -361,7 +361,7 @@ def curvine_findings(cl: Cluster, values: Mapping[str, Any] | None, live_workers
         return [Finding("curvine_release_missing", cl.name, ref, "release", "deployed", error or "absent")]
     out = [Finding("format_flag_set", cl.name, ref, f"cluster.{flag}", "false", "true")
            for flag, on in flags_of(values).items() if on]
-    want = cl.curvine.worker_replicas
+    want = cl.curvine_workers
     master = f"CurvineMaster/{cl.curvine.namespace}/{C.CURVINE_MASTER_STS}-0"
     if live_workers is None:
         out.append(Finding("curvine_master_unreadable", cl.name, master, "live_workers", str(want),

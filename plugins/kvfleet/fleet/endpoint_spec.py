@@ -43,7 +43,7 @@ def worker_env(ep: Endpoint, settings: Settings) -> list[dict[str, str]]:
         C.ENV_REMOTE_SERDE: settings.serde,
         C.ENV_HASHSEED: settings.hash_seed,
         C.ENV_CHUNK_SIZE: str(settings.chunk_size),
-        **{k: str(v) for k, v in ep.extra_env.items()},
+        **{k: str(v) for k, v in ep.env.items()},
     }
     return [{"name": k, "value": env[k]} for k in sorted(env)]
 

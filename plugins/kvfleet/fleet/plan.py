@@ -130,10 +130,11 @@ def model_fit_dict(ep: Endpoint) -> dict[str, Any] | None:
     f = model_fit(ep)
     if f is None:
         return None
-    spec = models.lookup(ep.catalogue_model) if ep.catalogue_model else None
-    per_token = spec.kv_bytes_per_token(ep.dtype) if spec else None
+    size = ep.size
+    spec = models.lookup(size.catalogue_model) if size.catalogue_model else None
+    per_token = spec.kv_bytes_per_token(size.dtype) if spec and size.dtype else None
     out: dict[str, Any] = {
-        "model": ep.catalogue_model or ep.model, "params_b": ep.model_params_b, "dtype": ep.dtype,
+        "model": size.catalogue_model or ep.model, "params_b": size.params_b, "dtype": size.dtype,
         "weights_gib": round(f.weights_gib, 1), "gpu_memory_gib": round(f.gpu_memory_gib, 1),
         "kv_room_gib": round(f.kv_room_gib, 1), "kv_room_usable_gib": round(f.kv_room_usable_gib, 1),
         "gpu_memory_utilization": models.VLLM_GPU_MEMORY_UTILIZATION,
@@ -170,13 +171,12 @@ class ClusterPlan:
 
 
 def _workers_reason(cluster: Cluster) -> str:
-    spec = cluster.curvine
-    if not spec.worker_replicas_declared:
-        return f"default: one per GPU node ({cluster.gpu_node_count} nodes)"
-    if spec.worker_replicas == cluster.gpu_node_count:
-        return f"worker.replicas {spec.worker_replicas}, one per GPU node"
-    return (f"worker.replicas {spec.worker_replicas} overrides the default of one per GPU node "
-            f"({cluster.gpu_node_count} nodes)")
+    declared, nodes = cluster.curvine.worker.replicas, cluster.gpu_nodes.count
+    if declared is None:
+        return f"default: one per GPU node ({nodes} nodes)"
+    if declared == nodes:
+        return f"worker.replicas {declared}, one per GPU node"
+    return f"worker.replicas {declared} overrides the default of one per GPU node ({nodes} nodes)"
 
 
 @dataclass(frozen=True)
@@ -248,9 +248,9 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
             cluster.name, CLUSTER_STAGES, waves,
             l2_injection=cluster.l2_injection,
             l2_injection_reason=cluster.l2_injection_reason or f"asked (l2_injection: {cluster.l2_injection})",
-            curvine_workers=cluster.curvine.worker_replicas,
+            curvine_workers=cluster.curvine_workers,
             curvine_workers_reason=_workers_reason(cluster),
-            curvine_capacity=cluster.curvine.capacity_text,
+            curvine_capacity=cluster.curvine.worker.capacity(cluster.curvine_workers),
         ))
     return Plan(inventory.source, size, canary, tuple(clusters))
 

@@ -76,7 +76,7 @@ def _ensure_one(ctx: StageContext, eks: str, name: str) -> tuple[str, Pending | 
             return "unchanged", Pending(f"before:{name}", f"EKS add-on {name} on {eks} is {live.get('status')}",
                                         ctx.timeouts.addon_s, addon=name, eks=eks)
         return "unchanged", None
-    action = addon_action(eks, name, live, spec.version, config, "; ".join(diffs))
+    action = addon_action(eks, name, live, spec.version or None, config, "; ".join(diffs))  # "": installed one
     if not ctx.dry_run:
         ctx.say(f"stage 2: {action.equivalent()} ({'; '.join(diffs)})")
     executor.run(ctx, STAGE, [action])

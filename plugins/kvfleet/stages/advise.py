@@ -207,7 +207,7 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
         ov = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace).overview()
         report.capacity = E.advise_cluster(ctx.cluster.name, l2, capacity_bytes=ov.capacity,
                                            workers=ov.live_workers, threshold=threshold,
-                                           node_price_usd=prices_of(ctx).get(ctx.cluster.gpu_instance_type))
+                                           node_price_usd=prices_of(ctx).get(ctx.cluster.gpu_nodes.instance_type))
     except KvfleetError as exc:
         report.errors.append(f"Curvine master: {exc}")
     return report

@@ -89,7 +89,7 @@ def _curvine_pods(ctx: StageContext) -> list[Any]:
 
 def wait_curvine_running(ctx: StageContext, timeout_s: float | None = None) -> str:
     spec = ctx.cluster.curvine
-    want = spec.master_replicas + spec.worker_replicas
+    want = spec.master.replicas + ctx.cluster.curvine_workers
 
     def check() -> tuple[bool, str]:
         pods = _curvine_pods(ctx)
@@ -273,14 +273,15 @@ def release_drift(ctx: StageContext, values: dict[str, Any]) -> list[str]:
     if live_version and live_version != spec.version:
         diffs.append(f"chart version {live_version} (inventory {spec.version}): use kvfleet_curvine_upgrade")
     workers = cv.get_path(values, "worker.replicas")
-    if workers is not None and int(workers) != spec.worker_replicas:
-        diffs.append(f"worker.replicas {workers} (inventory {spec.worker_replicas}): use kvfleet_curvine_scale_out")
+    if workers is not None and int(workers) != ctx.cluster.curvine_workers:
+        diffs.append(f"worker.replicas {workers} (inventory {ctx.cluster.curvine_workers}): use "
+                     "kvfleet_curvine_scale_out")
     size = cv.get_path(values, "worker.storage.dataDirs[0].size")
-    if size is not None and size != spec.worker_size:
-        diffs.append(f"dataDirs[0].size {size} (inventory {spec.worker_size})")
+    if size is not None and size != spec.worker.size:
+        diffs.append(f"dataDirs[0].size {size} (inventory {spec.worker.size})")
     path = cv.get_path(values, "worker.storage.dataDirs[0].hostPath")
-    if path is not None and path != spec.worker_host_path:
-        diffs.append(f"dataDirs[0].hostPath {path} (inventory {spec.worker_host_path})")
+    if path is not None and path != spec.worker.host_path:
+        diffs.append(f"dataDirs[0].hostPath {path} (inventory {spec.worker.host_path})")
     return diffs
 
 
@@ -347,8 +348,8 @@ def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | Non
 def _capacity_args(ctx: StageContext, workers: int | None) -> dict[str, Any]:
     """``readiness.curvine_capacity``'s arguments: ``workers`` live workers (default: the inventory's)."""
     spec = ctx.cluster.curvine
-    return {"namespace": spec.namespace, "workers": spec.worker_replicas if workers is None else workers,
-            "worker_bytes": size_to_bytes(spec.worker_size)}
+    return {"namespace": spec.namespace, "workers": ctx.cluster.curvine_workers if workers is None else workers,
+            "worker_bytes": size_to_bytes(spec.worker.size)}
 
 
 def reconcile(ctx: StageContext) -> Outcome:
@@ -409,7 +410,7 @@ def _capacity(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     """The master reporting the release's workers and their capacity, or the wait for it."""
     if "workers" not in progress:  # the release's own count (kvfleet_curvine_scale_out may have grown it)
         live = cv.get_path(ctx.helm.values(C.CURVINE_RELEASE, ctx.cluster.curvine.namespace), "worker.replicas")
-        progress["workers"] = int(live) if live is not None else ctx.cluster.curvine.worker_replicas
+        progress["workers"] = int(live) if live is not None else ctx.cluster.curvine_workers
     capacity = _capacity_args(ctx, progress["workers"])
     ready, state = readiness.curvine_capacity(ctx.kube, **capacity)
     if not ready:

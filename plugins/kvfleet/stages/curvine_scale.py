@@ -99,7 +99,7 @@ class PoolState:
 
 def eligible_nodes(ctx: StageContext) -> tuple[list[str], dict[str, str]]:
     """GPU nodes a worker may run on, and why each other node may not."""
-    want_type = ctx.cluster.gpu_instance_type
+    want_type = ctx.cluster.gpu_nodes.instance_type
     eligible, ineligible = [], {}
     for node in call(ctx.kube.core.list_node, what="list nodes").items:
         name, labels = node.metadata.name, node.metadata.labels or {}
@@ -161,9 +161,9 @@ def check_nvme_host_path(ctx: StageContext, values: Mapping[str, Any]) -> list[s
                 f"scale-out refused on {ctx.cluster.name}: {where} is not in hostPath mode (storageClass "
                 f"{d.get('storageClass')!r}, hostPath {d.get('hostPath')!r}). Workers pool the GPU nodes' local NVMe: "
                 "set storageClass empty and hostPath to the NVMe directory (the two are mutually exclusive).")
-        if d["hostPath"] != ctx.cluster.curvine.worker_host_path:
+        if d["hostPath"] != ctx.cluster.curvine.worker.host_path:
             warnings.append(f"{where}.hostPath {d['hostPath']} differs from the inventory's "
-                            f"{ctx.cluster.curvine.worker_host_path}")
+                            f"{ctx.cluster.curvine.worker.host_path}")
         if not str(d["hostPath"]).startswith(NVME_PREFIX):
             warnings.append(f"{where}.hostPath {d['hostPath']} is not under {NVME_PREFIX}, where HyperPod mounts "
                             "the instance NVMe")

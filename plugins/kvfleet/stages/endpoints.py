@@ -213,7 +213,7 @@ def live_spare_gpus(ctx: StageContext) -> int:
              for n in call(ctx.kube.core.list_node, what="list nodes (GPU room)").items]
     pods = [ctx.kube.api_client.sanitize_for_serialization(p)
             for p in call(ctx.kube.core.list_pod_for_all_namespaces, what="list pods (GPU room)").items]
-    return hardware.spare_gpus(nodes, pods, ctx.cluster.gpu_instance_type)
+    return hardware.spare_gpus(nodes, pods, ctx.cluster.gpu_nodes.instance_type)
 
 
 def _wave_items(ctx: StageContext, eps: list[Endpoint], patches: dict[str, list[dict[str, Any]]]

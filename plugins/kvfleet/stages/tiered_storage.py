@@ -78,7 +78,7 @@ def act(ctx: StageContext, progress: dict[str, Any]) -> Pending | None:
     if "decision" in progress:
         return _applied(ctx, progress)
     cl = ctx.cluster
-    mode, percent = cl.tiered_storage_mode, cl.memory_percent
+    mode, percent = cl.tiered_storage.mode, cl.tiered_storage.memory_percent
     validate_tiered_storage(mode, percent)  # before any call: botocore checks neither range nor enum
     hp = ctx.hyperpod.require_cluster(cl.name)
     live = hp.tiered_storage

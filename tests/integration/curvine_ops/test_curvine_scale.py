@@ -111,11 +111,9 @@ def test_scale_in_without_the_param_is_refused_and_says_what_would_be_dropped(op
 
 
 def test_detection_reports_when_the_inventory_does_not_allow_scale_out(ops) -> None:  # type: ignore[no-untyped-def]
-    import dataclasses
-
     ops.twin.services["workloads"].add_nodes(1)
     cluster = ops.inventory.cluster(CLUSTER)
-    report_only = dataclasses.replace(cluster, curvine=dataclasses.replace(cluster.curvine, scale_out="report"))
+    report_only = cluster.model_copy(update={"curvine": cluster.curvine.model_copy(update={"scale_out": "report"})})
     ctx = ops.ctx("detect")
     ctx.cluster = report_only
     out = sc.scale(ctx, ScaleRequest(), holder="run-a")

@@ -86,7 +86,7 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
     detail = curvine[0]["detail"]
     assert [(r["revision"], r["status"], any(r["flags"].values())) for r in detail["revisions"]] == \
         [(1, "superseded", True), (2, "deployed", False)], detail["revisions"]  # one install, one flip
-    workers = load_inventory(small_fleet).cluster("c-patch").curvine.worker_replicas
+    workers = load_inventory(small_fleet).cluster("c-patch").curvine_workers
     assert detail["capacity"]["live_workers"] == workers and detail.get("rollout"), detail
 
     # A rerun while the operator's controller is not Ready (scaled to 0 by hand): stage 2 changes nothing, looks

@@ -3,7 +3,6 @@ several test folders run together)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from kvfleet.fleet.inventory import Inventory, load_inventory
@@ -18,4 +17,4 @@ ROLLED = ("retail-assistant", "payments-disputes", "support-chat")
 def small_inventory() -> Inventory:
     inv = load_inventory(ROOT / "tests" / "fleets" / "twin.yaml")
     eps = tuple(e for e in inv.endpoints if e.cluster != PROD or e.name in ROLLED)
-    return dataclasses.replace(inv, endpoints=eps)
+    return inv.model_copy(update={"endpoints": eps})

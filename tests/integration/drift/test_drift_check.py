@@ -6,7 +6,6 @@ converged again (the next scenario's first check proves it)."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -212,7 +211,7 @@ def test_helm_upgrade_setting_format_master_is_found_and_flipped_back_with_reuse
     assert "rollback" not in str(history[-1].get("description", "")).lower()
     values = ctx.helm.values(C.CURVINE_RELEASE, spec.namespace)
     assert all(values["cluster"][f] in (False, "false") for f in C.FORMAT_FLAGS)
-    assert values["worker"]["replicas"] == spec.worker_replicas  # --reuse-values kept the rest
+    assert values["worker"]["replicas"] == ctx.cluster.curvine_workers  # --reuse-values kept the rest
 
     after = _check(drift_ctx, drift_history)
     assert after.findings == [] and after.sync["resolved"] == 0  # the flag and the loss were resolved by `fixed`
@@ -296,17 +295,18 @@ def test_inventory_against_the_live_fleet(converged: Any, drift_ctx: Any) -> Non
 
     inv = converged.inventory
     cl = inv.cluster(PROD)
-    changed = dataclasses.replace(
-        cl, memory_percent=30, curvine=dataclasses.replace(cl.curvine, worker_replicas=3),
-        addons=(*cl.addons, AddonSpec("cert-manager", version="v9.9.9-eksbuild.1")))
+    changed = cl.model_copy(update={
+        "tiered_storage": cl.tiered_storage.model_copy(update={"memory_percent": 30}),
+        "curvine": cl.curvine.model_copy(update={"worker": cl.curvine.worker.model_copy(update={"replicas": 3})}),
+        "addons": [*cl.addons, AddonSpec(name="cert-manager", version="v9.9.9-eksbuild.1")]})
     chat = _ep(inv, "support-chat")
     newcomer = Endpoint(name="fresh-endpoint", namespace="fresh", lob="retail", cluster=PROD,
                         model="qwen2-7b-instruct", instance_type="ml.g6e.4xlarge")
-    kept = [dataclasses.replace(e, replicas=3) if e == chat else e for e in inv.endpoints
+    kept = [e.model_copy(update={"replicas": 3}) if e == chat else e for e in inv.endpoints
             if e.name != "retail-assistant" or e.cluster != PROD]
-    eps = (*kept, newcomer)
-    moved = dataclasses.replace(inv, clusters=tuple(changed if c.name == PROD else c for c in inv.clusters),
-                                endpoints=eps)
+    eps = [*kept, newcomer]
+    moved = inv.model_copy(update={"clusters": [changed if c.name == PROD else c for c in inv.clusters],
+                                   "endpoints": eps})
     result = drift.check(drift_ctx(PROD, inv=moved))
     got = {(f.kind, f.object_ref, f.field): (f.expected, f.actual) for f in result.findings}
     assert got == {

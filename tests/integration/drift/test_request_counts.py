@@ -7,7 +7,6 @@ Kubernetes and AWS APIs, whose request counters are compared."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 from pathlib import Path
 
@@ -31,8 +30,8 @@ def fleet_of(n: int) -> Inventory:
                          model="qwen2-7b-instruct", instance_type="ml.g6e.4xlarge", replicas=1 if i < 10 else 0)
                 for i in range(n))
     # No LOB remediates here: the point is what observing costs.
-    lobs = tuple(dataclasses.replace(lob, remediate_drift=False) for lob in inv.lobs)
-    return dataclasses.replace(inv, lobs=lobs, clusters=(inv.cluster(PROD),), endpoints=eps)
+    lobs = [lob.model_copy(update={"remediate_drift": False}) for lob in inv.lobs]
+    return inv.model_copy(update={"lobs": lobs, "clusters": [inv.cluster(PROD)], "endpoints": eps})
 
 
 def _ctx(inv: Inventory) -> StageContext:
@@ -72,7 +71,7 @@ def test_request_counts_do_not_grow_with_endpoints(tmp_path, monkeypatch) -> Non
     from kvfleet_sandbox.twin import SandboxSettings
 
     big = fleet_of(200)
-    small = dataclasses.replace(big, endpoints=big.endpoints[:10])
+    small = big.model_copy(update={"endpoints": big.endpoints[:10]})
     sandbox = start_sandbox(big, tmp_path / "sb", SandboxSettings(time_scale=0.005))
     try:
         for key, value in sandbox.exports().items():

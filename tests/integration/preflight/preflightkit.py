@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import boto3
 
 from kvfleet.fleet.inventory import Inventory
@@ -19,6 +17,6 @@ def aws_client(sandbox, service: str, region: str = "us-west-2"):  # type: ignor
 
 def declaring(inv: Inventory, name: str, *, declared: bool, node_recovery: str = "Automatic") -> Inventory:
     """``inv`` with cluster ``name`` declaring ``node_recovery`` (``declared``) or declaring none."""
-    clusters = tuple(dataclasses.replace(cl, node_recovery=node_recovery if declared else None) if cl.name == name
-                     else cl for cl in inv.clusters)
-    return dataclasses.replace(inv, clusters=clusters)
+    clusters = [cl.model_copy(update={"node_recovery": node_recovery if declared else None}) if cl.name == name
+                else cl for cl in inv.clusters]
+    return inv.model_copy(update={"clusters": clusters})

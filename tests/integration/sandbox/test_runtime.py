@@ -50,16 +50,16 @@ def test_nodes_match_the_inventory_and_carry_gpus(sandbox: Sandbox, kube_api) ->
     for cluster in INVENTORY.clusters:
         core = client.CoreV1Api(kube_api(sandbox, cluster.name))
         nodes = core.list_node(label_selector="sagemaker.amazonaws.com/instance-group-name=gpu-workers").items
-        assert len(nodes) == cluster.gpu_node_count
+        assert len(nodes) == cluster.gpu_nodes.count
         assert sorted(n.metadata.name for n in nodes) == sorted(sandbox.twin(cluster.name).gpu_nodes)
         for node in nodes:
             labels = node.metadata.labels
             assert node.metadata.name.startswith("hyperpod-i-")
-            assert labels["node.kubernetes.io/instance-type"] == cluster.gpu_instance_type
+            assert labels["node.kubernetes.io/instance-type"] == cluster.gpu_nodes.instance_type
             assert labels["sagemaker.amazonaws.com/compute-type"] == "hyperpod"
             assert labels["kubernetes.io/hostname"] == node.metadata.name
             assert labels["topology.kubernetes.io/zone"].startswith(cluster.region)
-            gpus = str(gpus_per_instance(cluster.gpu_instance_type))
+            gpus = str(gpus_per_instance(cluster.gpu_nodes.instance_type))
             assert node.status.capacity["nvidia.com/gpu"] == gpus
             assert node.status.allocatable["nvidia.com/gpu"] == gpus
             assert {"cpu", "memory", "pods"} <= set(node.status.allocatable)
@@ -94,7 +94,7 @@ def test_boto3_with_the_exports_reaches_hyperpod_then_eks(sandbox: Sandbox, monk
         assert not described.get("TieredStorageConfig")  # stage 1 enables it, the sandbox does not
         [group] = described["InstanceGroups"]
         assert (group["InstanceGroupName"], group["InstanceType"], group["CurrentCount"]) == (
-            "gpu-workers", cluster.gpu_instance_type, cluster.gpu_node_count)
+            "gpu-workers", cluster.gpu_nodes.instance_type, cluster.gpu_nodes.count)
         eks_arn = described["Orchestrator"]["Eks"]["ClusterArn"]
         eks_name = eks_arn.rsplit("/", 1)[-1]
         assert eks_name == f"{cluster.name}-eks"
@@ -103,7 +103,7 @@ def test_boto3_with_the_exports_reaches_hyperpod_then_eks(sandbox: Sandbox, monk
         ca = base64.b64decode(eks["certificateAuthority"]["data"]).decode()
         assert sandbox.tls is not None and ca == sandbox.tls.ca_pem  # the CA that signs the server's certificate
         nodes = sagemaker.list_cluster_nodes(ClusterName=cluster.name)["ClusterNodeSummaries"]
-        assert len(nodes) == cluster.gpu_node_count
+        assert len(nodes) == cluster.gpu_nodes.count
 
 
 def test_kvfleets_identity_is_bound_by_k8s_rbac_and_anonymous_is_refused(sandbox: Sandbox) -> None:
@@ -190,7 +190,7 @@ def test_admin_counts_requests_and_injects_api_errors(sandbox: Sandbox, kube_api
     other = INVENTORY.clusters[1].name
     client.CoreV1Api(kube_api(sandbox, other)).list_node()  # only the named cluster was hit
     assert admin(sandbox, "/fault", {"cluster": name, "kind": "clear"})[0] == 200
-    assert len(core.list_node().items) == INVENTORY.clusters[0].gpu_node_count
+    assert len(core.list_node().items) == INVENTORY.clusters[0].gpu_nodes.count
 
 
 def test_admin_aws_faults_and_operation_log(sandbox: Sandbox) -> None:
@@ -298,7 +298,7 @@ def test_admin_refuses_what_it_cannot_do(sandbox_factory) -> None:
     assert admin(sandbox, "/fault", {"cluster": name, "kind": "meteor"})[0] == 400
     assert admin(sandbox, "/fault", {"cluster": name, "kind": "api_error_rate", "rate": 2})[0] == 400
     status, clusters = admin(sandbox, "/clusters")
-    assert status == 200 and clusters["clusters"][name]["gpu_nodes"] == INVENTORY.clusters[0].gpu_node_count
+    assert status == 200 and clusters["clusters"][name]["gpu_nodes"] == INVENTORY.clusters[0].gpu_nodes.count
 
 
 def test_service_faults_call_the_registered_hooks(sandbox_factory, kube_api) -> None:

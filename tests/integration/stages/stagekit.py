@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from kvfleet.fleet.inventory import Inventory
@@ -24,9 +23,14 @@ def reset_counters(sandbox) -> None:  # type: ignore[no-untyped-def]
     sandbox.aws.reset_request_log()
 
 
-def with_cluster(inv: Inventory, name: str, **changes: Any) -> Inventory:
-    clusters = tuple(dataclasses.replace(c, **changes) if c.name == name else c for c in inv.clusters)
-    return dataclasses.replace(inv, clusters=clusters)
+def with_cluster(inv: Inventory, name: str, memory_percent: int | None = None, **changes: Any) -> Inventory:
+    """``inv`` with cluster ``name`` changed (model_copy: not validated, so a refused value reaches the stage);
+    ``memory_percent`` goes to its ``tiered_storage``."""
+    if memory_percent is not None:
+        changes["tiered_storage"] = inv.cluster(name).tiered_storage.model_copy(
+            update={"memory_percent": memory_percent})
+    clusters = [c.model_copy(update=changes) if c.name == name else c for c in inv.clusters]
+    return inv.model_copy(update={"clusters": clusters})
 
 
 def converge_cluster(make_ctx, cluster: str, **kw: Any):  # type: ignore[no-untyped-def]

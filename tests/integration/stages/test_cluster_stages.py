@@ -149,7 +149,7 @@ def test_stage_3_hands_back_its_waits_and_resumes_from_its_progress(fleet_env, m
     assert len([c for c in created if c[0] == "storageclasses"]) == 2, created
     outcome = curvine.finish(ctx, progress)
     assert outcome.outcome == "changed" and outcome.detail["pvcs"][ns] == "unchanged", outcome.detail
-    assert outcome.detail["capacity"]["live_workers"] == ctx.cluster.curvine.worker_replicas, outcome.detail
+    assert outcome.detail["capacity"]["live_workers"] == ctx.cluster.curvine_workers, outcome.detail
     assert all(not v for v in outcome.detail["flags"].values()), outcome.detail
 
 

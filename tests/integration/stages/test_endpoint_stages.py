@@ -3,7 +3,6 @@ sandbox's simulated operator, Kyverno, Curvine and vLLM/LMCache pods."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import urllib.request
 from typing import Any
@@ -131,9 +130,9 @@ def test_failure_between_pause_and_restore_still_restores_the_operator(  # type:
 
 
 def test_verification_diagnoses(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
-    inv = dataclasses.replace(inventory, endpoints=tuple(
-        dataclasses.replace(e, replicas=1) if e.name == "support-summaries" and e.cluster == PROD else e
-        for e in inventory.endpoints))
+    inv = inventory.model_copy(update={"endpoints": [
+        e.model_copy(update={"replicas": 1}) if e.name == "support-summaries" and e.cluster == PROD else e
+        for e in inventory.endpoints]})
     twin = fleet_env.twin(PROD)
     # The probes are timed on the twin's model clock: the verdicts below are the model's, whatever the load of
     # the machine (wall time once gave a false pass under a full suite run).

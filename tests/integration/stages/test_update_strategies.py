@@ -151,9 +151,9 @@ class ReadyWatch:
 def test_rolling_and_surge_keep_every_endpoint_serving(fleet_env, make_ctx, inventory) -> None:  # type: ignore[no-untyped-def]
     # support-chat keeps 2 replicas (auto -> rolling); support-summaries has 1 (auto -> surge: the twin's nodes
     # have spare GPUs).
-    inv = dataclasses.replace(inventory, endpoints=tuple(
-        dataclasses.replace(e, replicas=1) if e.name == "support-summaries" and e.cluster == PROD else e
-        for e in inventory.endpoints))
+    inv = inventory.model_copy(update={"endpoints": [
+        e.model_copy(update={"replicas": 1}) if e.name == "support-summaries" and e.cluster == PROD else e
+        for e in inventory.endpoints]})
     ctx = converge_cluster(make_ctx, PROD, inv=inv)
     eps = [endpoint(inv, PROD, "support-chat"), endpoint(inv, PROD, "support-summaries")]
     _without_overlay(fleet_env, ctx, eps)

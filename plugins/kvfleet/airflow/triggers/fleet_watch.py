@@ -34,7 +34,7 @@ def inventory_path(fleet: str) -> Path:
     return path
 
 
-def watched_clusters(fleet: str) -> tuple[Cluster, ...]:
+def watched_clusters(fleet: str) -> list[Cluster]:
     """The clusters of the inventory at ``fleet``, read by kvfleet's validator (``load_inventory``: its limits,
     its defaults, a ``clusters:`` list or mapping alike). An invalid inventory raises ``InventoryError`` listing
     every problem; it is never watched as an empty fleet."""

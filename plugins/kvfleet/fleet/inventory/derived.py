@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from kvfleet.fleet import hardware, models
 
 if TYPE_CHECKING:
-    from kvfleet.fleet.inventory.schema import EndpointIn
+    from kvfleet.fleet.inventory.schema import Cluster, Endpoint
+
 
 def resolve_l2_injection(asked: str, production: bool) -> tuple[str, str]:
     """(the L2 injection a cluster runs, why): `auto` is kyverno on a production cluster, patch elsewhere."""
@@ -46,7 +47,7 @@ class ModelSize:
     catalogue_model: str | None
 
 
-def model_size(ep: EndpointIn) -> ModelSize:
+def model_size(ep: Endpoint) -> ModelSize:
     """The served model's size: explicit `model_params_b` (+ `dtype`), else the catalogue row of `model`, else of
     `model_id` (what the operator downloads); unknown when none of them says."""
     spec = models.lookup(ep.model) or models.lookup(ep.model_id)
@@ -57,3 +58,13 @@ def model_size(ep: EndpointIn) -> ModelSize:
     return ModelSize(None, ep.dtype, None)
 
 
+def gpu_demand(cluster: Cluster, endpoints: Iterable[Endpoint]) -> tuple[int, int]:
+    """(GPUs the cluster's endpoints need, GPUs its declared nodes have), headroom of its L2 mode included."""
+    return gpu_budget(cluster.gpu_nodes.instance_type, cluster.gpu_nodes.count, cluster.l2_injection,
+                      [e.replicas for e in endpoints if e.cluster == cluster.name])
+
+
+def model_fit(ep: Endpoint) -> models.Fit | None:
+    """The endpoint's model against the GPU memory of one replica, or None when either is unknown."""
+    size = ep.size
+    return replica_fit(ep.instance_type, size.params_b, size.dtype)

@@ -38,6 +38,8 @@ from kvfleet.fleet.inventory.vocabulary import (
     SEMVER,
     SIZE,
     SYSTEM_NAMESPACE_PREFIX,
+    UPDATE_STRATEGIES,
+    UPDATE_STRATEGY_HELP,
     _fail,
     key_text,
     safe_url,
@@ -424,3 +426,26 @@ def _unnormal(path: str) -> bool:
     """A path with an empty, '.' or '..' segment ('//', '/./', '/..'): one spelling of a directory only."""
     return any(part in ("", ".", "..") for part in path.split("/")[1:])
 
+
+def _addon_name(value: Any) -> str:
+    if not isinstance(value, str) or value not in C.ADDON_ORDER:
+        raise _fail(f"unknown add-on {show(value)}; kvfleet manages {', '.join(C.ADDON_ORDER)}")
+    return value
+
+
+def _node_recovery(value: Any) -> Any:
+    allowed = tuple(sorted(C.NODE_RECOVERY_VALUES))
+    if value is None:
+        raise _fail("is null (YAML reads null, ~ or an empty value as no value); write Automatic or None, or remove "
+                    "the key to keep the cluster's live value")
+    if not isinstance(value, str) or value not in allowed:
+        raise _fail(f"{show(value)} is not one of {', '.join(allowed)} (SageMaker's ClusterNodeRecovery); set one of "
+                    "them, or remove the key to keep the cluster's live value")
+    return value
+
+
+def _update_strategy(value: Any) -> Any:
+    if value is not None and (not isinstance(value, str) or value not in UPDATE_STRATEGIES):
+        raise _fail(f"{show(value)} is not an update strategy; allowed: {UPDATE_STRATEGY_HELP}. Set one of "
+                    f"{', '.join(UPDATE_STRATEGIES)}, or remove the key for auto")
+    return value

@@ -1,24 +1,34 @@
-"""Reading an inventory: the bounded YAML loader, the top level, the model, the messages, and the JSON Schema."""
+"""Reading an inventory: the file (at most ``MAX_INVENTORY_BYTES``, a regular file), the bounded YAML loader, the top
+level, the model's validation with its messages, and the JSON Schema.
+
+Called from the CLI (`kvfleet validate|plan`), from every DAG's first task, from the drift watch and from the twin.
+Validation collects *every* problem before it raises, because a platform team fixing a 12-endpoint file one error
+per run would rightly give up. Each message names the file, the path inside it, the value, what is allowed and the
+fix, e.g. ``fleet.yaml: clusters.ml-prod-1.tiered_storage.memory_percent: 15 is below 20 (HyperPod accepts 20–100);
+set it to 20 or more``.
+"""
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass
+import stat
+import warnings
+from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from kvfleet.errors import InventoryError
 from kvfleet.fleet import yaml_safe
 from kvfleet.fleet.inventory.messages import FleetProblems, message, where, yaml_path
-from kvfleet.fleet.inventory.schema import FleetFile, normalised
+from kvfleet.fleet.inventory.schema import Inventory, normalised
 from kvfleet.fleet.inventory.vocabulary import MAX_INVENTORY_BYTES, MAX_PROBLEMS, TOP_KEYS, type_name
 
 
-@dataclass(frozen=True)
-class Validated:
-    fleet: FleetFile
-    warnings: tuple[str, ...]
+class InventoryWarning(UserWarning):
+    """A legal but useless setting (for example L2 on a one-node cluster)."""
 
 
 def _fleet_document(raw: Any, source: str) -> dict[str, Any]:
@@ -62,30 +72,29 @@ def load_document(text: str, source: str) -> Any:
         raise FleetProblems([f"{source}: not valid YAML: a value YAML cannot build ({type(exc).__name__})"]) from None
 
 
-def validate_document(raw: Any, source: str = "fleet.yaml") -> Validated:
-    """Validate a loaded YAML document against :class:`FleetFile`; :class:`FleetProblems` lists every problem."""
+def validate_document(raw: Any, source: str = "fleet.yaml") -> Inventory:
+    """Validate a loaded YAML document against :class:`Inventory`; :class:`FleetProblems` lists every problem."""
     data = normalised(_fleet_document(raw, source))
-    context: dict[str, Any] = {"source": source, "warnings": []}
     try:
-        fleet = FleetFile.model_validate(data, context=context)
+        fleet = Inventory.model_validate(data, context={"source": source})
     except ValidationError as exc:
-        lines = [f"{source}: {yaml_path(where(tuple(e['loc'])), data) or '(top level)'}: {message(e, FleetFile)}"
+        lines = [f"{source}: {yaml_path(where(tuple(e['loc'])), data) or '(top level)'}: {message(e, Inventory)}"
                  for e in exc.errors()]
         shown = lines[:MAX_PROBLEMS]
         if len(lines) > MAX_PROBLEMS:
             shown.append(f"{source}: … and {len(lines) - MAX_PROBLEMS} more problems")
         raise FleetProblems(shown) from None
-    return Validated(fleet, tuple(context["warnings"]))
+    return fleet
 
 
-def validate_text(text: str, source: str = "fleet.yaml") -> Validated:
+def validate_text(text: str, source: str = "fleet.yaml") -> Inventory:
     """Load and validate an inventory text; :class:`FleetProblems` lists every problem."""
     return validate_document(load_document(text, source), source)
 
 
 def json_schema() -> dict[str, Any]:
-    """The inventory's JSON Schema (draft 2020-12), generated from :class:`FleetFile`."""
-    schema: dict[str, Any] = FleetFile.model_json_schema(mode="validation")
+    """The inventory's JSON Schema (draft 2020-12), generated from :class:`Inventory`."""
+    schema: dict[str, Any] = Inventory.model_json_schema(mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "kvfleet fleet inventory"
     return _named_collections(schema)
@@ -96,7 +105,7 @@ def _named_collections(schema: dict[str, Any]) -> dict[str, Any]:
     by name whose items may leave `name` out."""
     defs = schema.get("$defs", {})
     targets = [(schema, k) for k in ("lobs", "clusters", "endpoints")]
-    targets += [(defs["ClusterIn"], "addons")] if "ClusterIn" in defs else []
+    targets += [(defs["Cluster"], "addons")] if "Cluster" in defs else []
     for owner, key in targets:
         prop = owner["properties"][key]
         ref = prop["items"]["$ref"]
@@ -112,3 +121,58 @@ def _named_collections(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+def parse_inventory(text: str, source: str = "fleet.yaml") -> Inventory:
+    """Parse and validate an inventory text. Raises ``InventoryError`` listing every problem."""
+    try:
+        inventory = validate_text(text, source)
+    except FleetProblems as exc:
+        raise InventoryError(exc.problems) from None
+    for w in inventory.warnings:
+        warnings.warn(w, InventoryWarning, stacklevel=2)
+    return inventory
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def read_inventory_text(path: str | Path) -> str:
+    """The inventory's text: a regular file of at most ``MAX_INVENTORY_BYTES``, UTF-8. ``InventoryError`` else.
+
+    The type is checked before the file is opened (``open`` would block on a FIFO and ``read`` never ends on
+    /dev/zero), and the read itself stops one byte past the limit (the file may grow between stat and read).
+    """
+    p = Path(path)
+    shown = _cut(str(p), 200)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise InventoryError([f"{shown}: cannot read the inventory: {exc.strerror}"]) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise InventoryError([f"{shown}: is {kind}, not a regular file; --fleet takes a YAML file"])
+    if st.st_size > MAX_INVENTORY_BYTES:
+        raise InventoryError([f"{shown}: the inventory is {st.st_size} bytes, more than the "
+                              f"{MAX_INVENTORY_BYTES} ({MAX_INVENTORY_BYTES // 1024 // 1024} MiB) allowed; "
+                              "split the fleet into several files"])
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped between stat and open
+                raise InventoryError([f"{shown}: is not a regular file; --fleet takes a YAML file"])
+            data = fh.read(MAX_INVENTORY_BYTES + 1)
+    except OSError as exc:
+        raise InventoryError([f"{shown}: cannot read the inventory: {exc.strerror}"]) from None
+    if len(data) > MAX_INVENTORY_BYTES:
+        raise InventoryError([f"{shown}: the inventory is more than {MAX_INVENTORY_BYTES} bytes; split it"])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError([f"{shown}: is not UTF-8 text (byte {exc.start}); save it as UTF-8"]) from None
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    p = Path(path)
+    return parse_inventory(read_inventory_text(p), source=_cut(p.name, 200))

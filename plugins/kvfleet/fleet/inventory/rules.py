@@ -1,5 +1,5 @@
 """The checks across fields and objects (references, duplicates, GPU capacity, update strategies, model sizes,
-webhook targets, host paths under their prefixes), run by ``FleetFile``'s model validator on what validated."""
+webhook targets, host paths under their prefixes), run by ``Inventory``'s model validator on what validated."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from kvfleet.fleet import hardware, models
-from kvfleet.fleet.inventory.derived import gpu_budget, model_size, replica_fit, resolve_l2_injection
+from kvfleet.fleet.inventory.derived import gpu_demand, replica_fit
 from kvfleet.fleet.inventory.fields import _unnormal
 from kvfleet.fleet.inventory.messages import Found, Loc, yaml_path
 from kvfleet.fleet.inventory.vocabulary import (
@@ -25,7 +25,7 @@ from kvfleet.fleet.inventory.vocabulary import (
 )
 
 if TYPE_CHECKING:
-    from kvfleet.fleet.inventory.schema import ClusterIn, EndpointIn, LobIn, SettingsIn
+    from kvfleet.fleet.inventory.schema import Cluster, Endpoint, Lob, Settings
 
 def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
@@ -87,10 +87,10 @@ def webhook_target_problem(url: str, allowed: Iterable[str]) -> str | None:
 class Parts:
     """What of the document validated, item by item (None: an item whose fields failed)."""
 
-    settings: SettingsIn | None
-    lobs: list[LobIn | None]
-    clusters: list[ClusterIn | None]
-    eps: list[EndpointIn | None]
+    settings: Settings | None
+    lobs: list[Lob | None]
+    clusters: list[Cluster | None]
+    eps: list[Endpoint | None]
 
 
 class _Checks:
@@ -163,7 +163,7 @@ def _cluster_checks(k: _Checks) -> None:
                       "parent to settings.curvine_host_path_prefixes")
 
 
-def _worker_count(k: _Checks, ci: int, cl: ClusterIn) -> None:
+def _worker_count(k: _Checks, ci: int, cl: Cluster) -> None:
     declared, nodes, w = cl.curvine.worker.replicas, cl.gpu_nodes.count, cl.curvine.worker
     if declared is None or declared == nodes:
         return
@@ -253,7 +253,7 @@ def _endpoint_checks(k: _Checks, unique: list[int]) -> None:
                       "spare GPU) or scale-to-zero on this endpoint, or raise replicas to 2")
 
 
-def _model_checks(k: _Checks, i: int, ep: EndpointIn, body: Any) -> None:
+def _model_checks(k: _Checks, i: int, ep: Endpoint, body: Any) -> None:
     by_name, by_id = models.lookup(ep.model), models.lookup(ep.model_id)
     loc: Loc = ("endpoints", i, "model")
     if by_name and by_id and by_name is not by_id and ep.model_params_b is None:
@@ -261,7 +261,7 @@ def _model_checks(k: _Checks, i: int, ep: EndpointIn, body: Any) -> None:
         k.warn(loc, f"{show(ep.model)} is the catalogue's {by_name.hf_id}, but {id_where} {show(ep.model_id)} is what "
                f"the operator downloads ({by_id.hf_id}); the GPU memory check uses {by_name.key}. Set model_id: "
                f"{by_name.hf_id} if that is the model served.")
-    size = model_size(ep)
+    size = ep.size
     if ep.model_params_b is not None and size.dtype is None:
         k.problem(("endpoints", i, "dtype"), f"is required with model_params_b (the bytes per parameter); add one of "
                   f"{', '.join(models.DTYPES)}, e.g. dtype: bf16")
@@ -287,7 +287,7 @@ def _model_checks(k: _Checks, i: int, ep: EndpointIn, body: Any) -> None:
               "holds it" + (f" ({', '.join(families)})" if families else "") + ", a smaller model, or a smaller dtype")
 
 
-def _routing_advice(k: _Checks, i: int, ep: EndpointIn) -> None:
+def _routing_advice(k: _Checks, i: int, ep: Endpoint) -> None:
     """Warn when the routing strategy contradicts what the sources advise for the endpoint's workload."""
     if ep.workload is None or ep.routing in WORKLOAD_ROUTING[ep.workload]:
         return
@@ -307,9 +307,7 @@ def _capacity_checks(k: _Checks, unique: list[int]) -> None:
         if cl is None or shape is None:
             continue
         mine = [e for e in eps if e.cluster == cl.name]
-        mode, _ = resolve_l2_injection(cl.l2_injection, cl.production)
-        needed, available = gpu_budget(cl.gpu_nodes.instance_type, cl.gpu_nodes.count, mode,
-                                       [e.replicas for e in mine])
+        needed, available = gpu_demand(cl, mine)
         if needed <= available:
             continue
         top = sorted(mine, key=lambda e: -e.replicas)[:5]

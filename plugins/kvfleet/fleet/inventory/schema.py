@@ -1,6 +1,6 @@
 """The inventory's model (pydantic v2): the one place a key of the fleet file is declared.
 
-``FleetFile`` mirrors the YAML a platform team writes (``settings``, ``lobs``, ``clusters``, ``endpoints``,
+``Inventory`` mirrors the YAML a platform team writes (``settings``, ``lobs``, ``clusters``, ``endpoints``,
 ``prices``); ``clusters``, ``endpoints``, ``lobs`` and ``addons`` take a list of items with ``name`` or a mapping
 keyed by name, and the model normalises both to the list. Every field carries its type, default, bounds and a
 description: the JSON Schema (``kvfleet schema``) and the key table of docs/inventory.md
@@ -8,7 +8,7 @@ description: the JSON Schema (``kvfleet schema``) and the key table of docs/inve
 
 Validation reports *every* problem at once. A field's check (:mod:`.fields`) raises the kvfleet message; pydantic
 collects them across the whole document, and :func:`.loader.validate_document` maps each error's location to the
-YAML path a user reads (:mod:`.messages`). The checks across objects (:mod:`.rules`) are ``FleetFile``'s model
+YAML path a user reads (:mod:`.messages`). The checks across objects (:mod:`.rules`) are ``Inventory``'s model
 validator; it runs even when fields failed, on the clusters and endpoints that did validate, so a document's field
 errors and its cross-reference errors come in one list.
 """
@@ -16,24 +16,29 @@ errors and its cross-reference errors come in one list.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
+    computed_field,
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails
 
+from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import models
+from kvfleet.fleet.inventory.derived import ModelSize, model_size, resolve_l2_injection
 from kvfleet.fleet.inventory.fields import (
+    _addon_name,
     _addon_version,
     _bool,
     _chart,
@@ -55,6 +60,7 @@ from kvfleet.fleet.inventory.fields import (
     _model_name,
     _name,
     _namespace,
+    _node_recovery,
     _number,
     _prefix_entry,
     _price,
@@ -65,9 +71,10 @@ from kvfleet.fleet.inventory.fields import (
     _sns_arn,
     _storage_class,
     _text,
+    _update_strategy,
     _webhook,
 )
-from kvfleet.fleet.inventory.messages import Found
+from kvfleet.fleet.inventory.messages import Found, again, left_out
 from kvfleet.fleet.inventory.rules import Parts, cross_checks
 from kvfleet.fleet.inventory.vocabulary import (
     DEFAULT_IMAGE,
@@ -79,6 +86,7 @@ from kvfleet.fleet.inventory.vocabulary import (
     L2_INJECTION_CHOICES,
     LMCACHE_LOG_FORMATS,
     MAX_MODEL_PARAMS_B,
+    SIZE,
     UPDATE_STRATEGIES,
     UPDATE_STRATEGY_HELP,
     WORKLOADS,
@@ -153,7 +161,7 @@ class Notify(_Model):
         "or private range is refused unless settings.webhook_private_ranges holds it.", default=None)
 
 
-class LobIn(_Model):
+class Lob(_Model):
     name: Annotated[str, _name(DNS_LABEL, "line-of-business name")] = _described(
         "The line of business (DNS-1123 label); endpoints name it in `lob`.")
     description: Annotated[str, _text(max_len=1000, allow_empty=True)] = _described("Free text.", default="")
@@ -162,7 +170,7 @@ class LobIn(_Model):
                                 default_factory=Notify)
 
 
-class SettingsIn(_Model):
+class Settings(_Model):
     wave_size: Annotated[int, _int(1, 500)] = _described(
         "Endpoints per cluster per wave after the canary wave.", default=3)
     chunk_size: Annotated[int, _int(16, 4096)] = _described(
@@ -188,7 +196,7 @@ class SettingsIn(_Model):
         default_factory=list)
 
 
-class TieredStorageIn(_Model):
+class TieredStorage(_Model):
     mode: Annotated[str, _choice(C.TIERED_MODES)] = _described(
         "HyperPod managed tiered storage (the L1 CPU tier).", default="Enable")
     memory_percent: Annotated[int, _int(
@@ -196,13 +204,13 @@ class TieredStorageIn(_Model):
         "InstanceMemoryAllocationPercentage: host memory given to the L1 tier.", default=C.MEMORY_PERCENT_DEFAULT)
 
 
-class GpuNodesIn(_Model):
+class GpuNodes(_Model):
     count: Annotated[int, _int(1, 10000)] = _described("GPU nodes of the cluster.")
     instance_type: Annotated[str, _text(check=_gpu_instance_type)] = _described(
         "Their SageMaker instance type (kvfleet must know its GPUs).", default="ml.g6e.4xlarge")
 
 
-class CurvineMasterIn(_Model):
+class CurvineMaster(_Model):
     replicas: Annotated[int, _int(1, 7, odd=True)] = _described(
         "Curvine masters (Raft: odd).", default=1)
     storage_class: Annotated[str, _text(check=_storage_class)] = _described(
@@ -211,7 +219,7 @@ class CurvineMasterIn(_Model):
     journal_size: Annotated[str, _text(check=_size)] = _described("Journal volume size.", default="50Gi")
 
 
-class CurvineWorkerIn(_Model):
+class CurvineWorker(_Model):
     replicas: Annotated[int | None, _int(1, 1000)] = _described(
         "Workers; by default one per GPU node (the cluster's gpu_nodes.count).", default=None)
     host_path: Annotated[str, _text(max_len=4096, check=_host_path)] = _described(
@@ -220,8 +228,13 @@ class CurvineWorkerIn(_Model):
     size: Annotated[str, _text(check=_size)] = _described("Capacity per worker (L2 = size × workers).",
                                                           default="100Gi")
 
+    def capacity(self, workers: int) -> str:
+        """The L2 capacity as the sources state it: the size per worker × N workers."""
+        m = SIZE.fullmatch(self.size)
+        return f"{self.size} × {workers}" + (f" = {int(m.group(1)) * workers}{m.group(2)}" if m else "")
 
-class CurvineIn(_Model):
+
+class CurvineSpec(_Model):
     chart: Annotated[str, _text(check=_chart)] = _described("Helm chart of Curvine.", default="curvine")
     csi_chart: Annotated[str, _text(check=_chart)] = _described("Helm chart of Curvine's CSI driver.",
                                                                 default="curvine-csi")
@@ -232,8 +245,8 @@ class CurvineIn(_Model):
                                                                       default=C.CURVINE_CHART_VERSION)
     namespace: Annotated[str, _text(check=_namespace)] = _described("Namespace of Curvine (not a kube- one).",
                                                                     default=C.CURVINE_NAMESPACE)
-    master: CurvineMasterIn = _described("Curvine masters.", default_factory=CurvineMasterIn)
-    worker: CurvineWorkerIn = _described("Curvine workers.", default_factory=CurvineWorkerIn)
+    master: CurvineMaster = _described("Curvine masters.", default_factory=CurvineMaster)
+    worker: CurvineWorker = _described("Curvine workers.", default_factory=CurvineWorker)
     storage_class: Annotated[str, _text(check=_storage_class)] = _described(
         "The StorageClass pods mount L2 through.", default=C.CURVINE_STORAGE_CLASS)
     fs_path: Annotated[str, _text(max_len=4096, check=_fs_path)] = _described("Curvine path of the L2 cache.",
@@ -252,7 +265,7 @@ class CurvineIn(_Model):
         return value
 
 
-class AddonIn(_Model):
+class AddonSpec(_Model):
     name: Annotated[str, _enum(_addon_name, C.ADDON_ORDER)] = _described(
         "An EKS add-on kvfleet manages.")
     version: Annotated[str | None, _text(allow_empty=True, check=_addon_version)] = _described(
@@ -261,53 +274,30 @@ class AddonIn(_Model):
         "Its configurationValues (JSON).", default=None)
 
 
-def _addon_name(value: Any) -> str:
-    if not isinstance(value, str) or value not in C.ADDON_ORDER:
-        raise _fail(f"unknown add-on {show(value)}; kvfleet manages {', '.join(C.ADDON_ORDER)}")
-    return value
-
-
-def _node_recovery(value: Any) -> Any:
-    allowed = tuple(sorted(C.NODE_RECOVERY_VALUES))
-    if value is None:
-        raise _fail("is null (YAML reads null, ~ or an empty value as no value); write Automatic or None, or remove "
-                    "the key to keep the cluster's live value")
-    if not isinstance(value, str) or value not in allowed:
-        raise _fail(f"{show(value)} is not one of {', '.join(allowed)} (SageMaker's ClusterNodeRecovery); set one of "
-                    "them, or remove the key to keep the cluster's live value")
-    return value
-
-
-def _update_strategy(value: Any) -> Any:
-    if value is not None and (not isinstance(value, str) or value not in UPDATE_STRATEGIES):
-        raise _fail(f"{show(value)} is not an update strategy; allowed: {UPDATE_STRATEGY_HELP}. Set one of "
-                    f"{', '.join(UPDATE_STRATEGIES)}, or remove the key for auto")
-    return value
-
-
 UpdateStrategy = Annotated[str | None, _enum(_update_strategy, UPDATE_STRATEGIES, nullable=True)]
 
 
-class ClusterIn(_Model):
+class Cluster(_Model):
     name: Annotated[str, _name(HYPERPOD_NAME, "HyperPod cluster name")] = _described(
         "The HyperPod cluster's name (letters, digits, '-', at most 63).")
     region: Annotated[str, _text(check=_region)] = _described("Its AWS region, e.g. us-east-1.")
     production: Bool = _described("A production cluster: `auto` L2 injection is kyverno, Curvine upgrades ask for "
                                   "approval.", default=False)
-    tiered_storage: TieredStorageIn = _described("HyperPod managed tiered storage (L1).",
-                                                 default_factory=TieredStorageIn)
+    tiered_storage: TieredStorage = _described("HyperPod managed tiered storage (L1).",
+                                                 default_factory=TieredStorage)
     node_recovery: Annotated[str | None, _enum(_node_recovery, C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
-    gpu_nodes: GpuNodesIn = _described("The cluster's GPU nodes: {count, instance_type}.")
-    l2_injection: Annotated[str, _choice(L2_INJECTION_CHOICES)] = _described(
-        "How the L2 mount reaches operator pods: auto (kyverno on production, else patch), patch, kyverno.",
-        default="auto")
+    gpu_nodes: GpuNodes = _described("The cluster's GPU nodes: {count, instance_type}.")
+    # What the file asks (its key is `l2_injection`); the property `l2_injection` is what the cluster runs.
+    l2_injection_asked: Annotated[str, _choice(L2_INJECTION_CHOICES)] = Field(
+        "auto", alias="l2_injection",
+        description="How the L2 mount reaches operator pods: auto (kyverno on production, else patch), patch, kyverno.")
     update_strategy: UpdateStrategy = _described(
         f"How patch mode changes a Deployment, the default of its endpoints: {UPDATE_STRATEGY_HELP}.", default=None)
     ebs_storage_class: Annotated[str, _text(check=_storage_class)] = _described(
         "The EBS StorageClass of the cluster.", default="ebs-sc")
-    curvine: CurvineIn = _described("Curvine (L2) on this cluster.", default_factory=CurvineIn)
-    addons: list[AddonIn] = _described("EKS add-ons: a list with `name`, or a mapping keyed by name.",
+    curvine: CurvineSpec = _described("Curvine (L2) on this cluster.", default_factory=CurvineSpec)
+    addons: list[AddonSpec] = _described("EKS add-ons: a list with `name`, or a mapping keyed by name.",
                                        default_factory=list)
 
     @field_validator("addons", mode="before")
@@ -315,8 +305,29 @@ class ClusterIn(_Model):
     def _both_spellings(cls, value: Any) -> Any:
         return named_items(value)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def l2_injection(self) -> str:
+        """What the cluster runs: patch | kyverno (`auto` resolved, see ``l2_injection_reason``)."""
+        return resolve_l2_injection(self.l2_injection_asked, self.production)[0]
 
-class EndpointIn(_Model):
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def l2_injection_reason(self) -> str:
+        return resolve_l2_injection(self.l2_injection_asked, self.production)[1]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def curvine_workers(self) -> int:
+        """Curvine workers: `curvine.worker.replicas`, else one per GPU node (docs/reference/curvine.md)."""
+        declared = self.curvine.worker.replicas
+        return declared if declared is not None else max(1, self.gpu_nodes.count)
+
+    def addon(self, name: str) -> AddonSpec:
+        return next((a for a in self.addons if a.name == name), AddonSpec(name=name))
+
+
+class Endpoint(_Model):
     name: Annotated[str, _name(DNS_LABEL, "Kubernetes object name")] = _described(
         "The endpoint (a Kubernetes object name and the SageMaker endpoint name).")
     namespace: Annotated[str, _text(check=_namespace)] = _described(
@@ -348,16 +359,33 @@ class EndpointIn(_Model):
     dtype: Annotated[str | None, _choice(models.DTYPES, True)] = _described(
         "Weights' dtype, with model_params_b (else the catalogue's).", default=None)
 
+    @property
+    def size(self) -> ModelSize:
+        """The served model's size: the declared one, else the catalogue's (``derived.model_size``)."""
+        return model_size(self)
 
-class FleetFile(_Model):
-    """The whole inventory file."""
+    @property
+    def key(self) -> str:
+        """Unique within a cluster: namespace/name."""
+        return f"{self.namespace}/{self.name}"
 
-    settings: SettingsIn = _described("Fleet-wide settings.", default_factory=SettingsIn)
-    lobs: list[LobIn] = _described("Lines of business: a list with `name`, or a mapping keyed by name.",
+    @property
+    def ref(self) -> str:
+        """Unique within the fleet: cluster:namespace/name."""
+        return f"{self.cluster}:{self.namespace}/{self.name}"
+
+
+class Inventory(_Model):
+    """The whole inventory file."""  # the JSON Schema's description; validated, it carries `source` and `warnings`
+
+    _source: str = PrivateAttr("fleet.yaml")
+    _warnings: tuple[str, ...] = PrivateAttr(())
+    settings: Settings = _described("Fleet-wide settings.", default_factory=Settings)
+    lobs: list[Lob] = _described("Lines of business: a list with `name`, or a mapping keyed by name.",
                                    default_factory=list)
-    clusters: list[ClusterIn] = _described("HyperPod clusters: a list with `name`, or a mapping keyed by name.",
+    clusters: list[Cluster] = _described("HyperPod clusters: a list with `name`, or a mapping keyed by name.",
                                            default_factory=list)
-    endpoints: list[EndpointIn] = _described("Inference endpoints: a list with `name`, or a mapping keyed by name.",
+    endpoints: list[Endpoint] = _described("Inference endpoints: a list with `name`, or a mapping keyed by name.",
                                              default_factory=list)
     prices: Annotated[dict[Annotated[str, BeforeValidator(_price_key)], Annotated[float, BeforeValidator(_price)]],
                       Field(max_length=500)] = _described("USD per instance-hour by instance type (optional).",
@@ -370,10 +398,10 @@ class FleetFile(_Model):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _cross_checks(cls, data: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> FleetFile:
+    def _cross_checks(cls, data: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Inventory:
         """Field errors and the checks across objects, in one ValidationError (see the module docstring)."""
         try:
-            fleet: FleetFile | None = handler(data)
+            fleet: Inventory | None = handler(data)
             errors: list[Any] = []
         except ValidationError as exc:
             fleet, errors = None, list(exc.errors())
@@ -382,43 +410,57 @@ class FleetFile(_Model):
             context = info.context if isinstance(info.context, dict) else {}
             doc = normalised(data)
             found = cross_checks(doc, _parts(doc, fleet), str(context.get("source", "fleet.yaml")))
-            context.setdefault("warnings", []).extend(found.warnings)
+            if fleet is not None:
+                fleet._source, fleet._warnings = str(context.get("source", "fleet.yaml")), tuple(found.warnings)
         if errors or found.problems:
-            errors = _left_out(errors) if fleet is None else errors
-            raise ValidationError.from_exception_data(cls.__name__, [_again(e) for e in errors] + [
+            errors = left_out(errors) if fleet is None else errors
+            raise ValidationError.from_exception_data(cls.__name__, [again(e) for e in errors] + [
                 InitErrorDetails(type=_fail(msg), loc=loc, input=None) for loc, msg in found.problems])
         assert fleet is not None
         return fleet
 
+    @property
+    def source(self) -> str:
+        return self._source
 
-LEFT_OUT: Final = {"lobs": "this line of business is", "clusters": "this cluster is",
-                   "endpoints": "this endpoint is", "settings": "the settings are"}
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
 
+    def cluster(self, name: str) -> Cluster:
+        return {c.name: c for c in self.clusters}[name]  # KeyError(name) when unknown
 
-def _left_out(errors: list[Any]) -> list[Any]:
-    """The field errors, the first one of each object that failed saying that the object is left out of the checks
-    across objects (references, capacity, model sizes) until it is fixed."""
-    seen: set[tuple[Any, ...]] = set()
-    out = []
-    for error in errors:
-        loc = tuple(error["loc"])
-        owner = loc[:2] if loc and loc[0] in ("lobs", "clusters", "endpoints") and len(loc) >= 2 else \
-            loc[:1] if loc and loc[0] == "settings" else None
-        if owner is not None and owner not in seen:
-            seen.add(owner)
-            note = f" ({LEFT_OUT[str(owner[0])]} left out of the checks across objects until this is fixed)"
-            error = {**error, "ctx": {**(error.get("ctx") or {}), "left_out": note}}
-        out.append(error)
-    return out
+    def lob(self, name: str) -> Lob:
+        return {x.name: x for x in self.lobs}[name]
 
+    def endpoints_of(self, cluster: str) -> tuple[Endpoint, ...]:
+        return tuple(e for e in self.endpoints if e.cluster == cluster)
 
-def _again(error: Any) -> InitErrorDetails:
-    """A collected error, carried into the combined ValidationError unchanged in substance."""
-    ctx = {k: v for k, v in (error.get("ctx") or {}).items() if k != "error"}
-    if error["type"] != "kvfleet":
-        ctx["detail"] = error["msg"]
-    return InitErrorDetails(type=PydanticCustomError(error["type"], "{detail}", ctx), loc=error["loc"],
-                            input=error.get("input"))
+    def update_strategy(self, ep: Endpoint) -> tuple[str, str]:
+        """(the strategy asked for an endpoint, where it is set): its own value wins over its cluster's."""
+        if ep.update_strategy is not None:
+            return ep.update_strategy, "endpoint"
+        try:
+            return self.cluster(ep.cluster).update_strategy or "auto", "cluster"
+        except KeyError:
+            return "auto", "default"
+
+    def select(self, *, lobs: list[str] | None = None, clusters: list[str] | None = None,
+               endpoints: list[str] | None = None) -> Inventory:
+        """The same inventory narrowed to a scope. Unknown names are an InventoryError naming them."""
+        problems = [f"{self.source}: unknown {kind} {name!r}; known: {', '.join(sorted(known)) or 'none'}"
+                    for kind, wanted, known in (
+                        ("lob", lobs, {x.name for x in self.lobs}),
+                        ("cluster", clusters, {x.name for x in self.clusters}),
+                        ("endpoint", endpoints, {e.name for e in self.endpoints} | {e.ref for e in self.endpoints}))
+                    for name in wanted or [] if name not in known]
+        if problems:
+            raise InventoryError(problems)
+        eps = [e for e in self.endpoints if (not lobs or e.lob in lobs) and (not clusters or e.cluster in clusters)
+               and (not endpoints or e.name in endpoints or e.ref in endpoints)]
+        used = {e.cluster for e in eps}
+        cls = [c for c in self.clusters if (not clusters or c.name in clusters) and (not lobs or c.name in used)]
+        return self.model_copy(update={"clusters": cls, "endpoints": eps})
 
 
 def normalised(data: dict[str, Any]) -> dict[str, Any]:
@@ -439,11 +481,11 @@ def _validated(model: type[_Model], raw: Any) -> Any:
         return None
 
 
-def _parts(data: dict[str, Any], fleet: FleetFile | None) -> Parts:
+def _parts(data: dict[str, Any], fleet: Inventory | None) -> Parts:
     """What the cross checks read: the whole model, or, when fields failed, each item that validated."""
     if fleet is not None:
         return Parts(fleet.settings, list(fleet.lobs), list(fleet.clusters), list(fleet.endpoints))
     raw = {k: v if isinstance(v := data.get(k), list) else [] for k in ("lobs", "clusters", "endpoints")}
-    return Parts(_validated(SettingsIn, data.get("settings")), [_validated(LobIn, x) for x in raw["lobs"]],
-                 [_validated(ClusterIn, x) for x in raw["clusters"]],
-                 [_validated(EndpointIn, x) for x in raw["endpoints"]])
+    return Parts(_validated(Settings, data.get("settings")), [_validated(Lob, x) for x in raw["lobs"]],
+                 [_validated(Cluster, x) for x in raw["clusters"]],
+                 [_validated(Endpoint, x) for x in raw["endpoints"]])

@@ -145,7 +145,7 @@ def _cluster_checks(k: _Checks) -> None:
             _unique_names(k, body["addons"], ("clusters", ci, "addons"), "add-on")
         if cl is None:
             continue
-        if cl.l2_injection == "patch" and cl.production:
+        if cl.l2_injection_asked == "patch" and cl.production:
             k.warn(("clusters", ci, "l2_injection"), "patch on a production cluster: the operator re-renders its "
                    "Deployments (a CR edit, an operator upgrade, a deleted Deployment) and each re-render drops the "
                    "patch until drift notices; the sources recommend a mutating webhook or a Kyverno ClusterPolicy "

@@ -1,4 +1,6 @@
-"""The inventory's model (pydantic v2): the one place a key of the fleet file is declared.
+"""The inventory's models (pydantic v2, frozen): the one place a key of the fleet file is declared, and the values
+the rest of kvfleet and the twin read (what a key implies, such as the L2 injection a cluster runs or the size of an
+endpoint's model, is a property computed on access, so a ``model_copy`` stays consistent).
 
 ``Inventory`` mirrors the YAML a platform team writes (``settings``, ``lobs``, ``clusters``, ``endpoints``,
 ``prices``); ``clusters``, ``endpoints``, ``lobs`` and ``addons`` take a list of items with ``name`` or a mapping
@@ -284,7 +286,7 @@ class Cluster(_Model):
     production: Bool = _described("A production cluster: `auto` L2 injection is kyverno, Curvine upgrades ask for "
                                   "approval.", default=False)
     tiered_storage: TieredStorage = _described("HyperPod managed tiered storage (L1).",
-                                                 default_factory=TieredStorage)
+                                               default_factory=TieredStorage)
     node_recovery: Annotated[str | None, _enum(_node_recovery, C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
     gpu_nodes: GpuNodes = _described("The cluster's GPU nodes: {count, instance_type}.")
@@ -298,7 +300,7 @@ class Cluster(_Model):
         "The EBS StorageClass of the cluster.", default="ebs-sc")
     curvine: CurvineSpec = _described("Curvine (L2) on this cluster.", default_factory=CurvineSpec)
     addons: list[AddonSpec] = _described("EKS add-ons: a list with `name`, or a mapping keyed by name.",
-                                       default_factory=list)
+                                          default_factory=list)
 
     @field_validator("addons", mode="before")
     @classmethod
@@ -382,11 +384,11 @@ class Inventory(_Model):
     _warnings: tuple[str, ...] = PrivateAttr(())
     settings: Settings = _described("Fleet-wide settings.", default_factory=Settings)
     lobs: list[Lob] = _described("Lines of business: a list with `name`, or a mapping keyed by name.",
-                                   default_factory=list)
+                                 default_factory=list)
     clusters: list[Cluster] = _described("HyperPod clusters: a list with `name`, or a mapping keyed by name.",
-                                           default_factory=list)
+                                         default_factory=list)
     endpoints: list[Endpoint] = _described("Inference endpoints: a list with `name`, or a mapping keyed by name.",
-                                             default_factory=list)
+                                           default_factory=list)
     prices: Annotated[dict[Annotated[str, BeforeValidator(_price_key)], Annotated[float, BeforeValidator(_price)]],
                       Field(max_length=500)] = _described("USD per instance-hour by instance type (optional).",
                                                           default_factory=dict)

@@ -28,9 +28,8 @@ from pydantic_core import to_jsonable_python
 
 from kvfleet.errors import InventoryError
 from kvfleet.fleet.inventory import Inventory, InventoryWarning, read_inventory_text
-from kvfleet.fleet.inventory.loader import Validated, validate_document, validate_text
+from kvfleet.fleet.inventory.loader import validate_document, validate_text
 from kvfleet.fleet.inventory.messages import FleetProblems
-from kvfleet.fleet.inventory.values import inventory_from
 
 GIT_TIMEOUT_S = 5.0
 
@@ -75,10 +74,10 @@ def _plain(model: BaseModel) -> dict[str, Any]:
     return out
 
 
-def canonical(checked: Validated) -> str:
+def canonical(inventory: Inventory) -> str:
     """The validated inventory as canonical JSON: sorted keys, no whitespace, ASCII (any other character escaped, so a
     lone surrogate YAML lets through is carried too, and the digest never depends on an encoding)."""
-    return json.dumps(_plain(checked.fleet), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+    return json.dumps(_plain(inventory), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
 
 
@@ -127,7 +126,6 @@ def inventory_of(pinned: Pinned) -> Inventory:
         raise InventoryError([f"{pinned.source}: the pinned inventory does not match its digest "
                               f"sha256:{pinned.sha256[:12]}; the history store's copy was changed: plan a new run"])
     try:
-        checked = validate_document(json.loads(pinned.body), pinned.source)
+        return validate_document(json.loads(pinned.body), pinned.source)
     except FleetProblems as exc:
         raise InventoryError([f"(pinned {pinned.revision}) {p}" for p in exc.problems]) from None
-    return inventory_from(checked.fleet, pinned.source, checked.warnings)

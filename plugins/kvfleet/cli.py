@@ -10,6 +10,7 @@ and warnings go to stderr.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import logging
@@ -199,7 +200,7 @@ def _runs(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _revision(sha256: str | None, commit: str | None, dirty: bool | None) -> str | None:
-    """``1a2b3c4d5e6f@0123456789ab`` (digest, then commit; ``+dirty`` when the tree had uncommitted changes)."""
+    """``1a2b3c4d5e6f@0123456789ab`` (digest, then commit; ``+dirty`` when the file had uncommitted changes)."""
     if not sha256:
         return None
     return sha256[:12] + (f"@{commit[:12]}" + ("+dirty" if dirty else "") if commit else "")
@@ -350,13 +351,17 @@ def _audit_inventory(h: Any, args: argparse.Namespace) -> int:
         print(f"kvfleet audit inventory: run {args.run[:200]} has no pinned inventory (no such run, or one recorded "
               "before inventories were pinned); `kvfleet audit runs` lists the runs", file=sys.stderr)
         return 1
+    if hashlib.sha256(pinned["body"].encode()).hexdigest() != pinned["sha256"]:
+        print(f"kvfleet audit inventory: run {args.run[:200]}: the stored inventory does not match its digest "
+              f"sha256:{pinned['sha256']}; the history store's copy was changed", file=sys.stderr)
+        return 1
     body = json.loads(pinned["body"])
     if args.json:
         _json_dump({"run_key": args.run, "sha256": pinned["sha256"], "commit": pinned["commit"],
                     "dirty": pinned["dirty"], "source": pinned["source"], "inventory": body})
         return 0
     _out(f"# run {args.run}: {pinned['source']} sha256:{pinned['sha256']}"
-         + (f" at {pinned['commit']}" + (" (uncommitted changes)" if pinned["dirty"] else "")
+         + (f" at {pinned['commit']}" + (" (the file had uncommitted changes)" if pinned["dirty"] else "")
             if pinned["commit"] else ""))
     _out(json.dumps(body, indent=2, sort_keys=True))
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import warnings
 from pathlib import Path
@@ -134,13 +135,66 @@ def test_the_commit_and_a_dirty_tree_are_pinned(tmp_path: Path, example_fleet: P
         fleet.write_text(yaml.safe_dump(doc))
         dirty = pin(fleet)
     assert (dirty.commit, dirty.dirty) == (head, True) and dirty.sha256 != clean.sha256
-    assert dirty.revision.endswith("(uncommitted changes)")
+    assert dirty.revision.endswith("(the file has uncommitted changes)")
 
 
 def test_outside_a_work_tree_there_is_no_commit(tmp_path: Path, example_fleet: Path) -> None:
     pinned = _pin_text(tmp_path, example_fleet.read_text())
     assert (pinned.commit, pinned.dirty) == (None, None)
     assert pinned.revision == f"sha256:{pinned.sha256[:12]}"
+
+
+def _committed(tmp_path: Path, example_fleet: Path) -> tuple[Path, str]:
+    repo = tmp_path / "gitops"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "fleet.yaml").write_text(example_fleet.read_text())
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "fleet")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def test_reading_the_revision_runs_no_clean_filter(tmp_path: Path, example_fleet: Path) -> None:
+    """`git status` re-hashes a file whose stat changed through the clean filter the repository's attributes name,
+    running its command; the revision is read with plumbing that runs none."""
+    repo, head = _committed(tmp_path, example_fleet)
+    marker = tmp_path / "ran"
+    (repo / ".gitattributes").write_text("*.yaml filter=evil\n")
+    _git(repo, "config", "filter.evil.clean", f"sh -c 'touch {marker}; cat'")
+    os.utime(repo / "fleet.yaml", (1577836800, 1577836800))  # 2020: the index's stat no longer matches
+    assert git_revision(repo / "fleet.yaml") == (head, False)
+    assert not marker.exists()
+
+
+def test_a_file_git_does_not_track_names_no_commit(tmp_path: Path, example_fleet: Path) -> None:
+    repo, head = _committed(tmp_path, example_fleet)
+    (repo / "other.yaml").write_text(example_fleet.read_text())
+    (repo / ".git" / "info" / "exclude").write_text("other.yaml\n")  # ignored: git status calls the tree clean
+    assert git_revision(repo / "other.yaml") == (None, None)
+    (repo / "new.yaml").write_text(example_fleet.read_text())
+    _git(repo, "add", "new.yaml")  # staged, in no commit yet
+    assert git_revision(repo / "new.yaml") == (head, True)
+
+
+def test_an_inventory_that_would_not_read_back_is_refused_before_the_run(tmp_path: Path, example_fleet: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A validated form that does not validate back the same (a kvfleet bug) is refused by the first task, not
+    met by a later one."""
+    from kvfleet.fleet import pinning
+
+    plain = pinning._plain
+    monkeypatch.setattr(pinning, "_plain", lambda m: {**plain(m), "prices": {"ml.g5.4xlarge": -1}})
+    with pytest.raises(InventoryError, match="kvfleet cannot pin this inventory: its validated form does not read "
+                                             "back the same .*prices"):
+        _pin_text(tmp_path, example_fleet.read_text())
+
+
+def test_a_private_range_is_text_so_that_it_reads_back(tmp_path: Path, example_fleet: Path) -> None:
+    """ip_network also takes an int; the inventory did, and pinned it as a string that did not validate back."""
+    doc = yaml.safe_load(example_fleet.read_text())
+    doc.setdefault("settings", {})["webhook_private_ranges"] = [167772160]
+    with pytest.raises(InventoryError, match=r"webhook_private_ranges\[0\]: 167772160 is not an IP network"):
+        parse_inventory(yaml.safe_dump(doc))
 
 
 def test_reading_the_revision_runs_no_hook_of_the_repository(tmp_path: Path, example_fleet: Path) -> None:

@@ -121,7 +121,7 @@ def pin_inventory(fleet: str, settings: Settings | None = None) -> Pinned:
 def run_inventory(run_key: str) -> Inventory:
     """The inventory this run pinned when it started (``runs.inventory_sha256``), never the file as it is now;
     a PermanentError naming the run when it has none."""
-    from kvfleet.errors import PermanentError
+    from kvfleet.errors import InventoryError, PermanentError
     from kvfleet.fleet.pinning import Pinned, inventory_of
     from kvfleet.history.runs import Runs
 
@@ -130,7 +130,10 @@ def run_inventory(run_key: str) -> Inventory:
         raise PermanentError(f"run {run_key}: the history store holds no pinned inventory for this run; its first "
                              "task pins the inventory when the run starts: clear that task (or trigger a new run) "
                              "to pin it again")
-    return inventory_of(Pinned(**pinned))
+    try:
+        return inventory_of(Pinned(**pinned))
+    except InventoryError as exc:
+        raise InventoryError([f"run {run_key}: {p}" for p in exc.problems]) from None
 
 
 def narrowed(inventory: Inventory, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),

@@ -39,10 +39,10 @@ def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[l
 
     info = run_info()
     pinned = pin_inventory(params["fleet"])
-    inv = narrowed(inventory_of(pinned), clusters=params.get("clusters") or None)
-    history = HistoryRepos.on()
+    history = HistoryRepos.on()  # the run pinned before its scope is judged (a refusal's notification reads it)
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params, inventory=pinned)
+    inv = narrowed(inventory_of(pinned), clusters=params.get("clusters") or None)
     clusters = [c.name for c in inv.clusters]
     history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED, detail={
         "clusters": clusters, "inventory": pinned.revision, **detail}), actor=info.actor)

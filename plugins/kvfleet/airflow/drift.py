@@ -51,12 +51,12 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
             log.warning("the drift watch named cluster(s) no longer in the inventory, not checked: %s",
                         ", ".join(gone))
         params = {**params, "clusters": [c for c in event_clusters if c in known]}
+    history = HistoryRepos.on()  # the run pinned before its scope is judged (a refusal's notification reads it)
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     inv = narrowed(whole, clusters=_params(params)["clusters"]) if params.get("clusters") or not event_clusters \
         else None
     clusters = [c.name for c in inv.clusters] if inv is not None else []
-    history = HistoryRepos.on()
-    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     history.runs.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
         "clusters": clusters, "endpoints": len(inv.endpoints) if inv is not None else 0,
         "remediate": bool(params.get("remediate")), "inventory": pinned.revision,

@@ -405,7 +405,7 @@ def _drift_lobs(result: Mapping[str, Any], opened: Sequence[Mapping[str, Any]] |
 def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettings | None = None, *,
                  inventory: Any | None = None, history: Any | None = None) -> dict[str, str]:
     """Call at the end of one cluster's drift check; never raises. The findings this check opened and the
-    inventory (the run's ``fleet`` Param) are read from the history when not given."""
+    inventory (the one the run pinned) are read from the history when not given."""
     try:
         chosen = _settings(settings)
         if chosen is None:

@@ -211,14 +211,17 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
     info = run_info()
     req = RolloutRequest.from_params(params)
     pinned = pin_inventory(req.fleet)
-    inv = narrowed(inventory_of(pinned), lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
     log.info("inventory %s: %s", pinned.source, pinned.revision)
+    history = HistoryRepos.on()
+    # pinned before the scope and the plan are judged: a refusal's notification routes by this inventory too
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
+    inv = narrowed(inventory_of(pinned), lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
     verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
     log.info("%s", render_plan_text(plan))
-    history = HistoryRepos.on()
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params, plan=plan.as_dict(), inventory=pinned)
+                      triggered_by=info.triggered_by, params=params, plan=plan.as_dict())
     history.runs.record_step(info.step_key, StepEvent(step="plan", stage="plan", outcome="planned",
                                                  detail={"clusters": len(plan.clusters),
                                                          "endpoints": len(inv.endpoints),
@@ -541,8 +544,14 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     """Teardown: restore the operator if THIS run paused it, then release the lease and the slot. Runs even
     when ``cluster_stages`` or a wave failed, was skipped or aborted, or its worker died between pause and
     restore (a teardown without a setup task: trigger rule all-done)."""
-    ctx = rollout_context(cluster, RolloutRequest.from_params(params))
     info = run_info()
+    try:
+        ctx = rollout_context(cluster, RolloutRequest.from_params(params))
+    except BaseException:
+        # No context (no pinned inventory, an unreadable one): nothing to restore from here (the drift check
+        # restores a dead pauser's operator), but what this run holds is freed at once, not at its ttl.
+        _release_all(HistoryRepos.on(), info.run_key, cluster)
+        raise
     history = ctx.history or HistoryRepos.on()
     result: dict[str, Any] = {"restored": False}
     try:

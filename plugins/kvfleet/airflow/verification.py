@@ -73,12 +73,12 @@ def open_run(params: dict[str, Any]) -> list[str]:
 
     info = run_info()
     pinned = pin_inventory(params["fleet"])
+    history = HistoryRepos.on()  # the run pinned before its scope is judged (a refusal's notification reads it)
+    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
+                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     inv = narrowed(inventory_of(pinned), lobs=params.get("lobs"), clusters=params.get("clusters"),
                    endpoints=params.get("endpoints"))
     verify.check_prompt_length(int(params["prompt_tokens"]), inv.settings.chunk_size)
-    history = HistoryRepos.on()
-    history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
-                      triggered_by=info.triggered_by, params=params, inventory=pinned)
     history.runs.record_step(info.step_key, StepEvent("scope", "verify", "planned", detail={
         "endpoints": len(inv.endpoints), "inventory": pinned.revision}), actor=info.actor)
     return sorted({e.cluster for e in inv.endpoints})

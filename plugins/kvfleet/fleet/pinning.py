@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import warnings
@@ -32,13 +33,14 @@ from kvfleet.fleet.inventory.loader import validate_document, validate_text
 from kvfleet.fleet.inventory.messages import FleetProblems
 
 GIT_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Pinned:
     """What a run applies: the inventory's canonical JSON (``body``), its sha256, the name of the file it was read
-    from, and, when that file lives in a git work tree, the commit checked out and whether the tree had changes
-    that were not committed (``None``: not in a git work tree, or git could not tell)."""
+    from, and, when git tracks that file, the commit checked out and whether the file differs from that commit's
+    copy (``None``: not tracked in a git work tree, or git could not tell)."""
 
     body: str
     sha256: str
@@ -51,7 +53,7 @@ class Pinned:
         """How a person reads it: ``sha256:1a2b3c4d5e6f`` and the commit when there is one."""
         text = f"sha256:{self.sha256[:12]}"
         if self.commit:
-            text += f" at {self.commit[:12]}" + (" (uncommitted changes)" if self.dirty else "")
+            text += f" at {self.commit[:12]}" + (" (the file has uncommitted changes)" if self.dirty else "")
         return text
 
 
@@ -81,26 +83,47 @@ def canonical(inventory: Inventory) -> str:
                       allow_nan=False)
 
 
-def git_revision(path: str | Path) -> tuple[str | None, bool | None]:
-    """(the commit checked out in the git work tree holding ``path``, whether that tree has changes not
-    committed), or (None, None) when ``path`` is not in a work tree or git cannot tell (git missing, a repository
-    owned by someone else, a timeout). Hooks and the file-system monitor are switched off: reading the revision
-    runs nothing the repository configures."""
-    directory = Path(path).resolve().parent
-    base = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C", str(directory)]
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},  # no GIT_DIR from the worker
+# Variables that would point git at another repository than the one holding the file (the worker's own).
+_GIT_LOCATION = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+                 "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES")
+
+
+def _git(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if k not in _GIT_LOCATION},
            "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    return subprocess.run(["git", "-c", "core.fsmonitor=false", "-C", str(directory), *args], capture_output=True,
+                          text=True, timeout=GIT_TIMEOUT_S, env=env, check=False, stdin=subprocess.DEVNULL)
+
+
+def git_revision(path: str | Path) -> tuple[str | None, bool | None]:
+    """(the commit checked out in the git work tree holding ``path``, whether the file differs from that commit's
+    copy), or (None, None) when the file is not tracked in a work tree or git cannot tell (git missing, a
+    repository git refuses to read because another user owns it, a timeout: logged).
+
+    Only plumbing that reads objects and the index is used (``rev-parse``, ``ls-files``, ``hash-object
+    --no-filters``): unlike ``git status``, none of it runs a clean filter, an fsmonitor or a hook that the
+    repository's configuration or attributes name, so reading the revision runs nothing the repository configures.
+    """
+    p = Path(path).resolve()
     try:
-        head = subprocess.run([*base, "rev-parse", "--verify", "HEAD"], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, env=env, check=False)
+        head = _git(p.parent, "rev-parse", "--verify", "HEAD")
         if head.returncode != 0:
+            if "dubious ownership" in head.stderr:
+                log.warning("kvfleet: no commit pinned for %s: git refuses the repository (%s)", p.name,
+                            head.stderr.strip().splitlines()[0][:300])
             return None, None
-        status = subprocess.run([*base, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, timeout=GIT_TIMEOUT_S, env=env, check=False)
-    except (OSError, subprocess.SubprocessError):
+        tracked = _git(p.parent, "ls-files", "--error-unmatch", "--", p.name)
+        if tracked.returncode != 0:  # in a work tree, but not in git: no commit holds what was read
+            return None, None
+        committed = _git(p.parent, "rev-parse", "--verify", f"HEAD:./{p.name}")
+        current = _git(p.parent, "hash-object", "--no-filters", "--", p.name)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("kvfleet: no commit pinned for %s: %s", p.name, exc)
         return None, None
-    commit = head.stdout.strip()
-    return commit or None, (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    commit = head.stdout.strip() or None
+    if committed.returncode != 0 or current.returncode != 0:  # added to the index, not committed yet
+        return commit, True
+    return commit, committed.stdout.strip() != current.stdout.strip()
 
 
 def pin(path: str | Path) -> Pinned:
@@ -114,6 +137,13 @@ def pin(path: str | Path) -> Pinned:
     for w in checked.warnings:
         warnings.warn(w, InventoryWarning, stacklevel=2)
     body = canonical(checked)
+    try:
+        again = canonical(validate_document(json.loads(body), source))
+    except FleetProblems as exc:
+        again = "; ".join(exc.problems)
+    if again != body:  # what a later task would read is not what was validated: refuse the run, not its waves
+        raise InventoryError([f"{source}: kvfleet cannot pin this inventory: its validated form does not read back "
+                              f"the same ({again[:300]}); this is a kvfleet bug: report it with the file"])
     commit, dirty = git_revision(p)
     return Pinned(body=body, sha256=hashlib.sha256(body.encode()).hexdigest(), source=source, commit=commit,
                   dirty=dirty)

@@ -3,10 +3,10 @@
 - ``inventory_snapshots``: a validated inventory as canonical JSON (``kvfleet.fleet.pinning``), keyed by its
   sha256, stored once however many runs apply it (the drift check runs every 10 minutes on the same file). The
   key is checked to be the digest of the body. The writer role may read and add snapshots, never change or delete
-  one: a run's record of what it applied stays what it applied.
+  one.
 - ``runs.inventory_sha256`` (the snapshot the run applies), ``runs.inventory_commit`` and ``runs.inventory_dirty``
-  (the git commit of the file's work tree, and whether that tree had uncommitted changes; null when the file was
-  not in a git work tree). Runs recorded before this revision have none.
+  (the git commit of the file's work tree, and whether the file differs from that commit's copy; null when git
+  does not track the file). Runs recorded before this revision have none.
 
 Revision ID: 0010_pinned_inventory
 Revises: 0009_endpoint_state

@@ -128,3 +128,17 @@ def test_a_lease_wait_s_timeout_frees_the_slot_fails_permanently_and_leaves_the_
     assert isinstance(info.value.__cause__, LeaseWaitTimeout), repr(info.value.__cause__)
     assert OTHER in str(info.value)
     assert _locks(history) == [(CLUSTER, OTHER)]  # the run's slot freed; the other run's lease untouched
+
+
+def test_the_teardown_frees_the_slot_and_the_lease_even_without_an_inventory(  # type: ignore[no-untyped-def]
+        in_task, history: HistoryRepos, example_fleet) -> None:
+    """A run whose pinned inventory cannot be read (gone from the history, or no longer valid after an upgrade):
+    its teardown cannot build a context, fails permanently naming the run, and still frees what the run holds."""
+    params = _params(example_fleet)
+    slot = _take_before_deferral(params, history, lease=True)
+    assert _locks(history) == sorted([(CLUSTER, RUN_KEY), (slot, f"{RUN_KEY}#{CLUSTER}")])
+    with history.engine.begin() as conn:
+        conn.execute(text("UPDATE runs SET inventory_sha256 = NULL WHERE run_key = :k"), {"k": RUN_KEY})
+    with pytest.raises(AirflowFailException, match=f"run {RUN_KEY}: the history store holds no pinned inventory"):
+        rollout.release_cluster(CLUSTER, params)
+    assert _locks(history) == []

@@ -161,3 +161,29 @@ def test_audit_inventory_prints_what_a_run_applied(history: HistoryRepos, tmp_pa
     assert "has no pinned inventory" in capsys.readouterr().err
     assert cli.main(["audit", "inventory"]) == 2
     assert "--run is required" in capsys.readouterr().err
+
+
+def test_a_refused_plan_has_pinned_its_inventory_first(history: HistoryRepos, tmp_path: Path, example_fleet: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan refused for its scope (an unknown LOB) has already pinned the inventory, so the run's failure
+    notification routes by it."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from kvfleet.airflow import rollout
+
+    fleet = _fleet(tmp_path, example_fleet)
+    monkeypatch.setenv("KVFLEET_FLEET_PATHS", str(tmp_path))
+    dag_run = SimpleNamespace(dag_id="kvfleet_rollout", run_id="manual__pinned", run_type="manual",
+                              triggering_user_name="ann")
+    with set_current_context({"dag_run": dag_run, "ti": SimpleNamespace(task_id="plan", map_index=-1)}), \
+            pytest.raises(AirflowFailException, match="unknown lob 'nope'"):  # type: ignore[typeddict-item]
+        rollout.plan_rollout({"fleet": str(fleet), "lobs": ["nope"]})
+    assert history.runs.pinned(RUN) is not None
+    assert notify.load_fleet(RUN, history) == _pin_inv(fleet)
+
+
+def _pin_inv(path: Path) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InventoryWarning)
+        return load_inventory(path)

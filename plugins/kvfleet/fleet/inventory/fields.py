@@ -407,6 +407,8 @@ def _configuration(value: Any) -> Any:
 
 def _private_range(value: Any) -> str:
     try:
+        if not isinstance(value, str):  # ip_network also takes an int (an address), which the file cannot mean
+            raise TypeError(value)
         ipaddress.ip_network(value, strict=False)
     except (TypeError, ValueError):
         raise _fail(f"{show(value)} is not an IP network (CIDR) such as 10.20.0.0/16; write the private range the "

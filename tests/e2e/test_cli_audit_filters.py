@@ -14,14 +14,18 @@ import io
 import json
 import os
 import re
+import warnings
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from kvfleet.cli import build_parser, main
+from kvfleet.fleet.inventory import InventoryWarning
+from kvfleet.fleet.pinning import pin
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
 
@@ -35,7 +39,8 @@ VALUE_FILTERS: dict[str, tuple[str, str, str]] = {
     "endpoint": ("retail/a", "claims/b", "endpoint"),
     "run": ("kvfleet_rollout/r1", "kvfleet_rollout/r2", "run_key"),
 }
-REQUIRED = {"curvine": "cluster", "endpoint": "endpoint"}  # a subcommand's own required filter
+REQUIRED = {"curvine": "cluster", "endpoint": "endpoint", "inventory": "run"}  # a subcommand's own required filter
+FLEET = Path(__file__).resolve().parents[1] / "fleets" / "twin.yaml"
 ENDPOINTS = {"c1": ("retail/a", "retail"), "c2": ("claims/b", "claims")}
 
 
@@ -59,8 +64,11 @@ def _pairs() -> list[Any]:
 
 def _seed_run(history: HistoryRepos, run_id: str, at: datetime) -> None:
     run_key = f"kvfleet_rollout/{run_id}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InventoryWarning)
+        pinned = pin(FLEET)
     history.runs.start(run_key, dag_id="kvfleet_rollout", run_id=run_id, trigger="manual", triggered_by="alice",
-                       params={})
+                       params={}, inventory=pinned)
     for cluster, (endpoint, lob) in ENDPOINTS.items():
         key = StepKey(run_key, f"{cluster}.wave_0", 0)
         history.runs.record_step(key, StepEvent(f"endpoint:{endpoint}", "endpoint", "changed", cluster=cluster,
@@ -152,7 +160,7 @@ def _rows(what: str, out: Any) -> list[dict[str, Any]]:
         return [{**r, "run_key": out["run_key"]} for r in out["lobs"]]
     if what == "curvine":
         return [*out["releases"], *out["capacity"]]
-    if what == "verify":
+    if what in ("verify", "inventory"):
         return [out]
     return list(out)
 

@@ -45,8 +45,15 @@ def test_the_public_values_are_the_models() -> None:
         assert issubclass(value, BaseModel) and value.__module__ == "kvfleet.fleet.inventory.schema", name
 
 
+# What the package may hold beyond its rewrite into models that are the values (under 1,890 lines, the two modules
+# it replaced; it was 2,086 with its copies): each feature added since, with the lines it was given. A feature that
+# needs more says so here.
+REWRITE_LINES = 1890
+FEATURES = {"accounts, and clusters known by account/region/name": 180}
+
+
 def test_the_package_stays_small() -> None:
-    """No module of the inventory package over 500 lines; the whole under 1,890 (it was 2,086 with its copies)."""
+    """No module of the inventory package over 500 lines; the whole within the rewrite's size and the features'."""
     lines = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.glob("*.py")}
     assert max(lines.values()) <= 500, lines
-    assert sum(lines.values()) < 1890, lines
+    assert sum(lines.values()) < REWRITE_LINES + sum(FEATURES.values()), lines

@@ -138,9 +138,19 @@ def run_inventory(run_key: str) -> Inventory:
 
 def narrowed(inventory: Inventory, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
              endpoints: Iterable[str] | None = ()) -> Inventory:
-    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError."""
-    return inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
-                            endpoints=list(endpoints or ()) or None)
+    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError. The DAGs still map
+    their tasks over cluster names, so a scope holding one name in several accounts or regions is refused, naming
+    the keys that scope the run to one of them."""
+    from kvfleet.errors import InventoryError
+
+    inv = inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
+                           endpoints=list(endpoints or ()) or None)
+    names = [c.name for c in inv.clusters]
+    shared = sorted({c.key for c in inv.clusters if names.count(c.name) > 1})
+    if shared:
+        raise InventoryError([f"{inv.source}: the run's scope holds clusters that share a name ({', '.join(shared)}); "
+                              "a run takes one of them: set the `clusters` Param to its key"])
+    return inv
 
 
 def scoped(run_key: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfleet.fleet import models
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT
 from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory, gpu_demand, model_fit
 
 CLUSTER_STAGES = ("tiered_storage", "operator_addons", "curvine")
@@ -161,9 +162,10 @@ class ClusterPlan:
     curvine_workers: int = 0
     curvine_workers_reason: str = ""
     curvine_capacity: str = ""
+    key: str = ""  # account/region/name (kvfleet.fleet.cluster_ref)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "stages": list(self.stages),
+        return {"cluster": self.cluster, "key": self.key, "stages": list(self.stages),
                 "l2_injection": {"mode": self.l2_injection, "why": self.l2_injection_reason},
                 "curvine": {"workers": self.curvine_workers, "why": self.curvine_workers_reason,
                             "capacity": self.curvine_capacity},
@@ -238,8 +240,8 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
     if size < 1:
         raise ValueError(f"wave_size: {size} is below 1; use 1 or more")
     clusters = []
-    for cluster in sorted(inventory.clusters, key=lambda c: c.name):
-        eps = list(inventory.endpoints_of(cluster.name))
+    for cluster in sorted(inventory.clusters, key=lambda c: (c.name, c.key)):
+        eps = list(inventory.endpoints_of(cluster.key))
         waves = plan_cluster_waves(eps, cluster.name, size, canary)
         if cluster.l2_injection == "patch":  # kyverno mode: the operator re-renders with its own strategy
             needed, available = gpu_demand(cluster, eps)
@@ -250,7 +252,7 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
             l2_injection_reason=cluster.l2_injection_reason or f"asked (l2_injection: {cluster.l2_injection})",
             curvine_workers=cluster.curvine_workers,
             curvine_workers_reason=_workers_reason(cluster),
-            curvine_capacity=cluster.curvine.worker.capacity(cluster.curvine_workers),
+            curvine_capacity=cluster.curvine.worker.capacity(cluster.curvine_workers), key=cluster.key,
         ))
     return Plan(inventory.source, size, canary, tuple(clusters))
 
@@ -258,7 +260,7 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
 def render_plan_text(plan: Plan) -> str:
     lines = [f"rollout plan for {plan.source} (wave size {plan.wave_size}, canary {'on' if plan.canary else 'off'})"]
     for c in plan.clusters:
-        lines.append(f"cluster {c.cluster}")
+        lines.append(f"cluster {c.cluster}" + ("" if c.key.startswith(f"{DEFAULT_ACCOUNT}/") else f" ({c.key})"))
         lines.append(f"  L2 injection: {c.l2_injection} — {c.l2_injection_reason}")
         lines.append(f"  Curvine: {c.curvine_workers} workers ({c.curvine_workers_reason}); L2 capacity "
                      f"{c.curvine_capacity}")

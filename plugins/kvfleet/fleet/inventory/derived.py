@@ -61,7 +61,7 @@ def model_size(ep: Endpoint) -> ModelSize:
 def gpu_demand(cluster: Cluster, endpoints: Iterable[Endpoint]) -> tuple[int, int]:
     """(GPUs the cluster's endpoints need, GPUs its declared nodes have), headroom of its L2 mode included."""
     return gpu_budget(cluster.gpu_nodes.instance_type, cluster.gpu_nodes.count, cluster.l2_injection,
-                      [e.replicas for e in endpoints if e.cluster == cluster.name])
+                      [e.replicas for e in endpoints if e.on(cluster)])
 
 
 def model_fit(ep: Endpoint) -> models.Fit | None:

@@ -18,13 +18,16 @@ from pydantic_core import CoreSchema, core_schema
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import hardware, models
 from kvfleet.fleet.inventory.vocabulary import (
+    ACCOUNT_ID,
     CHART_NAME,
+    CONN_ID,
     DEFAULT_IMAGE,
     DEFAULT_MODEL_ID,
     DEFAULT_WORKER_HOST_PATH,
     DNS_LABEL,
     DNS_SUBDOMAIN,
     ENV_NAME,
+    EXTERNAL_ID,
     HASH_SEED_MAX,
     HELM_SPECIAL,
     HF_PART,
@@ -35,6 +38,7 @@ from kvfleet.fleet.inventory.vocabulary import (
     MODEL_NAME,
     REGION,
     RESERVED_ENV,
+    ROLE_ARN,
     SEMVER,
     SIZE,
     SYSTEM_NAMESPACE_PREFIX,
@@ -251,6 +255,20 @@ def _addon_version(value: str) -> str | None:
 
 
 _region = _pattern(REGION, "is not an AWS region such as us-east-1")
+_role_arn = _pattern(ROLE_ARN, "is not an IAM role ARN such as arn:aws:iam::123456789012:role/kvfleet")
+_external_id = _pattern(EXTERNAL_ID, "is not an STS external id (2 to 1224 of letters, digits and _+=,.@:/-)")
+_conn_id = _pattern(CONN_ID, "is not an Airflow connection id (letters, digits, '_', '.', '-')")
+
+
+def _account_id(value: Any) -> str:
+    """A 12-digit AWS account id, written as a string: YAML reads an unquoted 012345670123 as an octal number."""
+    if not isinstance(value, str):
+        raise _fail(f"{show(value)} is {type_name(value)}, not a string; write the 12-digit account id quoted, e.g. "
+                    "id: '012345678901' (YAML reads an unquoted number as a number, and a leading 0 as octal)")
+    if not ACCOUNT_ID.fullmatch(value):
+        raise _fail(f"{show(value)} is not a 12-digit AWS account id; write the account's 12 digits, e.g. "
+                    "'012345678901'")
+    return value
 
 
 def _model_name(value: str) -> str | None:

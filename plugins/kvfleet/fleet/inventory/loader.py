@@ -24,7 +24,7 @@ from kvfleet.errors import InventoryError
 from kvfleet.fleet import yaml_safe
 from kvfleet.fleet.inventory.messages import FleetProblems, message, where, yaml_path
 from kvfleet.fleet.inventory.schema import Inventory, normalised
-from kvfleet.fleet.inventory.vocabulary import MAX_INVENTORY_BYTES, MAX_PROBLEMS, TOP_KEYS, type_name
+from kvfleet.fleet.inventory.vocabulary import MAX_INVENTORY_BYTES, MAX_PROBLEMS, NAMED, TOP_KEYS, type_name
 
 
 class InventoryWarning(UserWarning):
@@ -101,10 +101,10 @@ def json_schema() -> dict[str, Any]:
 
 
 def _named_collections(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema of `lobs`, `clusters`, `endpoints` and `addons` takes both spellings: the list, or a mapping keyed
-    by name whose items may leave `name` out."""
+    """The schema of `accounts`, `lobs`, `clusters`, `endpoints` and `addons` takes both spellings: the list, or a
+    mapping keyed by name whose items may leave `name` out."""
     defs = schema.get("$defs", {})
-    targets = [(schema, k) for k in ("lobs", "clusters", "endpoints")]
+    targets = [(schema, k) for k in NAMED]
     targets += [(defs["Cluster"], "addons")] if "Cluster" in defs else []
     for owner, key in targets:
         prop = owner["properties"][key]

@@ -8,7 +8,7 @@ from typing import Any, Final, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from kvfleet.fleet.inventory.vocabulary import key_text, show, type_name
+from kvfleet.fleet.inventory.vocabulary import NAMED, key_text, show, type_name
 
 Loc = tuple[str | int, ...]
 
@@ -38,8 +38,10 @@ MISSING: Final = {
 def _item_label(kind: str, index: int, items: Any) -> str:
     item = items[index] if isinstance(items, list) and 0 <= index < len(items) else None
     name = item.get("name") if isinstance(item, dict) else None
-    if kind == "endpoints":
-        return f"endpoints[{index}]({key_text(name)})" if isinstance(name, str) and name else f"endpoints[{index}]"
+    shared = isinstance(name, str) and isinstance(items, list) and sum(
+        isinstance(x, dict) and x.get("name") == name for x in items) > 1
+    if kind == "endpoints" or shared:  # endpoints, and a cluster name two accounts or regions both have
+        return f"{kind}[{index}]({key_text(name)})" if isinstance(name, str) and name else f"{kind}[{index}]"
     return f"{kind}.{key_text(name)}" if isinstance(name, str) and name else f"{kind}[{index}]"
 
 
@@ -51,7 +53,7 @@ def yaml_path(loc: tuple[str | int, ...], data: Any) -> str:
     while i < len(loc):
         seg = loc[i]
         items = node.get(seg) if isinstance(node, dict) and isinstance(seg, str) else None
-        if isinstance(seg, str) and seg in ("lobs", "clusters", "endpoints", "addons") and i + 1 < len(loc) \
+        if isinstance(seg, str) and seg in (*NAMED, "addons") and i + 1 < len(loc) \
                 and isinstance(loc[i + 1], int) and isinstance(items, list):
             index = int(loc[i + 1])
             label = _item_label(seg, index, items)
@@ -114,7 +116,7 @@ def _text(error: Any, root: type[BaseModel]) -> str:
     if kind == "too_long":
         return f"has {ctx.get('actual_length')} entries; at most {ctx.get('max_length')}"
     if kind in ("list_type", "dict_type"):
-        want = "a list or mapping" if loc and loc[-1] in ("lobs", "clusters", "endpoints", "addons") else \
+        want = "a list or mapping" if loc and loc[-1] in (*NAMED, "addons") else \
             "a list" if kind == "list_type" else "a mapping"
         return f"expected {want}, got {type_name(value)} {show(value)}"
     return f"{show(value)}: {error['msg']}"
@@ -125,7 +127,7 @@ def where(loc: Loc) -> Loc:
     return loc[:-1] if len(loc) >= 3 and loc[-1] == "name" and loc[-3] == "addons" else loc
 
 
-LEFT_OUT: Final = {"lobs": "this line of business is", "clusters": "this cluster is",
+LEFT_OUT: Final = {"accounts": "this account is", "lobs": "this line of business is", "clusters": "this cluster is",
                    "endpoints": "this endpoint is", "settings": "the settings are"}
 
 
@@ -136,7 +138,7 @@ def left_out(errors: list[Any]) -> list[Any]:
     out = []
     for error in errors:
         loc = tuple(error["loc"])
-        owner = loc[:2] if loc and loc[0] in ("lobs", "clusters", "endpoints") and len(loc) >= 2 else \
+        owner = loc[:2] if loc and loc[0] in NAMED and len(loc) >= 2 else \
             loc[:1] if loc and loc[0] == "settings" else None
         if owner is not None and owner not in seen:
             seen.add(owner)

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from kvfleet.fleet import hardware, models
+from kvfleet.fleet.cluster_ref import ambiguity, candidates
 from kvfleet.fleet.inventory.derived import gpu_demand, replica_fit
 from kvfleet.fleet.inventory.fields import _unnormal
 from kvfleet.fleet.inventory.messages import Found, Loc, yaml_path
 from kvfleet.fleet.inventory.vocabulary import (
     DEFAULT_WORKER_HOST_PATH,
+    ROLE_ARN,
     WORKLOAD_ROUTING,
     WORKLOAD_WHY,
     key_text,
@@ -25,7 +27,7 @@ from kvfleet.fleet.inventory.vocabulary import (
 )
 
 if TYPE_CHECKING:
-    from kvfleet.fleet.inventory.schema import Cluster, Endpoint, Lob, Settings
+    from kvfleet.fleet.inventory.schema import Account, Cluster, Endpoint, Lob, Settings
 
 def _as_ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
@@ -91,6 +93,7 @@ class Parts:
     lobs: list[Lob | None]
     clusters: list[Cluster | None]
     eps: list[Endpoint | None]
+    accounts: list[Account | None]
 
 
 class _Checks:
@@ -99,8 +102,10 @@ class _Checks:
     def __init__(self, data: dict[str, Any], parts: Parts, source: str) -> None:
         self.data, self.source = data, source
         self.found = Found()
-        self.raw_lobs, self.raw_clusters, self.raw_eps = (_listed(data, k) for k in ("lobs", "clusters", "endpoints"))
+        self.raw_lobs, self.raw_clusters, self.raw_eps, self.raw_accounts = (
+            _listed(data, k) for k in ("lobs", "clusters", "endpoints", "accounts"))
         self.settings, self.lobs, self.clusters, self.eps = parts.settings, parts.lobs, parts.clusters, parts.eps
+        self.accounts = parts.accounts
 
     def problem(self, loc: Loc, msg: str) -> None:
         self.found.problems.append((loc, msg))
@@ -135,6 +140,65 @@ def _unique_names(k: _Checks, items: list[Any], loc: Loc, what: str) -> None:
                       "once — merge the two entries or rename one")
         else:
             seen[name] = i
+
+
+def _account_checks(k: _Checks) -> None:
+    """Accounts named and numbered once, each role in its own account."""
+    _unique_names(k, k.raw_accounts, ("accounts",), "account")
+    by_name: dict[str, Account] = {}
+    first: dict[str, int] = {}
+    for ai, acct in enumerate(k.accounts):
+        if acct is None:
+            continue
+        by_name.setdefault(acct.name, acct)
+        if acct.id in first:
+            where = yaml_path(("accounts", first[acct.id]), k.data)
+            k.problem(("accounts", ai, "id"), f"{acct.id} is also the id of {where}; declare each account once "
+                      "(merge the two entries)")
+        first.setdefault(acct.id, ai)
+        m = ROLE_ARN.fullmatch(acct.role_arn or "")
+        if m and m.group(2) != acct.id:
+            k.problem(("accounts", ai, "role_arn"), f"{show(acct.role_arn)} is a role of account {m.group(2)}, not of "
+                      f"{acct.id}: kvfleet assumes a role in the account it reaches; use arn:aws:iam::{acct.id}:role/…")
+    _account_refs(k, by_name)
+
+
+def _account_refs(k: _Checks, by_name: dict[str, Account]) -> None:
+    """Each cluster's and LOB's account declared, a cluster's reachable; each cluster given its account's id."""
+    declared = sorted({n for b in k.raw_accounts if isinstance(b, dict) and isinstance(n := b.get("name"), str)})
+    for kind, items in (("lobs", k.lobs), ("clusters", k.clusters)):
+        for i, item in enumerate(items):
+            name = getattr(item, "account", None)
+            if name is None:
+                continue
+            if name not in declared:
+                k.problem((kind, i, "account"), f"{show(name)} is not a declared account; declared: "
+                          f"{', '.join(declared[:20]) or 'none'} (add it under accounts, or remove the key for the "
+                          "base identity's own account)")
+                continue
+            acct = by_name.get(name)
+            if acct is not None and kind == "clusters":
+                item._account_id = acct.id  # type: ignore[union-attr]
+                if not acct.role_arn and not acct.aws_conn_id:
+                    k.problem((kind, i, "account"), f"{name}: account {acct.id} has neither role_arn nor "
+                              "aws_conn_id, so kvfleet has no way into it; add the role kvfleet assumes there "
+                              f"(accounts.{name}.role_arn)")
+
+
+def _unique_clusters(k: _Checks) -> None:
+    """A HyperPod cluster's name is unique within one account and region: two entries with the same all three."""
+    seen: dict[tuple[str, str, str], int] = {}
+    for i, body in enumerate(k.raw_clusters):
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            continue
+        key = (_raw_str(body, "account"), _raw_str(body, "region"), name)
+        if key in seen:
+            where = yaml_path(("clusters", f"[{seen[key]}]"), k.data)
+            k.problem(("clusters", f"[{i}]"), f"duplicate cluster {show(name)} (also at {where}); a cluster is "
+                      "declared once per account and region — merge the two entries or rename one")
+        else:
+            seen[key] = i
 
 
 def _cluster_checks(k: _Checks) -> None:
@@ -192,19 +256,31 @@ def _endpoint_refs(k: _Checks) -> list[int]:
     still checked); the indexes of the endpoints that are not duplicates."""
     clusters = sorted({n for b in k.raw_clusters if isinstance(b, dict) and isinstance(n := b.get("name"), str)})
     lobs = sorted({n for b in k.raw_lobs if isinstance(b, dict) and isinstance(n := b.get("name"), str)})
+    valid = [c for c in k.clusters if c is not None]
+    failed = set(clusters) - {c.name for c in valid}  # a cluster with its own field errors: not judged again here
+    lob_account = {lob.name: lob.account for lob in k.lobs if lob is not None}
     seen: dict[tuple[str, str, str], int] = {}
     named: dict[tuple[str, str], tuple[int, str]] = {}
     unique = []
     for i, body in enumerate(k.raw_eps):
         cluster, lob, name = _raw_str(body, "cluster"), _raw_str(body, "lob"), _raw_str(body, "name")
         namespace = _raw_str(body, "namespace", "default")
-        if cluster and cluster not in clusters:
+        found = candidates(cluster, valid, account=lob_account.get(lob)) if cluster else []
+        on = cluster  # the key of the cluster it is on, when the reference resolves (messages quote it as written)
+        if len(found) > 1:
+            k.problem(("endpoints", i, "cluster"), f"{ambiguity(cluster, found)} (or give its line of business the "
+                      "account: lobs.<name>.account)")
+        elif found:
+            on = found[0].key
+            if i < len(k.eps) and (ep := k.eps[i]) is not None:
+                ep._cluster_key = on
+        elif cluster and cluster.split("/")[-1] not in failed:
             k.problem(("endpoints", i, "cluster"), f"{show(cluster)} is not a declared cluster; declared: "
                       f"{', '.join(clusters[:20]) or 'none'}")
         if lob and lob not in lobs:
             k.problem(("endpoints", i, "lob"), f"{show(lob)} is not a declared line of business; declared: "
                       f"{', '.join(lobs[:20]) or 'none'}")
-        key = (cluster, namespace, name)
+        key = (on, namespace, name)
         if key in seen:
             k.problem(("endpoints", f"[{i}]({key_text(name)})" if name else f"[{i}]"),
                       f"duplicate endpoint {namespace}/{name} on cluster {cluster} (also at {k.label(seen[key])}); "
@@ -212,7 +288,7 @@ def _endpoint_refs(k: _Checks) -> list[int]:
             continue
         seen[key] = i
         unique.append(i)
-        other = named.get((cluster, name))
+        other = named.get((on, name))
         if other is not None and name:
             # The CR's spec.endpointName is the name, and names a SageMaker endpoint: unique per AWS account and
             # region (docs/reference/hyperpod.md), and one cluster is one account and region.
@@ -221,17 +297,17 @@ def _endpoint_refs(k: _Checks) -> list[int]:
                       "names a SageMaker endpoint, unique per AWS account and region (the CRD: \"Name of a SageMaker "
                       "endpoint to be created\"), so two namespaces cannot both use it; rename one")
         else:
-            named[(cluster, name)] = (i, namespace)
+            named[(on, name)] = (i, namespace)
     return unique
 
 
 def _endpoint_checks(k: _Checks, unique: list[int]) -> None:
-    by_name = {c.name: c for c in k.clusters if c is not None}
+    by_key = {c.key: c for c in k.clusters if c is not None}
     for i in unique:
         ep = k.eps[i] if i < len(k.eps) else None
         if ep is None:
             continue
-        cl = by_name.get(ep.cluster)
+        cl = by_key.get(ep._cluster_key or "")
         if cl and ep.instance_type != cl.gpu_nodes.instance_type and ep.instance_type.startswith("ml.") \
                 and cl.gpu_nodes.instance_type.startswith("ml."):
             want = cl.gpu_nodes.instance_type
@@ -306,7 +382,7 @@ def _capacity_checks(k: _Checks, unique: list[int]) -> None:
         shape = hardware.gpu_shape(cl.gpu_nodes.instance_type) if cl else None
         if cl is None or shape is None:
             continue
-        mine = [e for e in eps if e.cluster == cl.name]
+        mine = [e for e in eps if e.on(cl)]
         needed, available = gpu_demand(cl, mine)
         if needed <= available:
             continue
@@ -325,7 +401,8 @@ def cross_checks(data: dict[str, Any], parts: Parts, source: str) -> Found:
     k = _Checks(data, parts, source)
     if not k.raw_clusters:
         k.problem(("clusters",), "no cluster declared; declare at least one")
-    _unique_names(k, k.raw_clusters, ("clusters",), "cluster")
+    _account_checks(k)
+    _unique_clusters(k)
     _lob_checks(k)
     _cluster_checks(k)
     unique = _endpoint_refs(k)

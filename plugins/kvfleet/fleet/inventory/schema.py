@@ -17,13 +17,10 @@ errors and its cross-reference errors come in one list.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -38,18 +35,22 @@ from pydantic_core import InitErrorDetails
 from kvfleet.errors import InventoryError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet import models
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ClusterRef, ambiguity, candidates, matches
+from kvfleet.fleet.inventory.base import AccountName, Bool, Text, UpdateStrategy, _described, _Model, named_items
 from kvfleet.fleet.inventory.derived import ModelSize, model_size, resolve_l2_injection
 from kvfleet.fleet.inventory.fields import (
+    _account_id,
     _addon_name,
     _addon_version,
-    _bool,
     _chart,
     _chart_version,
     _choice,
     _configuration,
+    _conn_id,
     _enum,
     _env_name,
     _env_value,
+    _external_id,
     _fs_path,
     _gpu_instance_type,
     _hash_seed,
@@ -69,11 +70,11 @@ from kvfleet.fleet.inventory.fields import (
     _price_key,
     _private_range,
     _region,
+    _role_arn,
     _size,
     _sns_arn,
     _storage_class,
     _text,
-    _update_strategy,
     _webhook,
 )
 from kvfleet.fleet.inventory.messages import Found, again, left_out
@@ -88,70 +89,16 @@ from kvfleet.fleet.inventory.vocabulary import (
     L2_INJECTION_CHOICES,
     LMCACHE_LOG_FORMATS,
     MAX_MODEL_PARAMS_B,
+    NAMED,
     SIZE,
-    UPDATE_STRATEGIES,
     UPDATE_STRATEGY_HELP,
     WORKLOADS,
     _fail,
     show,
-    type_name,
 )
 from kvfleet.fleet.shared_rules import repo_url_problem
 
 # ---- the model ----------------------------------------------------------------------------------------------------
-
-Text = Annotated[str, _text()]
-Bool = Annotated[bool, BeforeValidator(_bool)]
-
-
-_REQUIRED: Any = ...
-
-
-def _described(text: str, default: Any = _REQUIRED, default_factory: Callable[[], Any] | None = None) -> Any:
-    """A field's description (the docs table and the schema read it) and its default."""
-    if default_factory is not None:
-        value = default_factory()
-        shown = value if isinstance(value, list | dict) else None  # the schema and the docs show plain defaults
-        return Field(default_factory=default_factory, description=text,
-                     json_schema_extra=None if shown is None else {"default": shown})
-    return Field(default, description=text)
-
-
-class _Model(BaseModel):
-    """A mapping of the inventory: unknown keys are refused, values are typed strictly (YAML's ``"3"`` is no 3)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _a_mapping(cls, data: Any) -> Any:
-        if data is None:
-            return {}  # `tiered_storage:` with nothing under it: every default
-        if isinstance(data, BaseModel):
-            return data
-        if not isinstance(data, dict):
-            raise _fail(f"expected a mapping, got {type_name(data)} {show(data)}")
-        bad = next((k for k in data if not isinstance(k, str)), None)
-        if bad is not None:
-            raise _fail(f"the key {show(bad)} is {type_name(bad)}; field names are strings (YAML 1.1 reads on/off/"
-                        "yes/no as booleans and 0x1F as a number) — quote it")
-        return data
-
-
-def named_items(raw: Any) -> Any:
-    """The two spellings of a named collection, normalised to a list: a list of mappings with ``name`` stays as it
-    is; a mapping keyed by name becomes a list whose items carry the key as ``name`` (an item's own ``name`` wins).
-    Anything else is returned unchanged, for pydantic to refuse."""
-    if raw is None:
-        return []
-    if isinstance(raw, dict):
-        out = []
-        for key, body in raw.items():
-            if body is None:
-                body = {}
-            out.append({**body, "name": body.get("name", key)} if isinstance(body, dict) else body)
-        return out
-    return raw
 
 
 class Notify(_Model):
@@ -163,9 +110,26 @@ class Notify(_Model):
         "or private range is refused unless settings.webhook_private_ranges holds it.", default=None)
 
 
+class Account(_Model):
+    name: Annotated[str, _name(DNS_LABEL, "account name")] = _described(
+        "The inventory's name for the account (DNS-1123 label); clusters and LOBs name it in `account`.")
+    id: Annotated[str, BeforeValidator(_account_id)] = _described("The 12-digit AWS account id (quoted).")
+    role_arn: Annotated[str | None, _text(max_len=2048, check=_role_arn)] = _described(
+        "The IAM role of this account kvfleet assumes from its base identity (required unless aws_conn_id is set).",
+        default=None)
+    external_id: Annotated[str | None, _text(max_len=1224, check=_external_id)] = _described(
+        "The external id the role's trust policy asks for (sts:ExternalId).", default=None)
+    aws_conn_id: Annotated[str | None, _text(max_len=250, check=_conn_id)] = _described(
+        "An Airflow AWS connection used for this account instead of the base identity.", default=None)
+    session_duration_s: Annotated[int, _int(900, 43200)] = _described(
+        "Seconds an assumed-role session lasts (STS: 900-43200; the role's own maximum may be lower).", default=3600)
+
+
 class Lob(_Model):
     name: Annotated[str, _name(DNS_LABEL, "line-of-business name")] = _described(
         "The line of business (DNS-1123 label); endpoints name it in `lob`.")
+    account: AccountName = _described("The account its endpoints' clusters are looked for in first (a bare cluster "
+                                      "name that several accounts have).", default=None)
     description: Annotated[str, _text(max_len=1000, allow_empty=True)] = _described("Free text.", default="")
     remediate_drift: Bool = _described("Drift on this LOB's endpoints is fixed automatically.", default=False)
     notify: Notify = _described("Where this LOB's notifications also go (both keys optional).",
@@ -276,9 +240,6 @@ class AddonSpec(_Model):
         "Its configurationValues (JSON).", default=None)
 
 
-UpdateStrategy = Annotated[str | None, _enum(_update_strategy, UPDATE_STRATEGIES, nullable=True)]
-
-
 class Cluster(_Model):
     name: Annotated[str, _name(HYPERPOD_NAME, "HyperPod cluster name")] = _described(
         "The HyperPod cluster's name (letters, digits, '-', at most 63).")
@@ -290,6 +251,9 @@ class Cluster(_Model):
     node_recovery: Annotated[str | None, _enum(_node_recovery, C.NODE_RECOVERY_VALUES)] = _described(
         "Declared: stage 1 reconciles the cluster to it; absent: the live value is kept.", default=None)
     gpu_nodes: GpuNodes = _described("The cluster's GPU nodes: {count, instance_type}.")
+    account: AccountName = _described("Its account (declared in `accounts`); none: the base identity's own.",
+                                      default=None)
+    _account_id: str = PrivateAttr(DEFAULT_ACCOUNT)  # the account's id, set when the inventory is validated
     # What the file asks (its key is `l2_injection`); the property `l2_injection` is what the cluster runs.
     l2_injection_asked: Annotated[str, _choice(L2_INJECTION_CHOICES)] = Field(
         "auto", alias="l2_injection",
@@ -324,6 +288,17 @@ class Cluster(_Model):
         """Curvine workers: `curvine.worker.replicas`, else one per GPU node (docs/reference/curvine.md)."""
         declared = self.curvine.worker.replicas
         return declared if declared is not None else max(1, self.gpu_nodes.count)
+
+    @property
+    def ref(self) -> ClusterRef:
+        """The cluster's identity across the fleet (``kvfleet.fleet.cluster_ref``)."""
+        return ClusterRef(self._account_id, self.region, self.name)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def key(self) -> str:
+        """``account/region/name``: the account's 12-digit id, or ``default`` for the base identity's own."""
+        return self.ref.key
 
     def addon(self, name: str) -> AddonSpec:
         return next((a for a in self.addons if a.name == name), AddonSpec(name=name))
@@ -361,6 +336,12 @@ class Endpoint(_Model):
     dtype: Annotated[str | None, _choice(models.DTYPES, True)] = _described(
         "Weights' dtype, with model_params_b (else the catalogue's).", default=None)
 
+    _cluster_key: str | None = PrivateAttr(None)  # the key of the cluster `cluster` names, set on validation
+
+    def on(self, cluster: Cluster) -> bool:
+        """Whether this endpoint is on ``cluster``: by the key its reference resolved to, or by what it names."""
+        return self._cluster_key == cluster.key if self._cluster_key else matches(self.cluster, cluster)
+
     @property
     def size(self) -> ModelSize:
         """The served model's size: the declared one, else the catalogue's (``derived.model_size``)."""
@@ -383,6 +364,9 @@ class Inventory(_Model):
     _source: str = PrivateAttr("fleet.yaml")
     _warnings: tuple[str, ...] = PrivateAttr(())
     settings: Settings = _described("Fleet-wide settings.", default_factory=Settings)
+    accounts: list[Account] = _described("AWS accounts the clusters are in: a list with `name`, or a mapping keyed by "
+                                         "name (none: every cluster in the base identity's own).",
+                                         default_factory=list)
     lobs: list[Lob] = _described("Lines of business: a list with `name`, or a mapping keyed by name.",
                                  default_factory=list)
     clusters: list[Cluster] = _described("HyperPod clusters: a list with `name`, or a mapping keyed by name.",
@@ -393,7 +377,7 @@ class Inventory(_Model):
                       Field(max_length=500)] = _described("USD per instance-hour by instance type (optional).",
                                                           default_factory=dict)
 
-    @field_validator("lobs", "clusters", "endpoints", mode="before")
+    @field_validator(*NAMED, mode="before")
     @classmethod
     def _both_spellings(cls, value: Any) -> Any:
         return named_items(value)
@@ -430,13 +414,24 @@ class Inventory(_Model):
         return self._warnings
 
     def cluster(self, name: str) -> Cluster:
-        return {c.name: c for c in self.clusters}[name]  # KeyError(name) when unknown
+        """The cluster ``name`` names: its key, or a bare name only one cluster has. KeyError(name) when none;
+        InventoryError listing the candidates' keys when several."""
+        found = candidates(name, self.clusters)
+        if len(found) > 1:
+            raise InventoryError([f"{self.source}: cluster {ambiguity(name, found)}"])
+        if not found:
+            raise KeyError(name)
+        return found[0]
 
     def lob(self, name: str) -> Lob:
         return {x.name: x for x in self.lobs}[name]
 
     def endpoints_of(self, cluster: str) -> tuple[Endpoint, ...]:
-        return tuple(e for e in self.endpoints if e.cluster == cluster)
+        try:
+            cl = self.cluster(cluster)
+        except KeyError:
+            return tuple(e for e in self.endpoints if e.cluster == cluster)
+        return tuple(e for e in self.endpoints if e.on(cl))
 
     def update_strategy(self, ep: Endpoint) -> tuple[str, str]:
         """(the strategy asked for an endpoint, where it is set): its own value wins over its cluster's."""
@@ -450,24 +445,28 @@ class Inventory(_Model):
     def select(self, *, lobs: list[str] | None = None, clusters: list[str] | None = None,
                endpoints: list[str] | None = None) -> Inventory:
         """The same inventory narrowed to a scope. Unknown names are an InventoryError naming them."""
+        named = {c.key for c in self.clusters} | {c.name for c in self.clusters}
         problems = [f"{self.source}: unknown {kind} {name!r}; known: {', '.join(sorted(known)) or 'none'}"
                     for kind, wanted, known in (
                         ("lob", lobs, {x.name for x in self.lobs}),
-                        ("cluster", clusters, {x.name for x in self.clusters}),
+                        ("cluster", [c for c in clusters or [] if not candidates(c, self.clusters)], named),
                         ("endpoint", endpoints, {e.name for e in self.endpoints} | {e.ref for e in self.endpoints}))
                     for name in wanted or [] if name not in known]
+        chosen = {name: candidates(name, self.clusters) for name in clusters or []}
+        problems += [f"{self.source}: cluster {ambiguity(n, found)}" for n, found in chosen.items() if len(found) > 1]
         if problems:
             raise InventoryError(problems)
-        eps = [e for e in self.endpoints if (not lobs or e.lob in lobs) and (not clusters or e.cluster in clusters)
+        keys = {c.key for found in chosen.values() for c in found}
+        cls = [c for c in self.clusters if not clusters or c.key in keys]
+        eps = [e for e in self.endpoints if (not lobs or e.lob in lobs) and (not clusters or any(e.on(c) for c in cls))
                and (not endpoints or e.name in endpoints or e.ref in endpoints)]
-        used = {e.cluster for e in eps}
-        cls = [c for c in self.clusters if (not clusters or c.name in clusters) and (not lobs or c.name in used)]
+        cls = [c for c in cls if not lobs or any(e.on(c) for e in eps)]
         return self.model_copy(update={"clusters": cls, "endpoints": eps})
 
 
 def normalised(data: dict[str, Any]) -> dict[str, Any]:
     """The document with its named collections as lists (what the paths of messages are read against)."""
-    out = {k: named_items(v) if k in ("lobs", "clusters", "endpoints") else v for k, v in data.items()}
+    out = {k: named_items(v) if k in NAMED else v for k, v in data.items()}
     if isinstance(out.get("clusters"), list):
         out["clusters"] = [{**c, "addons": named_items(c["addons"])} if isinstance(c, dict) and "addons" in c else c
                            for c in out["clusters"]]
@@ -486,8 +485,9 @@ def _validated(model: type[_Model], raw: Any) -> Any:
 def _parts(data: dict[str, Any], fleet: Inventory | None) -> Parts:
     """What the cross checks read: the whole model, or, when fields failed, each item that validated."""
     if fleet is not None:
-        return Parts(fleet.settings, list(fleet.lobs), list(fleet.clusters), list(fleet.endpoints))
-    raw = {k: v if isinstance(v := data.get(k), list) else [] for k in ("lobs", "clusters", "endpoints")}
+        return Parts(fleet.settings, list(fleet.lobs), list(fleet.clusters), list(fleet.endpoints),
+                     list(fleet.accounts))
+    raw = {k: v if isinstance(v := data.get(k), list) else [] for k in NAMED}
     return Parts(_validated(Settings, data.get("settings")), [_validated(Lob, x) for x in raw["lobs"]],
                  [_validated(Cluster, x) for x in raw["clusters"]],
-                 [_validated(Endpoint, x) for x in raw["endpoints"]])
+                 [_validated(Endpoint, x) for x in raw["endpoints"]], [_validated(Account, x) for x in raw["accounts"]])

@@ -97,7 +97,13 @@ LMCACHE_LOG_FORMATS = ("0.3.9", "0.5.6")
 DEFAULT_IMAGE: Final = "lmcache/vllm-openai:v0.3.9"
 DEFAULT_MODEL_ID: Final = "Qwen/Qwen2-7B-Instruct"
 DEFAULT_WORKER_HOST_PATH: Final = "/opt/dlami/nvme/curvine-data"
-TOP_KEYS: Final = ("settings", "lobs", "clusters", "endpoints", "prices")
+TOP_KEYS: Final = ("settings", "accounts", "lobs", "clusters", "endpoints", "prices")
+NAMED: Final = ("accounts", "lobs", "clusters", "endpoints")  # the top-level collections of items with a `name`
+ACCOUNT_ID = re.compile(r"[0-9]{12}", _A)
+# IAM: arn:<partition>:iam::<account>:role/<path><name>; a path and name of [\w+=,.@-] (RoleName: 1-64, path: 512)
+ROLE_ARN = re.compile(r"arn:aws(-cn|-us-gov)?:iam::([0-9]{12}):role/([\w+=,.@-]+/)*[\w+=,.@-]{1,64}", _A)
+EXTERNAL_ID = re.compile(r"[\w+=,.@:/-]{2,1224}", _A)  # STS AssumeRole ExternalId
+CONN_ID = re.compile(r"[A-Za-z0-9_.-]{1,250}", _A)  # an Airflow connection id
 
 # ---- quoting values ---------------------------------------------------------------------------------------------
 

@@ -106,6 +106,10 @@ def _bad_external_id(d: dict[str, Any]) -> None:
     d["accounts"]["retail-prod"]["external_id"] = "x"
 
 
+def _unquoted_external_id(d: dict[str, Any]) -> None:
+    d["accounts"]["retail-prod"]["external_id"] = 123456  # YAML: an unquoted 0123456 would be octal
+
+
 def _short_session(d: dict[str, Any]) -> None:
     d["accounts"]["payments-prod"]["session_duration_s"] = 60
 
@@ -134,6 +138,7 @@ def _unknown_lob_account(d: dict[str, Any]) -> None:
                "aws_conn_id"),
     (_bad_external_id, "accounts.retail-prod.external_id: 'x' is not an STS external id"),
     (_short_session, "accounts.payments-prod.session_duration_s: 60 is below 900"),
+    (_unquoted_external_id, "accounts.retail-prod.external_id: 123456 is an integer, not a string; quote it"),
     (_ambiguous, f"endpoints[0](storefront-chat).cluster: 'ml-prod' names 2 clusters ({RETAIL}, {PAYMENTS})"),
 ])
 def test_a_bad_account_is_refused_naming_the_field(mutate: Any, expected: str) -> None:

@@ -57,13 +57,18 @@ from kvfleet.fleet.shared_rules import SNS_TOPIC_ARN
 Check = Callable[[str], str | None]  # a further check of a string: the problem, or None
 
 
-def _text(max_len: int = 253, allow_empty: bool = False, check: Check | None = None) -> BeforeValidator:
-    """A string field (a whole number is taken as its digits; a float or boolean is refused)."""
+def _text(max_len: int = 253, allow_empty: bool = False, check: Check | None = None,
+          numbers: bool = True) -> BeforeValidator:
+    """A string field (a whole number is taken as its digits unless ``numbers`` is False: an identifier YAML may
+    read as an octal number; a float or boolean is refused)."""
 
     def run(value: Any) -> str:
         if value is None:
             raise _fail("is null (YAML reads null, ~ or an empty value as no value); give it a value or remove the "
                         "key for the default")
+        if not numbers and isinstance(value, int) and not isinstance(value, bool):
+            raise _fail(f"{show(value)} is an integer, not a string; quote it (YAML reads unquoted digits as a "
+                        "number, and a leading 0 as octal)")
         if isinstance(value, bool | float) or not isinstance(value, str | int) \
                 or (isinstance(value, int) and value.bit_length() > 64):
             raise _fail(f"{show(value)} is {type_name(value)}, not a string; write a string")

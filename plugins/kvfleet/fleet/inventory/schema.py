@@ -114,12 +114,12 @@ class Account(_Model):
     name: Annotated[str, _name(DNS_LABEL, "account name")] = _described(
         "The inventory's name for the account (DNS-1123 label); clusters and LOBs name it in `account`.")
     id: Annotated[str, BeforeValidator(_account_id)] = _described("The 12-digit AWS account id (quoted).")
-    role_arn: Annotated[str | None, _text(max_len=2048, check=_role_arn)] = _described(
+    role_arn: Annotated[str | None, _text(max_len=2048, check=_role_arn, numbers=False)] = _described(
         "The IAM role of this account kvfleet assumes from its base identity (required unless aws_conn_id is set).",
         default=None)
-    external_id: Annotated[str | None, _text(max_len=1224, check=_external_id)] = _described(
+    external_id: Annotated[str | None, _text(max_len=1224, check=_external_id, numbers=False)] = _described(
         "The external id the role's trust policy asks for (sts:ExternalId).", default=None)
-    aws_conn_id: Annotated[str | None, _text(max_len=250, check=_conn_id)] = _described(
+    aws_conn_id: Annotated[str | None, _text(max_len=250, check=_conn_id, numbers=False)] = _described(
         "An Airflow AWS connection used for this account instead of the base identity.", default=None)
     session_duration_s: Annotated[int, _int(900, 43200)] = _described(
         "Seconds an assumed-role session lasts (STS: 900-43200; the role's own maximum may be lower).", default=3600)

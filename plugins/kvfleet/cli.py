@@ -581,12 +581,15 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     """The kvfleet-bootstrap bundle of one cluster, for a cluster admin to apply (kvfleet.fleet.bootstrap_bundle)."""
     from kvfleet.fleet import bootstrap_bundle as bb
+    from kvfleet.fleet.cluster_ref import ambiguity, candidates
     from kvfleet.paths import project_root
 
     inv = load_inventory(args.fleet)
-    names = [c.name for c in inv.clusters]
-    if args.cluster is not None and args.cluster not in names:
-        raise UsageError(f"kvfleet bootstrap: --cluster {args.cluster[:100]!r} is not a cluster of {args.fleet}; "
+    names = [c.name if [d.name for d in inv.clusters].count(c.name) == 1 else c.key for c in inv.clusters]
+    found = candidates(args.cluster, inv.clusters) if args.cluster is not None else []
+    if args.cluster is not None and len(found) != 1:
+        raise UsageError(f"kvfleet bootstrap: --cluster {ambiguity(args.cluster[:100], found)}" if found else
+                         f"kvfleet bootstrap: --cluster {args.cluster[:100]!r} is not a cluster of {args.fleet}; "
                          f"choose one of: {', '.join(names)}")
     if not args.print:
         raise UsageError("kvfleet bootstrap: kvfleet never applies the bundle itself (its own identity may not write "
@@ -595,8 +598,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     if args.cluster is None and len(names) > 1:
         raise UsageError(f"kvfleet bootstrap: --cluster is required: the fleet {args.fleet} has {len(names)} "
                          f"clusters ({', '.join(names)}), and each gets its own bundle")
-    name = args.cluster or names[0]
-    cluster = inv.cluster(name)
+    cluster = found[0] if found else inv.clusters[0]
     rbac_dir = project_root() / "k8s" / "rbac"
     missing = [p.name for p in bb.runtime_role_files(rbac_dir, kyverno=True) if not p.is_file()]
     if missing:
@@ -610,7 +612,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
         kyverno_install = (f"cat > kyverno-values.yaml <<'EOF'\n{kyverno.values_yaml()}EOF\n"
                            f"{kyverno.install_command(load_settings())}")
         policy = kyverno_policy(inv.settings)
-    namespaces = [e.namespace for e in inv.endpoints if e.cluster == name]
+    namespaces = [e.namespace for e in inv.endpoints if e.on(cluster)]
     _out(bb.render_text(cluster, namespaces, rbac_dir, fleet=str(args.fleet), kyverno_install=kyverno_install,
                         policy=policy).rstrip("\n"))
     return 0

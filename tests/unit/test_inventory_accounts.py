@@ -180,3 +180,64 @@ def test_a_run_is_scoped_to_one_of_two_clusters_that_share_a_name() -> None:
         narrowed(inv)
     assert [c.key for c in narrowed(inv, clusters=[PAYMENTS]).clusters] == [PAYMENTS]
     assert narrowed(inv, clusters=[PAYMENTS]).cluster("ml-prod").key == PAYMENTS
+
+
+# ---- what a hostile review found ---------------------------------------------------------------------------------
+
+
+def test_patch_mode_plans_update_strategies_per_cluster_key() -> None:
+    """The update strategy is read from the endpoint's own cluster, never by re-resolving its bare name."""
+    doc = _doc()
+    for c in doc["clusters"]:
+        c["l2_injection"] = "patch"
+    plan = make_plan(parse_inventory(yaml.safe_dump(doc)))
+    strategies = {c.key: [s.strategy for w in c.waves for s in w.strategies] for c in plan.clusters}
+    assert strategies[PAYMENTS] and strategies[RETAIL]
+
+
+@pytest.mark.parametrize("name", ["222222222222", "default"])
+def test_an_account_name_cannot_read_as_a_key_segment(name: str) -> None:
+    doc = _doc()
+    doc["accounts"][name] = doc["accounts"].pop("retail-prod")
+    doc["clusters"][0]["account"] = doc["lobs"][0]["account"] = name
+    problems = _problems(doc)
+    assert any(f"accounts.{name}.name: '{name}' is what a cluster key says for" in p for p in problems), problems
+
+
+def test_an_unresolved_endpoint_counts_on_no_cluster() -> None:
+    """An ambiguous reference is one error, not also a GPU overcommit of a cluster it was not resolved to."""
+    doc = _doc()
+    doc["clusters"].append({**doc["clusters"][0], "region": "eu-west-1"})
+    problems = _problems(doc)
+    assert any("storefront-chat).cluster: 'ml-prod' names 2 clusters" in p for p in problems), problems
+    assert not any("overcommit" in p for p in problems), problems
+
+
+def test_a_failed_cluster_or_account_leaves_its_endpoints_unresolved() -> None:
+    doc = _doc()
+    doc["clusters"][1]["gpu_nodes"]["count"] = "x"  # the payments ml-prod fails its own field
+    problems = _problems(doc)
+    assert len(problems) == 1 and "clusters[1](ml-prod).gpu_nodes.count" in problems[0], problems
+    nulls = _doc()
+    nulls["accounts"] = {"retail-prod": None, "payments-prod": None, "shared-services": None}
+    problems = _problems(nulls)
+    assert not any("overcommit" in p or "not a declared cluster" in p for p in problems), problems
+    assert any("accounts.retail-prod.id" in p for p in problems), problems
+
+
+def test_bootstrap_takes_a_cluster_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bootstrap", "--fleet", str(FLEET), "--cluster", PAYMENTS, "--print"]) == 0
+    bundle = capsys.readouterr().out
+    assert "namespace: payments" in bundle and "namespace: retail" not in bundle
+    assert cli.main(["bootstrap", "--fleet", str(FLEET), "--cluster", "ml-prod", "--print"]) == 2
+    assert f"'ml-prod' names 2 clusters ({RETAIL}, {PAYMENTS})" in capsys.readouterr().err
+
+
+def test_notifications_find_the_lobs_of_a_cluster_key(example_fleet: Path) -> None:
+    from kvfleet.airflow.notify import lobs_of
+
+    inv = load_inventory(FLEET)
+    assert lobs_of(inv, clusters=[PAYMENTS]) == {"payments"}
+    assert lobs_of(inv, clusters=["ml-prod"]) == {"retail", "payments"}  # a name: every cluster that has it
+    single = load_inventory(example_fleet)
+    assert lobs_of(single, clusters=["default/us-west-2/ml-stage-usw2"]) == lobs_of(single, clusters=["ml-stage-usw2"])

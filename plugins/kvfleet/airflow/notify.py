@@ -210,15 +210,18 @@ def lobs_of(inventory: Any | None, *, clusters: Iterable[str] = (), endpoints: I
     out = {lob for lob in lobs if lob}
     if inventory is None:
         return out
-    wanted_clusters = {c for c in clusters if c}
+    from kvfleet.fleet.cluster_ref import candidates
+
+    named = [c for c in clusters if c]  # a cluster's key, or a name (of every cluster that has it)
+    chosen = [cl for c in named for cl in candidates(c, getattr(inventory, "clusters", None) or ())]
     wanted = {e for e in endpoints if e}
     all_eps = tuple(getattr(inventory, "endpoints", None) or ())
     if wanted:
         for ep in all_eps:
-            if (ep.ref in wanted or ep.key in wanted) and (not wanted_clusters or ep.cluster in wanted_clusters):
+            if (ep.ref in wanted or ep.key in wanted) and (not named or any(ep.on(cl) for cl in chosen)):
                 out.add(ep.lob)
-    elif wanted_clusters and not out:
-        out |= {ep.lob for ep in all_eps if ep.cluster in wanted_clusters}
+    elif named and not out:
+        out |= {ep.lob for ep in all_eps if any(ep.on(cl) for cl in chosen)}
     return {lob for lob in out if lob}
 
 

@@ -59,13 +59,13 @@ T = TypeVar("T", bound=Named)
 
 
 def candidates(text: str, clusters: Iterable[T], *, account: str | None = None) -> list[T]:
-    """The clusters ``text`` names; a bare name matched in several accounts is narrowed to ``account`` (an
-    inventory account name, e.g. a line of business's default) when that leaves one."""
-    found = [c for c in clusters if matches(text, c)]
+    """The clusters ``text`` names (its key first, then its key with an account's name, or its bare name); several
+    are narrowed to those in ``account`` (an inventory account name: a line of business's) when it has any."""
+    pool = list(clusters)
+    found = [c for c in pool if c.ref.key == text] or [c for c in pool if matches(text, c)]  # an id wins over a name
     if len(found) > 1 and account is not None:
         mine = [c for c in found if (c.account or DEFAULT_ACCOUNT) == account]
-        if len(mine) == 1:
-            return mine
+        return mine or found
     return found
 
 

@@ -340,7 +340,7 @@ class _Checker:
                 # kvfleet's RoleBinding in the Curvine namespace is part of the bundle too
                 missing.append(f"kvfleet's RoleBinding in namespace {ns} (403 reading ServiceAccount {account})")
                 break
-        for name in sorted({e.namespace for e in self.ctx.inventory.endpoints if e.cluster == self.cl.name}):
+        for name in sorted({e.namespace for e in self.ctx.inventory.endpoints if e.on(self.cl)}):
             if get_or_none(self.ctx.kube.core.read_namespace, name) is None:
                 missing.append(f"Namespace {name}")
         missing += self._bootstrap_policy()

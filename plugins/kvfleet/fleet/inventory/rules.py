@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from kvfleet.fleet import hardware, models
-from kvfleet.fleet.cluster_ref import ambiguity, candidates
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ambiguity, candidates
 from kvfleet.fleet.inventory.derived import gpu_demand, replica_fit
 from kvfleet.fleet.inventory.fields import _unnormal
 from kvfleet.fleet.inventory.messages import Found, Loc, yaml_path
 from kvfleet.fleet.inventory.vocabulary import (
+    ACCOUNT_ID,
     DEFAULT_WORKER_HOST_PATH,
     ROLE_ARN,
     WORKLOAD_ROUTING,
@@ -106,6 +107,7 @@ class _Checks:
             _listed(data, k) for k in ("lobs", "clusters", "endpoints", "accounts"))
         self.settings, self.lobs, self.clusters, self.eps = parts.settings, parts.lobs, parts.clusters, parts.eps
         self.accounts = parts.accounts
+        self.failed: set[str] = set()  # cluster names whose endpoints are not resolved (see _endpoint_refs)
 
     def problem(self, loc: Loc, msg: str) -> None:
         self.found.problems.append((loc, msg))
@@ -150,6 +152,11 @@ def _account_checks(k: _Checks) -> None:
     for ai, acct in enumerate(k.accounts):
         if acct is None:
             continue
+        if acct.name == DEFAULT_ACCOUNT or ACCOUNT_ID.fullmatch(acct.name):
+            k.problem(("accounts", ai, "name"), f"{show(acct.name)} is what a cluster key says for "
+                      f"{'the base identity' if acct.name == DEFAULT_ACCOUNT else 'an account id'}; name the account "
+                      "with a word, e.g. retail-prod")
+            continue
         by_name.setdefault(acct.name, acct)
         if acct.id in first:
             where = yaml_path(("accounts", first[acct.id]), k.data)
@@ -177,6 +184,8 @@ def _account_refs(k: _Checks, by_name: dict[str, Account]) -> None:
                           "base identity's own account)")
                 continue
             acct = by_name.get(name)
+            if acct is None and kind == "clusters":  # its account failed: its key is unknown
+                k.failed.add(item.name)  # type: ignore[union-attr]
             if acct is not None and kind == "clusters":
                 item._account_id = acct.id  # type: ignore[union-attr]
                 if not acct.role_arn and not acct.aws_conn_id:
@@ -194,6 +203,7 @@ def _unique_clusters(k: _Checks) -> None:
             continue
         key = (_raw_str(body, "account"), _raw_str(body, "region"), name)
         if key in seen:
+            k.failed.add(name)  # which of the two an endpoint is on cannot be told
             where = yaml_path(("clusters", f"[{seen[key]}]"), k.data)
             k.problem(("clusters", f"[{i}]"), f"duplicate cluster {show(name)} (also at {where}); a cluster is "
                       "declared once per account and region — merge the two entries or rename one")
@@ -257,7 +267,11 @@ def _endpoint_refs(k: _Checks) -> list[int]:
     clusters = sorted({n for b in k.raw_clusters if isinstance(b, dict) and isinstance(n := b.get("name"), str)})
     lobs = sorted({n for b in k.raw_lobs if isinstance(b, dict) and isinstance(n := b.get("name"), str)})
     valid = [c for c in k.clusters if c is not None]
-    failed = set(clusters) - {c.name for c in valid}  # a cluster with its own field errors: not judged again here
+    # A name with a cluster that failed (its fields, its account, or declared twice): its endpoints are not
+    # resolved, so that neither a wrong cluster nor a knock-on error is reported.
+    failed = k.failed | {n for ci, b in enumerate(k.raw_clusters) if isinstance(b, dict) and isinstance(
+        n := b.get("name"), str) and (ci >= len(k.clusters) or k.clusters[ci] is None)}
+    keys = sorted(c.key for c in valid)
     lob_account = {lob.name: lob.account for lob in k.lobs if lob is not None}
     seen: dict[tuple[str, str, str], int] = {}
     named: dict[tuple[str, str], tuple[int, str]] = {}
@@ -265,18 +279,20 @@ def _endpoint_refs(k: _Checks) -> list[int]:
     for i, body in enumerate(k.raw_eps):
         cluster, lob, name = _raw_str(body, "cluster"), _raw_str(body, "lob"), _raw_str(body, "name")
         namespace = _raw_str(body, "namespace", "default")
-        found = candidates(cluster, valid, account=lob_account.get(lob)) if cluster else []
+        left = cluster.split("/")[-1] in failed
+        found = candidates(cluster, valid, account=lob_account.get(lob)) if cluster and not left else []
         on = cluster  # the key of the cluster it is on, when the reference resolves (messages quote it as written)
+        if i < len(k.eps) and (ep := k.eps[i]) is not None:
+            ep._cluster_key = found[0].key if len(found) == 1 else ""  # "": on no cluster
         if len(found) > 1:
             k.problem(("endpoints", i, "cluster"), f"{ambiguity(cluster, found)} (or give its line of business the "
                       "account: lobs.<name>.account)")
         elif found:
             on = found[0].key
-            if i < len(k.eps) and (ep := k.eps[i]) is not None:
-                ep._cluster_key = on
-        elif cluster and cluster.split("/")[-1] not in failed:
+        elif cluster and not left:
+            shown = keys if "/" in cluster else clusters
             k.problem(("endpoints", i, "cluster"), f"{show(cluster)} is not a declared cluster; declared: "
-                      f"{', '.join(clusters[:20]) or 'none'}")
+                      f"{', '.join(shown[:20]) or 'none'}")
         if lob and lob not in lobs:
             k.problem(("endpoints", i, "lob"), f"{show(lob)} is not a declared line of business; declared: "
                       f"{', '.join(lobs[:20]) or 'none'}")

@@ -336,11 +336,13 @@ class Endpoint(_Model):
     dtype: Annotated[str | None, _choice(models.DTYPES, True)] = _described(
         "Weights' dtype, with model_params_b (else the catalogue's).", default=None)
 
-    _cluster_key: str | None = PrivateAttr(None)  # the key of the cluster `cluster` names, set on validation
+    # The key of the cluster `cluster` names, set on validation ("": it named none, or several); None: an endpoint
+    # built outside an inventory, judged by what it names.
+    _cluster_key: str | None = PrivateAttr(None)
 
     def on(self, cluster: Cluster) -> bool:
-        """Whether this endpoint is on ``cluster``: by the key its reference resolved to, or by what it names."""
-        return self._cluster_key == cluster.key if self._cluster_key else matches(self.cluster, cluster)
+        """Whether this endpoint is on ``cluster``: by the key its reference resolved to."""
+        return self._cluster_key == cluster.key if self._cluster_key is not None else matches(self.cluster, cluster)
 
     @property
     def size(self) -> ModelSize:
@@ -354,7 +356,8 @@ class Endpoint(_Model):
 
     @property
     def ref(self) -> str:
-        """Unique within the fleet: cluster:namespace/name."""
+        """``cluster:namespace/name``, the cluster as the endpoint names it: unique within a run's scope (where cluster
+        names are unique), and within a fleet whose cluster names are."""
         return f"{self.cluster}:{self.namespace}/{self.name}"
 
 
@@ -427,8 +430,9 @@ class Inventory(_Model):
         return {x.name: x for x in self.lobs}[name]
 
     def endpoints_of(self, cluster: str) -> tuple[Endpoint, ...]:
+        exact = [c for c in self.clusters if c.key == cluster]  # a key is never resolved again
         try:
-            cl = self.cluster(cluster)
+            cl = exact[0] if exact else self.cluster(cluster)
         except KeyError:
             return tuple(e for e in self.endpoints if e.cluster == cluster)
         return tuple(e for e in self.endpoints if e.on(cl))
@@ -437,10 +441,8 @@ class Inventory(_Model):
         """(the strategy asked for an endpoint, where it is set): its own value wins over its cluster's."""
         if ep.update_strategy is not None:
             return ep.update_strategy, "endpoint"
-        try:
-            return self.cluster(ep.cluster).update_strategy or "auto", "cluster"
-        except KeyError:
-            return "auto", "default"
+        cl = next((c for c in self.clusters if ep.on(c)), None)
+        return ("auto", "default") if cl is None else (cl.update_strategy or "auto", "cluster")
 
     def select(self, *, lobs: list[str] | None = None, clusters: list[str] | None = None,
                endpoints: list[str] | None = None) -> Inventory:

@@ -152,15 +152,15 @@ class StageContext:
 
     @cached_property
     def hyperpod(self) -> HyperPodClient:
-        from kvfleet.clients.hyperpod import HyperPodClient
+        from kvfleet.clients.factory import hyperpod_for
 
-        return HyperPodClient(self.cluster.region, self.aws_conn_id)
+        return hyperpod_for(self.cluster.ref, self.aws_conn_id)
 
     @cached_property
     def kube(self) -> ClusterAccess:
-        from kvfleet.clients.kube import ClusterAccess
+        from kvfleet.clients.factory import kube_for
 
-        return ClusterAccess.from_hyperpod(self.hyperpod, self.cluster.name)
+        return kube_for(self.cluster.ref, self.aws_conn_id, hyperpod=self.hyperpod)
 
     @cached_property
     def helm(self) -> Helm:

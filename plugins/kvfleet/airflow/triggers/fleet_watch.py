@@ -175,8 +175,9 @@ class FleetWatchTrigger(BaseEventTrigger):
         store = getattr(self, "asset_state_store", None)
         for cluster in clusters:
             child = KubeWatchTrigger(cluster.name, cluster.region, aws_conn_id=self.aws_conn_id,
-                                     curvine_namespace=cluster.curvine.namespace, quiet_s=self.quiet_s,
-                                     max_burst_s=self.max_burst_s, watch_timeout_s=self.watch_timeout_s)
+                                     account=cluster.ref.account, curvine_namespace=cluster.curvine.namespace,
+                                     quiet_s=self.quiet_s, max_burst_s=self.max_burst_s,
+                                     watch_timeout_s=self.watch_timeout_s)
             child.asset_state_store = _ClusterStore(store, cluster.name) if store is not None else None  # type: ignore[assignment]
             self.children.append(child)
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from kvfleet.airflow.triggers.events import CHANGED, ERROR, classpath, event
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ClusterRef
 from kvfleet.fleet.constants import IEC_GROUP, IEC_PLURAL, IEC_VERSION
 from kvfleet.fleet.watch_rules import WATCHED, Burst, Seen, Watched, judge, resync
 
@@ -192,9 +193,11 @@ class KubeWatchTrigger(BaseEventTrigger):
 
     def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
                  curvine_namespace: str = "curvine", quiet_s: float = 15.0, max_burst_s: float = 120.0,
-                 watch_timeout_s: int = 300, resource_versions: Mapping[str, str] | None = None) -> None:
+                 watch_timeout_s: int = 300, resource_versions: Mapping[str, str] | None = None,
+                 account: str = DEFAULT_ACCOUNT) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.cluster, self.region, self.aws_conn_id = cluster, region, aws_conn_id
+        self.ref = ClusterRef(account, region, cluster)
         self.curvine_namespace = curvine_namespace
         self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
         self.resource_versions: dict[str, str] = dict(resource_versions or {})
@@ -206,7 +209,7 @@ class KubeWatchTrigger(BaseEventTrigger):
                                  "curvine_namespace": self.curvine_namespace, "quiet_s": self.quiet_s,
                                  "max_burst_s": self.max_burst_s,
                                  "watch_timeout_s": self.watch_timeout_s,
-                                 "resource_versions": dict(self.resource_versions)}
+                                 "resource_versions": dict(self.resource_versions), "account": self.ref.account}
 
     def ready(self) -> bool:
         """Every stream listed (or resumed) and watching: a change from now on is seen."""
@@ -221,10 +224,9 @@ class KubeWatchTrigger(BaseEventTrigger):
         return path, kwargs
 
     def _connect(self) -> Any:
-        from kvfleet.clients.hyperpod import HyperPodClient
-        from kvfleet.clients.kube import ClusterAccess
+        from kvfleet.clients.factory import kube_for
 
-        return ClusterAccess.from_hyperpod(HyperPodClient(self.region, self.aws_conn_id), self.cluster)
+        return kube_for(self.ref, self.aws_conn_id)
 
     async def _saved_versions(self) -> dict[str, str]:
         store = getattr(self, "asset_state_store", None)

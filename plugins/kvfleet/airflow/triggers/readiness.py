@@ -17,6 +17,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from kvfleet.airflow.triggers.events import ERROR, SUCCESS, classpath, event
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ClusterRef
 
 
 def worth_waiting_on(exc: BaseException) -> bool:
@@ -40,9 +41,10 @@ class ClusterReadyTrigger(BaseTrigger):
 
     def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
                  addon: str | None = None, poll_s: float = 10.0, timeout_s: float | None = None,
-                 started_at: float | None = None) -> None:
+                 started_at: float | None = None, account: str = DEFAULT_ACCOUNT) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.cluster, self.region, self.aws_conn_id, self.addon = cluster, region, aws_conn_id, addon
+        self.ref = ClusterRef(account, region, cluster)
         self.poll_s, self.timeout_s = float(poll_s), timeout_s
         self.started_at = float(started_at) if started_at is not None else time.time()
         self._client: Any = None
@@ -50,13 +52,13 @@ class ClusterReadyTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
                                  "addon": self.addon, "poll_s": self.poll_s, "timeout_s": self.timeout_s,
-                                 "started_at": self.started_at}
+                                 "started_at": self.started_at, "account": self.ref.account}
 
     def _hyperpod(self) -> Any:
         if self._client is None:
-            from kvfleet.clients.hyperpod import HyperPodClient
+            from kvfleet.clients.factory import hyperpod_for
 
-            self._client = HyperPodClient(self.region, self.aws_conn_id)
+            self._client = hyperpod_for(self.ref, self.aws_conn_id)
         return self._client
 
     def _check(self) -> tuple[str | None, str]:
@@ -114,9 +116,9 @@ class KubeReadyTrigger(ClusterReadyTrigger):
 
     def __init__(self, cluster: str, region: str, *, check: str, args: Mapping[str, Any] | None = None,
                  aws_conn_id: str | None = "aws_default", poll_s: float = 10.0, timeout_s: float | None = None,
-                 started_at: float | None = None) -> None:
+                 started_at: float | None = None, account: str = DEFAULT_ACCOUNT) -> None:
         super().__init__(cluster, region, aws_conn_id=aws_conn_id, poll_s=poll_s, timeout_s=timeout_s,
-                         started_at=started_at)
+                         started_at=started_at, account=account)
         self.check, self.args = check, dict(args or {})
         self._access: Any = None
         self._ended = False
@@ -127,11 +129,11 @@ class KubeReadyTrigger(ClusterReadyTrigger):
         return path, {**kwargs, "check": self.check, "args": self.args}
 
     def _check(self) -> tuple[str | None, str]:
-        from kvfleet.clients.kube import ClusterAccess
+        from kvfleet.clients.factory import kube_for
         from kvfleet.stages import readiness as checks
 
         if self._access is None:
-            access = ClusterAccess.from_hyperpod(self._hyperpod(), self.cluster)
+            access = kube_for(self.ref, self.aws_conn_id, hyperpod=self._hyperpod())
             if self._ended:  # cancelled while this thread was connecting: nobody else will close it
                 access.close()
                 return None, "cancelled"

@@ -23,7 +23,7 @@ import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import dag, task
 
 from kvfleet.airflow import callbacks
-from kvfleet.airflow.params import curvine_scale_out_params
+from kvfleet.airflow.params import MAP_INDEX_TEMPLATE, curvine_scale_out_params
 
 
 @dag(
@@ -47,7 +47,7 @@ def kvfleet_curvine_scale_out() -> None:
 
         return curvine.open_scale(params)
 
-    @task(max_active_tis_per_dagrun=8)
+    @task(max_active_tis_per_dagrun=8, map_index_template=MAP_INDEX_TEMPLATE)
     def scale(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import curvine
 

@@ -28,7 +28,12 @@ from airflow.sdk import dag, task
 
 from kvfleet.airflow import callbacks
 from kvfleet.airflow.operators import CurvineApprovalOperator
-from kvfleet.airflow.params import CURVINE_APPROVE_TASK, CURVINE_NO_APPROVAL_TASK, curvine_upgrade_params
+from kvfleet.airflow.params import (
+    CURVINE_APPROVE_TASK,
+    CURVINE_NO_APPROVAL_TASK,
+    MAP_INDEX_TEMPLATE,
+    curvine_upgrade_params,
+)
 
 
 @dag(
@@ -52,7 +57,7 @@ def kvfleet_curvine_upgrade() -> None:
 
         return curvine.open_upgrade(params)
 
-    @task(max_active_tis_per_dagrun=8)
+    @task(max_active_tis_per_dagrun=8, map_index_template=MAP_INDEX_TEMPLATE)
     def preflight(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import curvine
 
@@ -72,7 +77,7 @@ def kvfleet_curvine_upgrade() -> None:
     )
     straight_on = EmptyOperator(task_id=CURVINE_NO_APPROVAL_TASK)
 
-    @task(trigger_rule="none_failed_min_one_success", retries=0)
+    @task(trigger_rule="none_failed_min_one_success", retries=0, map_index_template=MAP_INDEX_TEMPLATE)
     def upgrade(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import curvine
 

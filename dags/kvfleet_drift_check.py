@@ -22,7 +22,7 @@ import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import dag, task
 
 from kvfleet.airflow import callbacks
-from kvfleet.airflow.params import drift_params
+from kvfleet.airflow.params import MAP_INDEX_TEMPLATE, drift_params
 
 
 @dag(
@@ -46,7 +46,7 @@ def kvfleet_drift_check() -> None:
 
         return drift.open_run(params)
 
-    @task(max_active_tis_per_dagrun=16)
+    @task(max_active_tis_per_dagrun=16, map_index_template=MAP_INDEX_TEMPLATE)
     def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import drift
 

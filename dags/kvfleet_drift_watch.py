@@ -27,7 +27,7 @@ import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import Asset, AssetWatcher, dag, task
 
 from kvfleet.airflow import callbacks
-from kvfleet.airflow.params import default_fleet, drift_params, drift_watch_quiet_s
+from kvfleet.airflow.params import MAP_INDEX_TEMPLATE, default_fleet, drift_params, drift_watch_quiet_s
 from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger
 
 # One asset for the fleet: its watcher reads the inventory in the triggerer and watches every cluster there, so
@@ -61,7 +61,7 @@ def kvfleet_drift_watch() -> None:
         return drift.open_run(dict(params), watch_errors_of_events(triggering_asset_events),
                               clusters_of_events(triggering_asset_events))
 
-    @task(max_active_tis_per_dagrun=16)
+    @task(max_active_tis_per_dagrun=16, map_index_template=MAP_INDEX_TEMPLATE)
     def check_cluster(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import drift
 

@@ -21,7 +21,7 @@ import airflow.sdk.definitions.decorators  # noqa: F401
 from airflow.sdk import dag, task
 
 from kvfleet.airflow import callbacks
-from kvfleet.airflow.params import verification_params
+from kvfleet.airflow.params import MAP_INDEX_TEMPLATE, verification_params
 
 
 @dag(
@@ -45,7 +45,7 @@ def kvfleet_hit_verification() -> None:
 
         return verification.open_run(params)
 
-    @task(max_active_tis_per_dagrun=4)
+    @task(max_active_tis_per_dagrun=4, map_index_template=MAP_INDEX_TEMPLATE)
     def verify_cluster(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import verification
 
@@ -59,7 +59,7 @@ def kvfleet_hit_verification() -> None:
 
     # The L2 advisor (read-only): per endpoint, whether the shared L2 pays off for its traffic, and the cluster's
     # Curvine capacity recommendation, recorded as a step for `kvfleet audit` and the kvfleet page.
-    @task(max_active_tis_per_dagrun=4, retries=0)
+    @task(max_active_tis_per_dagrun=4, retries=0, map_index_template=MAP_INDEX_TEMPLATE)
     def advise(cluster, params=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import verification
 

@@ -40,7 +40,7 @@ from airflow.sdk import dag, task, task_group
 
 from kvfleet.airflow import callbacks
 from kvfleet.airflow.operators import CLUSTER_POOL, ENDPOINT_POOL, WaveGateOperator, deferrable_task
-from kvfleet.airflow.params import WAVE_SLOTS, rollout_params
+from kvfleet.airflow.params import MAP_INDEX_TEMPLATE, WAVE_SLOTS, rollout_params
 
 TEARDOWN_PRIORITY_WEIGHT = 10
 
@@ -48,7 +48,8 @@ TEARDOWN_PRIORITY_WEIGHT = 10
 def wave_slot(slot: int):  # type: ignore[no-untyped-def]
     """Slot ``slot`` of a cluster's waves (slot 0 is the canary; the last slot runs every remaining wave)."""
 
-    @deferrable_task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16, pool=ENDPOINT_POOL)
+    @deferrable_task(task_id=f"wave_{slot}", max_active_tis_per_dagrun=16, pool=ENDPOINT_POOL,
+                     map_index_template=MAP_INDEX_TEMPLATE)
     def wave(cluster, previous, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
         from kvfleet.airflow import rollout
 
@@ -82,13 +83,13 @@ def kvfleet_rollout() -> None:
 
     @task_group(group_id="cluster")
     def per_cluster(cluster: str):  # type: ignore[no-untyped-def]
-        @task(max_active_tis_per_dagrun=16)
+        @task(max_active_tis_per_dagrun=16, map_index_template=MAP_INDEX_TEMPLATE)
         def preflight(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 
             return rollout.run_preflight(cluster, params)
 
-        @deferrable_task(max_active_tis_per_dagrun=16, pool=CLUSTER_POOL)
+        @deferrable_task(max_active_tis_per_dagrun=16, pool=CLUSTER_POOL, map_index_template=MAP_INDEX_TEMPLATE)
         def stages(cluster, params=None, kvfleet_resume=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 
@@ -98,7 +99,7 @@ def kvfleet_rollout() -> None:
         # other runs' `stages` in kvfleet_cluster_changes; it runs in Airflow's default_pool. Its weight puts it
         # ahead of the other kvfleet DAGs' tasks there (with Airflow's default "downstream" weight rule, the
         # tasks upstream of it add this weight to theirs; no other rollout run competes: max_active_runs=1).
-        @task(retries=3, priority_weight=TEARDOWN_PRIORITY_WEIGHT)
+        @task(retries=3, priority_weight=TEARDOWN_PRIORITY_WEIGHT, map_index_template=MAP_INDEX_TEMPLATE)
         def release(cluster, params=None):  # type: ignore[no-untyped-def]
             from kvfleet.airflow import rollout
 

@@ -180,10 +180,26 @@ def cluster_context(cluster: str, *, lobs: Iterable[str] | None = (), clusters: 
     info = run_info()
     settings = load_settings()
     inv = scoped(info.run_key, lobs=lobs, clusters=clusters, endpoints=endpoints)
+    cl = inv.cluster(cluster)
+    _label_map_index(cl.key)
     install_sigterm_handler()
-    return StageContext(inventory=inv, cluster=inv.cluster(cluster), step_key=info.step_key, actor=info.actor,
+    return StageContext(inventory=inv, cluster=cl, step_key=info.step_key, actor=info.actor,
                         dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id,
                         holder_alive=airflow_run_alive, settings=settings)
+
+
+def _label_map_index(key: str) -> None:
+    """Name this mapped task instance by its cluster's key in Airflow (the DAGs' ``map_index_template``, rendered
+    from the task's context when it ends: Airflow's documented way to label a mapped TaskFlow task)."""
+    from airflow.sdk import get_current_context
+
+    from kvfleet.airflow.params import MAP_LABEL
+
+    try:
+        context: Any = get_current_context()
+    except RuntimeError:  # not inside a task (a test or the CLI): nothing is labelled
+        return
+    context[MAP_LABEL] = key
 
 
 def stage_context(cluster: str, params: Mapping[str, Any]) -> StageContext:

@@ -28,6 +28,11 @@ _NAMES: dict[str, Any] = {"type": "array", "items": {"type": "string", "pattern"
 # DAG shapes needed at parse time (kvfleet.airflow.rollout reads WAVE_SLOTS from here; kvfleet.airflow.curvine's task
 # ids equal the Curvine ones).
 WAVE_SLOTS = 5
+# What Airflow shows for a per-cluster mapped task instead of its index: the cluster's key account/region/name, which
+# the task puts in its context once it knows the cluster (``kvfleet.airflow.context.cluster_context``); before
+# that, the cluster as the task was given it.
+MAP_LABEL = "kvfleet_cluster"
+MAP_INDEX_TEMPLATE = "{{ " + MAP_LABEL + " | default(task.op_kwargs.get('cluster', ''), true) }}"
 CURVINE_APPROVE_TASK = "approve"
 CURVINE_NO_APPROVAL_TASK = "no_approval"
 

@@ -34,6 +34,24 @@ def _kubectl(*args: str) -> str:
                           env=dict(os.environ)).stdout
 
 
+def _map_labels(run_id: str) -> dict[str, set[str]]:
+    """The rendered map index of the run's preflight, stages and release task instances (Airflow's metadata DB)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT task_id, rendered_map_index FROM task_instance WHERE dag_id = 'kvfleet_rollout' AND run_id = :r "
+                "AND task_id IN ('cluster.preflight', 'cluster.stages', 'cluster.release')"), {"r": run_id}).all()
+    finally:
+        engine.dispose()
+    out: dict[str, set[str]] = {}
+    for task_id, label in rows:
+        out.setdefault(task_id, set()).add(label)
+    return out
+
+
 def _operator_down() -> None:
     _kubectl(*SCALE, "--replicas=0")
     deadline = time.monotonic() + 60  # the Deployment controller's next pass (readyReplicas is omitted at 0)
@@ -88,6 +106,10 @@ def test_update_cluster_and_each_addon_wait_deferred_and_each_change_is_sent_onc
         [(1, "superseded", True), (2, "deployed", False)], detail["revisions"]  # one install, one flip
     workers = load_inventory(small_fleet).cluster("c-patch").curvine_workers
     assert detail["capacity"]["live_workers"] == workers and detail.get("rollout"), detail
+    # Airflow names each per-cluster mapped task by the cluster's key, not by its index (map_index_template)
+    assert _map_labels(dr.run_id) == {"cluster.preflight": {"default/us-east-1/c-patch"},
+                                      "cluster.stages": {"default/us-east-1/c-patch"},
+                                      "cluster.release": {"default/us-east-1/c-patch"}}, _map_labels(dr.run_id)
 
     # A rerun while the operator's controller is not Ready (scaled to 0 by hand): stage 2 changes nothing, looks
     # once, and waits for the controller in the triggerer; it comes back (scaled up while the task is deferred).

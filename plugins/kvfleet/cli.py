@@ -216,7 +216,7 @@ def _paged(h: Any, args: argparse.Namespace, name: str, **binds: Any) -> list[di
 
 
 def _verifications(h: Any, args: argparse.Namespace) -> Table:
-    rows = _paged(h, args, "verifications_page", cutoff=_cutoff(args.since), lob=args.lob, cluster=args.cluster,
+    rows = _paged(h, args, "verifications_page", cutoff=_cutoff(args.since), lob=args.lob, clusters=args.clusters,
                   endpoint=args.endpoint)
     return rows, ["at", "run", "cluster", "endpoint", "lob", "prompt_tokens", "hit_ratio", "ttft_cold_ms",
                   "ttft_warm_ms", "speedup", "expected_speedup", "verdict", "diagnosis"]
@@ -224,7 +224,7 @@ def _verifications(h: Any, args: argparse.Namespace) -> Table:
 
 def _drift(h: Any, args: argparse.Namespace) -> Table:
     rows = _paged(h, args, "open_drift_page" if args.open else "drift_page", cutoff=_cutoff(args.since),
-                  cluster=args.cluster)
+                  clusters=args.clusters)
     return rows, (["cluster", "lob", "endpoint", "kind", "severity", "field", "expected", "actual", "first_seen",
                    "last_seen"] + ([] if args.open else ["resolved_at", "resolution"])
                   + ["remediation_action", "remediation_outcome"])
@@ -240,7 +240,7 @@ def _gates(h: Any, args: argparse.Namespace) -> Table:
 
 
 def _changes(h: Any, args: argparse.Namespace) -> Table:
-    rows = h.queries.rows("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, cluster=args.cluster,
+    rows = h.queries.rows("write_ahead", cutoff=_cutoff(args.since), run_key=args.run, clusters=args.clusters,
                    endpoint=args.endpoint, limit=args.limit)
     return rows, ["at", "run_key", "cluster", "endpoint", "action", "target", "outcome", "outcome_at", "actor"]
 
@@ -300,9 +300,21 @@ def _check_audit_args(args: argparse.Namespace) -> None:
         args.limit = PAGE_SIZE if args.what in _PAGED else 50
 
 
+def _cluster_filter(h: Any, args: argparse.Namespace) -> list[str] | None:
+    """What --cluster (a key account/region/name, or a bare name) asks of the history; exit 2 when it is
+    ambiguous (the keys listed) or neither."""
+    from kvfleet.history.clusters import filter_values
+
+    try:
+        return filter_values(h.engine, args.cluster)
+    except ValueError as exc:
+        raise UsageError(f"kvfleet audit {args.what}: {exc}") from None
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     _check_audit_args(args)
     h = _history()
+    args.clusters = _cluster_filter(h, args)
     if args.what == "verify":
         return _audit_verify(h, args)
     if args.what == "rollout":
@@ -327,8 +339,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_curvine(h: Any, args: argparse.Namespace) -> int:
-    rows = h.queries.rows("curvine_history", cluster=args.cluster)
-    caps = h.queries.rows("capacity_history", cluster=args.cluster)
+    rows = h.queries.rows("curvine_history", clusters=args.clusters)
+    caps = h.queries.rows("capacity_history", clusters=args.clusters)
     if args.json:
         _json_dump({"releases": rows, "capacity": caps})
         return 0

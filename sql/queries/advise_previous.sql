@@ -9,6 +9,6 @@ SELECT DISTINCT ON (e ->> 'endpoint') e ->> 'endpoint' AS endpoint, e -> 'observ
 FROM step_events s
 CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(s.detail -> 'endpoints') = 'array'
                                              THEN s.detail -> 'endpoints' ELSE '[]'::jsonb END) AS e
-WHERE s.stage = 'advise' AND s.step = 'advise:' || :cluster AND s.cluster = :cluster AND s.at >= :cutoff
+WHERE s.stage = 'advise' AND s.step LIKE 'advise:%' AND s.cluster = ANY(:clusters) AND s.at >= :cutoff
   AND jsonb_typeof(e -> 'observation') = 'object'
 ORDER BY e ->> 'endpoint', s.at <= :latest DESC, s.at DESC, s.id DESC

@@ -2,5 +2,5 @@
 SELECT cluster, namespace, release, revision, chart_version, status,
        format_master, format_worker, format_journal, recorded_at, run_key
 FROM curvine_releases
-WHERE cluster = :cluster
+WHERE cluster = ANY(:clusters)
 ORDER BY release, revision

@@ -6,7 +6,7 @@ SELECT i.id, i.at, i.run_key, i.cluster, i.endpoint, substr(i.action, 8) AS acti
 FROM audit_open_intents oi
 JOIN audit_log i ON i.id = oi.intent_id
 WHERE i.kind = 'intent'
-  AND (CAST(:cluster AS text) IS NULL OR i.cluster = :cluster)
+  AND (CAST(:clusters AS text[]) IS NULL OR i.cluster = ANY(:clusters))
   AND (CAST(:endpoint AS text) IS NULL OR i.endpoint = :endpoint OR split_part(i.endpoint, '/', 2) = :endpoint)
   AND (CAST(:run_key AS text) IS NULL OR i.run_key = :run_key)
 ORDER BY i.id

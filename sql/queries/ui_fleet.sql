@@ -1,6 +1,6 @@
 -- The kvfleet page's Fleet view: every endpoint the history knows, per cluster and LOB, with its L2 state
 -- (from its newest endpoint step and its open drift), its newest verification, its open drift and its newest
--- change. :cluster and :lob filter when not NULL.
+-- change. :clusters (a key and its older bare name: kvfleet.history.clusters) and :lob filter when not NULL.
 -- Read from endpoint_state (one row per endpoint, kept at write time; revision 0009): an endpoint is listed
 -- when it has an endpoint step (not a plan), a verification or open drift. Endpoint steps recorded without a
 -- cluster or an endpoint (kvfleet records none) are listed from the history, as before, with nothing joined.
@@ -21,7 +21,7 @@ SELECT s.cluster, s.endpoint, COALESCE(s.ep_lob, s.v_lob, s.drift_lob) AS lob,
        s.change_run_key AS last_change_run
 FROM endpoint_state s
 WHERE (s.ep_id IS NOT NULL OR s.v_id IS NOT NULL OR s.open_drift > 0)
-  AND (CAST(:cluster AS text) IS NULL OR s.cluster = :cluster)
+  AND (CAST(:clusters AS text[]) IS NULL OR s.cluster = ANY(:clusters))
   AND (CAST(:lob AS text) IS NULL OR COALESCE(s.ep_lob, s.v_lob, s.drift_lob) = :lob)
 UNION ALL
 SELECT k.cluster, k.endpoint, CAST(NULL AS text), 'unknown', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -29,6 +29,6 @@ SELECT k.cluster, k.endpoint, CAST(NULL AS text), 'unknown', NULL, NULL, NULL, N
 FROM (SELECT DISTINCT cluster, endpoint FROM step_events
       WHERE stage = 'endpoint' AND step LIKE 'endpoint:%' AND outcome <> 'planned'
         AND (cluster IS NULL OR endpoint IS NULL)) k
-WHERE (CAST(:cluster AS text) IS NULL OR k.cluster = :cluster)
+WHERE (CAST(:clusters AS text[]) IS NULL OR k.cluster = ANY(:clusters))
   AND CAST(:lob AS text) IS NULL
 ORDER BY 1, 3, 2

@@ -7,7 +7,7 @@ SELECT at, cluster, endpoint, lob, prompt_tokens, stored_tokens, hit_tokens, hit
 FROM hit_verifications
 WHERE at >= :cutoff
   AND (CAST(:lob AS text) IS NULL OR lob = :lob)
-  AND (CAST(:cluster AS text) IS NULL OR cluster = :cluster)
+  AND (CAST(:clusters AS text[]) IS NULL OR cluster = ANY(:clusters))
   AND (CAST(:endpoint AS text) IS NULL OR endpoint = :endpoint OR split_part(endpoint, '/', 2) = :endpoint)
   AND (CAST(:after_at AS timestamptz) IS NULL
        OR (at, id) < (CAST(:after_at AS timestamptz), CAST(:after_id AS bigint)))

@@ -9,7 +9,7 @@ LEFT JOIN LATERAL (
 ) o ON true
 WHERE i.kind = 'intent' AND i.at >= :cutoff
   AND (CAST(:run_key AS text) IS NULL OR i.run_key = :run_key)
-  AND (CAST(:cluster AS text) IS NULL OR i.cluster = :cluster)
+  AND (CAST(:clusters AS text[]) IS NULL OR i.cluster = ANY(:clusters))
   AND (CAST(:endpoint AS text) IS NULL OR i.endpoint = :endpoint OR split_part(i.endpoint, '/', 2) = :endpoint)
 ORDER BY i.at DESC, i.id DESC
 LIMIT :limit

@@ -132,9 +132,11 @@ def test_approval_is_on_by_default_for_production_clusters(tmp_path: Path, histo
 def _routes(fleet: Path) -> None:
     from kvfleet.airflow import curvine as glue
 
+    # The route is given what the scope task returned: the clusters' keys (the Param still names them freely).
+    prod, dev = f"default/us-east-1/{CLUSTER}", "default/us-east-1/ml-cv-dev"
     conf = {"fleet": str(fleet), "approval": "auto"}
-    assert glue.approval_route([CLUSTER], {**conf, "clusters": [CLUSTER]}) == CURVINE_APPROVE_TASK
-    assert glue.approval_route(["ml-cv-dev"], {**conf, "clusters": ["ml-cv-dev"]}) == CURVINE_NO_APPROVAL_TASK
-    assert glue.approval_route(["ml-cv-dev"], {**conf, "approval": "always"}) == CURVINE_APPROVE_TASK
-    assert glue.approval_route([CLUSTER], {**conf, "approval": "never"}) == CURVINE_NO_APPROVAL_TASK
-    assert glue.approval_route([CLUSTER], {**conf, "dry_run": True}) == CURVINE_NO_APPROVAL_TASK
+    assert glue.approval_route([prod], {**conf, "clusters": [CLUSTER]}) == CURVINE_APPROVE_TASK
+    assert glue.approval_route([dev], {**conf, "clusters": ["ml-cv-dev"]}) == CURVINE_NO_APPROVAL_TASK
+    assert glue.approval_route([dev], {**conf, "approval": "always"}) == CURVINE_APPROVE_TASK
+    assert glue.approval_route([prod], {**conf, "approval": "never"}) == CURVINE_NO_APPROVAL_TASK
+    assert glue.approval_route([prod], {**conf, "dry_run": True}) == CURVINE_NO_APPROVAL_TASK

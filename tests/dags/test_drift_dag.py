@@ -8,6 +8,9 @@ from datetime import timedelta
 import pytest
 
 pytestmark = pytest.mark.e2e
+# The results and the history name a cluster by its key account/region/name (the example fleet declares no account).
+PROD = "default/us-east-1/ml-prod-use1"
+STAGE = "default/us-west-2/ml-stage-usw2"
 
 
 def test_schedule_and_params(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -38,11 +41,11 @@ def test_an_unreachable_cluster_is_recorded_and_the_run_succeeds(  # type: ignor
     run = history.runs.get(f"kvfleet_drift_check/{dr.run_id}")
     assert run is not None and run["status"] == "success"
     summary = run["summary"]
-    assert summary["clusters"] == ["ml-prod-use1", "ml-stage-usw2"]
-    assert summary["unreachable"] == ["ml-stage-usw2"]
+    assert summary["clusters"] == [PROD, STAGE]
+    assert summary["unreachable"] == [STAGE]
     assert summary["by_kind"]["cluster_unreachable"] == 1
     # Nothing was rolled out on ml-prod-use1: its check ran and saw that.
     assert summary["by_kind"]["endpoint_missing"] == 7 and summary["remediations"] == 0
     open_rows = history.queries.rows("open_drift")
-    assert {r["cluster"] for r in open_rows} == {"ml-prod-use1", "ml-stage-usw2"}
-    assert [r["kind"] for r in open_rows if r["cluster"] == "ml-stage-usw2"] == ["cluster_unreachable"]
+    assert {r["cluster"] for r in open_rows} == {PROD, STAGE}
+    assert [r["kind"] for r in open_rows if r["cluster"] == STAGE] == ["cluster_unreachable"]

@@ -14,6 +14,10 @@ from kvfleet.airflow.triggers.fleet_watch import clusters_of_events, watch_error
 from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
 
 pytestmark = pytest.mark.e2e
+# The history and the run's per-cluster tasks name a cluster by its key account/region/name (the example fleet
+# declares no account); the watch's events name it as the watcher did, by name.
+PROD = "default/us-east-1/ml-prod-use1"
+STAGE = "default/us-west-2/ml-stage-usw2"
 
 
 def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: Any, example_fleet: Any) -> None:
@@ -73,8 +77,8 @@ def test_a_run_checks_only_the_changed_cluster(dagbag: Any, history: Any, exampl
     assert dr.state == "success"
     run = history.runs.get(f"kvfleet_drift_watch/{dr.run_id}")
     assert run is not None and run["status"] == "success"
-    assert run["summary"]["clusters"] == ["ml-prod-use1"]
-    assert {r["cluster"] for r in history.queries.rows("open_drift")} == {"ml-prod-use1"}
+    assert run["summary"]["clusters"] == [PROD]
+    assert {r["cluster"] for r in history.queries.rows("open_drift")} == {PROD}
 
 
 def test_the_watch_failures_that_triggered_a_run_are_recorded_per_cluster(history: Any) -> None:
@@ -126,10 +130,11 @@ def test_a_watch_triggered_run_checks_the_clusters_its_events_name_and_records_t
     with set_current_context(context):  # type: ignore[arg-type]
         clusters = scope.python_callable(params={"fleet": str(example_fleet), "clusters": [], "remediate": False,
                                                  "aws_conn_id": None}, triggering_asset_events=events)
-    assert sorted(clusters) == ["ml-prod-use1", "ml-stage-usw2"]
+    assert sorted(clusters) == [PROD, STAGE]
     steps = {s["step"]: s for s in history.runs.steps(f"kvfleet_drift_watch/{run_id}")}
     assert steps["scope"]["detail"]["not_in_inventory"] == ["ml-removed-since"]
-    assert sorted(steps["scope"]["detail"]["clusters"]) == ["ml-prod-use1", "ml-stage-usw2"]
+    assert sorted(steps["scope"]["detail"]["clusters"]) == [PROD, STAGE]
     assert steps["drift_watch:ml-prod-use1"]["outcome"] == "watch_failed"
+    assert steps["drift_watch:ml-prod-use1"]["cluster"] == PROD  # the row names the cluster by its key
     assert steps["drift_watch:ml-prod-use1"]["detail"]["errors"] == [{"kind": "watch", "message": failure}]
     assert "drift_watch:ml-stage-usw2" not in steps

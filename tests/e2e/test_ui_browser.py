@@ -73,6 +73,10 @@ endpoints:
   - {name: retail-chat, namespace: retail, lob: retail, cluster: c-kyverno, model: qwen2-7b, instance_type: ml.g5.4xlarge}
 """
 SWEPT = ("c-patch", "retail/retail-chat")
+# The history, the views and the reports name a cluster by its key account/region/name (this fleet declares no
+# account); the CLI's --cluster and the page's cluster filter take its name too.
+KEY = {"c-patch": "default/us-east-1/c-patch", "c-kyverno": "default/us-west-2/c-kyverno"}
+SWEPT_KEY = KEY[SWEPT[0]]
 SWEEP_TOKENS = (1000, 1500, 2500, 3000)  # the rollout verified 2,000
 USER, PASSWORD = "alice", "alice-browser-pw"
 
@@ -435,11 +439,11 @@ def test_a_waiting_gate_shows_its_evidence_in_the_browser(twin_history: dict[str
     assert "error" not in seen, seen.get("error")
     gate = seen["gate"]
     assert f"{gate.dag_id}/{gate.run_id}" == twin_history["rollout"]
-    assert seen["subject"].startswith("kvfleet rollout c-patch wave")
+    assert seen["subject"].startswith(f"kvfleet rollout {KEY['c-patch']} wave")
     assert seen["header"][:5] == ["endpoint", "LOB", "verdict", "hit ratio", "speedup"]
     assert seen["answer"].endswith("/required_actions") and seen["evidence_tables"] >= 1
     runs = [r for r in cli_json(twin_history["url"], "verifications", "--since", "1d")
-            if r.get("run_key") == twin_history["rollout"] and r["cluster"] == "c-patch"]
+            if r.get("run_key") == twin_history["rollout"] and r["cluster"] == KEY["c-patch"]]
     waved = {row[0]: row for row in seen["rows"]}
     assert waved and set(waved) <= {r["endpoint"] for r in runs}
     for r in runs:
@@ -474,7 +478,7 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
     # Verification trends of the swept endpoint: the plotted sweep is the CLI's, beside the published points
     page.goto(f"{api_server}/kvfleet/trends?cluster={SWEPT[0]}&endpoint={SWEPT[1]}")
     rows = [r for r in cli_json(url, "verifications", "--since", "1d", "--endpoint", SWEPT[1])
-            if r["cluster"] == SWEPT[0]]
+            if r["cluster"] == SWEPT_KEY]
     by_length = _newest(rows, lambda r: r["prompt_tokens"])
     assert sorted(by_length) == sorted({*SWEEP_TOKENS, 2000})
     plotted = series_points(page, "plot-sweep", "latest per length")
@@ -518,9 +522,9 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
         assert cli["releases"], f"stage 3 recorded the Curvine release on {cluster}"
         flags = ("format_master", "format_worker", "format_journal")
         shown_rel = [(int(r["revision"]), *({"True": True, "False": False, "": None}[r[f]] for f in flags))
-                     for r in table_rows(page, f"curvine-releases-{cluster}")]
+                     for r in table_rows(page, f"curvine-releases-{KEY[cluster]}")]
         assert shown_rel == [(r["revision"], *(r[f] for f in flags)) for r in cli["releases"]]
-        capacities = [y for _, y in series_points(page, f"plot-capacity-{cluster}", "capacity GiB")]
+        capacities = [y for _, y in series_points(page, f"plot-capacity-{KEY[cluster]}", "capacity GiB")]
         recorded = [c["capacity_bytes"] / 2**30 for c in sorted(cli["capacity"], key=lambda c: c["at"])
                     if c["capacity_bytes"] is not None]
         assert capacities == pytest.approx(recorded)
@@ -532,15 +536,15 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
     human = [g for g in gates if g.get("chosen") == "Approve"]
     assert len(human) == 1, gates  # c-patch has a wave after its canary: approval was asked once
     assert human[0].get("answered_by", human[0].get("decided_by")) == USER
-    assert human[0]["cluster"] == "c-patch"
+    assert human[0]["cluster"] == KEY["c-patch"]
     page.screenshot(path=str(ARTIFACTS / "ui-gates.png"), full_page=True)
 
     # L2 advisor: each endpoint's verdict is what `kvfleet advise --json` says for the same cluster, and the
     # plotted prompt-length distribution is the one the advise step recorded, with the payoff threshold marked
     page.goto(f"{api_server}/kvfleet/advisor")
     cli_verdicts = {e["endpoint"]: e["verdict"] for c in twin_history["advise"]["clusters"]
-                    if c["cluster"] == SWEPT[0] for e in c["endpoints"]}
-    shown_verdicts = {r["endpoint"]: r["verdict"] for r in table_rows(page, f"advisor-{SWEPT[0]}")}
+                    if c["cluster"] == SWEPT_KEY for e in c["endpoints"]}
+    shown_verdicts = {r["endpoint"]: r["verdict"] for r in table_rows(page, f"advisor-{SWEPT_KEY}")}
     assert shown_verdicts == cli_verdicts and len(shown_verdicts) == 3
     # the twin's traffic mixes: long retrieved context on the RAG endpoint, short turns on the chat endpoint
     assert (shown_verdicts["support/support-rag"], shown_verdicts["retail/retail-chat"]) == (
@@ -551,7 +555,7 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
     try:
         with engine.connect() as conn:
             steps = conn.execute(text("SELECT detail, run_key FROM step_events WHERE step = :s ORDER BY id DESC"),
-                                 {"s": f"advise:{SWEPT[0]}"}).all()
+                                 {"s": f"advise:{SWEPT_KEY}"}).all()
     finally:
         engine.dispose()
     assert len(steps) == len(SWEEP_TOKENS)  # one report per hourly-check run
@@ -561,10 +565,10 @@ def test_views_show_what_the_cli_reports(browser_page: Any, api_server: str, twi
         for endpoint, verdict in detail["verdicts"].items():
             advised.setdefault(endpoint, {**full.get(endpoint, {}), "verdict": verdict, "run_key": run_key})
     assert {ep: a["verdict"] for ep, a in advised.items()} == shown_verdicts
-    assert {r["endpoint"]: r["run_key"] for r in table_rows(page, f"advisor-{SWEPT[0]}")} == {
+    assert {r["endpoint"]: r["run_key"] for r in table_rows(page, f"advisor-{SWEPT_KEY}")} == {
         ep: a["run_key"] for ep, a in advised.items()}
     for ep, a in advised.items():
-        chart = f"plot-lengths-{SWEPT[0]}-{ep}"
+        chart = f"plot-lengths-{SWEPT_KEY}-{ep}"
         if not a.get("lengths"):  # the advise step recorded the verdict only (see the report): the page says so
             assert page.locator(f'section.advice[data-endpoint="{ep}"] p.note').count() == 1, ep
             continue

@@ -73,6 +73,7 @@ BAD_QUERIES = [
     ("endpoint", "retail/\x00chat", ("U+0000", "control character")),
     ("after", "\x00", ("U+0000", "control character")),
     ("cluster", "x" * 254, ("254 characters", "253")),
+    ("cluster", "ml-prod/use1", ("account/region/name",)),  # neither a cluster's name nor its key
     ("since", "²d", ("7d",)),
     ("since", "9" * 5000 + "d", ("7d", "5,001 characters")),
     ("since", "99999999d", ("out of range", "36500d")),
@@ -136,11 +137,21 @@ def hostile(tag: str) -> str:
     return f"{tag}\"'><script>alert(1)</script><img src=x onerror=alert(1)><svg onload=alert(1)>&amp;"
 
 
+def hostile_key(tag: str) -> str:
+    """A cluster's key, as the history names a cluster (account/region/name), whose region and name are markup and
+    script if inserted unescaped, in text or in an attribute (either quote), ending with an entity: a part holds no
+    '/', so its script is left unclosed. A filter on it is a cluster's key the page looks up (``hostile``'s '/'
+    would make it neither a name nor a key: a 400)."""
+    part = f"{tag}\"'><script>alert(1)<img src=x onerror=alert(1)><svg onload=alert(1)>&amp;"
+    return f"default/{part}/{part}"
+
+
 H = {name: hostile(name) for name in (
     "cluster", "cluster2", "lob", "endpoint", "instance", "verdict", "diagnosis", "dag", "run", "trigger", "who",
     "stage", "outcome", "chosen", "kind", "severity", "object", "field", "expected", "actual", "action", "remedy",
     "release", "chart", "rstatus", "phase", "step", "adv_verdict", "adv_error", "capacity", "arith", "assume",
     "subject", "body", "option", "task", "user", "filter")}
+H["cluster"] = hostile_key("cluster")
 ENDPOINT = f"ns{H['endpoint']}/name"  # the endpoint's own characters: "ns/name" with markup in the namespace
 
 

@@ -53,7 +53,8 @@ SIGKILL_STEPS = ("stage4_patch_wave",)
 INVARIANTS = ("l2_files_kept", "operator_running", "replicas_ready", "no_dead_lease", "history_recorded",
               "second_run_converges", "third_run_no_mutation")
 
-# The subprocess a SIGKILL case kills: the wave's task body as the worker runs it (lease, then the sequence).
+# The subprocess a SIGKILL case kills: the wave's task body as the worker runs it (lease, then the sequence). A
+# lease is keyed by the cluster's key account/region/name, as the rollout takes it.
 WAVE_TASK = """
 import sys
 sys.path.insert(0, {here!r})
@@ -69,7 +70,7 @@ inv = FaultEnv.inventory_for_matrix()
 ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=HistoryRepos.on(),
                    step_key=StepKey({holder!r}, "wave"), timeouts=Timeouts(cluster_update_s=60, addon_s=60,
                    pods_s=120, pvc_s=30))
-ClusterLock(ctx.history, PROD, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
+ClusterLock(ctx.history, ctx.cluster.key, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
 print("lease taken", flush=True)
 endpoints.reconcile_wave(ctx, list(inv.endpoints_of(PROD)), holder={holder!r})
 print("wave finished before the kill", flush=True)
@@ -267,7 +268,8 @@ class FaultEnv:
                 ctx.record("kyverno_policy", "endpoints", outcome)
             elif step == "stage4_patch_wave":
                 ctx = self.ctx(PROD, run_key, "wave")
-                lock = ClusterLock(self.history, PROD, run_key, "rollout", wait_s=30, poll_s=0.2).acquire()
+                lock = ClusterLock(self.history, ctx.cluster.key, run_key, "rollout", wait_s=30,
+                                   poll_s=0.2).acquire()
                 try:
                     endpoints.reconcile_wave(ctx, self.endpoints(PROD), holder=run_key)
                 finally:
@@ -376,7 +378,7 @@ class FaultEnv:
             return not short
         inv["replicas_ready"] = wait(replicas_ok, 90)
 
-        lease = Leases(self.history.engine).get(cluster)
+        lease = Leases(self.history.engine).get(self.inv.cluster(cluster).key)  # leases are keyed by the key
         result.evidence["lease"] = lease and {k: lease.get(k) for k in ("holder", "state")}
         inv["no_dead_lease"] = lease is None
 

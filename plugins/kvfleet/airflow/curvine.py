@@ -43,7 +43,7 @@ def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[l
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params, inventory=pinned)
     inv = narrowed(inventory_of(pinned), clusters=params.get("clusters") or None)
-    clusters = [c.name for c in inv.clusters]
+    clusters = [c.key for c in inv.clusters]
     history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED, detail={
         "clusters": clusters, "inventory": pinned.revision, **detail}), actor=info.actor)
     return clusters, info, history
@@ -99,12 +99,14 @@ def open_upgrade(params: dict[str, Any]) -> list[str]:
 
 @task_boundary
 def approval_route(clusters: list[str], params: dict[str, Any]) -> str:
-    """Which path leads to the upgrade: the human approval, or straight on."""
+    """Which path leads to the upgrade: the human approval, or straight on. ``clusters``: what the scope task
+    returned, the clusters' keys (a run scoped before revision 0011 returned their bare names: a production
+    cluster named so still asks for approval)."""
     mode = params.get("approval") or "auto"
     if params.get("dry_run") or mode == "never":
         return kvparams.CURVINE_NO_APPROVAL_TASK
-    production = [c.name for c in scoped_inventory({"clusters": params.get("clusters") or None}).clusters
-                  if c.production and c.name in clusters]
+    production = [c.key for c in scoped_inventory({"clusters": params.get("clusters") or None}).clusters
+                  if c.production and (c.key in clusters or c.name in clusters)]
     if mode == "always" or production:
         log.info("approval required (%s): %s", mode, ", ".join(production or clusters))
         return kvparams.CURVINE_APPROVE_TASK

@@ -11,11 +11,13 @@ history, closed by ``kvfleet.airflow.run_status``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import narrowed, pin_inventory, run_info, stage_context
 from kvfleet.errors import PermanentError
+from kvfleet.fleet.cluster_ref import Named, candidates
 from kvfleet.history.keys import StepEvent, StepKey
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.outcomes import Status
@@ -45,7 +47,7 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
     whole = inventory_of(pinned)
     gone: list[str] = []
     if event_clusters:
-        known = {c.name for c in whole.clusters}
+        known = {c.key for c in whole.clusters} | {c.name for c in whole.clusters}
         gone = sorted(set(event_clusters) - known)
         if gone:
             log.warning("the drift watch named cluster(s) no longer in the inventory, not checked: %s",
@@ -56,26 +58,32 @@ def open_run(params: dict[str, Any], watch_errors: list[dict[str, str]] | None =
                       triggered_by=info.triggered_by, params=params, inventory=pinned)
     inv = narrowed(whole, clusters=_params(params)["clusters"]) if params.get("clusters") or not event_clusters \
         else None
-    clusters = [c.name for c in inv.clusters] if inv is not None else []
+    clusters = [c.key for c in inv.clusters] if inv is not None else []
     history.runs.record_step(info.step_key, StepEvent("scope", "drift", "planned", detail={
         "clusters": clusters, "endpoints": len(inv.endpoints) if inv is not None else 0,
         "remediate": bool(params.get("remediate")), "inventory": pinned.revision,
         **({"not_in_inventory": gone} if gone else {})}), actor=info.actor)
-    record_watch_errors(history, info.step_key, info.actor, watch_errors or [])
+    record_watch_errors(history, info.step_key, info.actor, watch_errors or [], clusters=whole.clusters)
     return clusters
 
 
-def record_watch_errors(history: HistoryRepos, step_key: StepKey, actor: str, errors: list[dict[str, str]]) -> None:
+def record_watch_errors(history: HistoryRepos, step_key: StepKey, actor: str, errors: list[dict[str, str]],
+                        clusters: Iterable[Named] = ()) -> None:
     """One ``drift_watch:<cluster>`` step (outcome ``watch_failed``, in the audit log too) per cluster the drift
     watch reported a failure of: its changes are not being watched until the watch is up again (the 10-minute
-    drift check still runs), and why (``detail.errors``: each error's kind and message)."""
+    drift check still runs), and why (``detail.errors``: each error's kind and message). The step names the
+    cluster as the event did; its ``cluster`` is the key of the one cluster of ``clusters`` (the run's pinned
+    inventory) that text names, as every history row names it, else the event's text."""
+    pool = list(clusters)
     by_cluster: dict[str, list[dict[str, str]]] = {}
     for e in errors:
         log.warning("[%s] the drift watch reported: %s", e["cluster"], e["message"])
         by_cluster.setdefault(e["cluster"], []).append({"kind": e["kind"], "message": e["message"]})
     for cluster, found in sorted(by_cluster.items()):
+        named = candidates(cluster, pool)
+        key = named[0].ref.key if len(named) == 1 else cluster
         history.runs.record_step(step_key, StepEvent(f"drift_watch:{cluster}", "drift", Status.WATCH_FAILED,
-                                                     cluster=cluster, detail={"errors": found}), actor=actor)
+                                                     cluster=key, detail={"errors": found}), actor=actor)
 
 
 @task_boundary

@@ -251,7 +251,7 @@ def wave_gate_text(*, asked: str, run_key: str, wave: Mapping[str, Any], verific
     ``ask_approval`` (``approval=after_canary|every_wave``); ``wave`` is the wave task's result (``cluster``,
     ``waves``, ``endpoints``: endpoint -> summary, ``review``: the inconclusive endpoints)."""
     links = links or Links()
-    cluster = str(wave.get("cluster") or "?")
+    cluster = str(wave.get("key") or wave.get("cluster") or "?")  # the key, as the history's rows name it
     waves = wave.get("waves")
     endpoints: Mapping[str, str] = wave.get("endpoints") or {}
     where = f"{cluster} {_waves_text(waves)}{_wave_kind(waves, slot)}"
@@ -394,7 +394,7 @@ def for_wave_gate(*, asked: str, run_key: str, wave: Mapping[str, Any], reason: 
     """The wave gate's text with its evidence read from the history (``history`` or ``HistoryRepos.on()``). When the
     history cannot be read, the text says so and still shows the wave's own summary: a gate is never blocked
     by its text."""
-    cluster = str(wave.get("cluster") or "")
+    cluster = str(wave.get("key") or wave.get("cluster") or "")  # the key, as the history's rows name it
     rows: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
     try:

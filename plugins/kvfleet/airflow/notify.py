@@ -46,6 +46,7 @@ from airflow.sdk import BaseNotifier
 
 from kvfleet.airflow.gates import Links, airflow_base_url, required_actions_url
 from kvfleet.fleet.shared_rules import NOT_A_URL, redact_url
+from kvfleet.history.clusters import filter_values
 from kvfleet.settings import ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
@@ -422,8 +423,8 @@ def notify_drift(result: Mapping[str, Any], run_key: str, settings: NotifySettin
         try:
             history = history if history is not None else _history()
             if count:
-                opened = list(history.queries.rows("ui_findings_opened", cluster=str(result.get("cluster") or ""),
-                                            run_key=run_key))
+                asked = filter_values(history.engine, str(result.get("cluster") or "")) or []
+                opened = list(history.queries.rows("ui_findings_opened", clusters=asked, run_key=run_key))
             if inventory is None:
                 inventory = load_fleet(run_key, history)
         except Exception as exc:

@@ -129,7 +129,8 @@ class WaveGateOperator(HITLOperator):
 
         info = run_info(dict(context))
         Runs().record_step(info.step_key, StepEvent(
-            step=f"gate_response:{self.task_id}", stage="gate", outcome=result, cluster=wave.get("cluster"),
+            step=f"gate_response:{self.task_id}", stage="gate", outcome=result,
+            cluster=wave.get("key") or wave.get("cluster"),
             detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves"),
                     # The HITL trigger's event: timedout (no answer, the default was taken), when and by whom.
                     "timedout": bool(event.get("timedout", not who)), "responded_at": _iso(event.get("responded_at")),

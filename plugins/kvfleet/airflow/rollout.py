@@ -83,7 +83,7 @@ def rollout_context(cluster: str, req: RolloutRequest) -> StageContext:
 
 def _lease(ctx: StageContext, req: RolloutRequest) -> ClusterLock:
     info = run_info()
-    return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.name, info.run_key, "rollout", ttl_s=ACTIVE_TTL_S,
+    return ClusterLock(ctx.history or HistoryRepos.on(), ctx.cluster.key, info.run_key, "rollout", ttl_s=ACTIVE_TTL_S,
                        wait_s=req.lock_wait_s, poll_s=min(ctx.poll_s * 5, 10),
                        progress=ctx.say, holder_alive=ctx.holder_alive, park_ttl_s=PARKED_TTL_S)
 
@@ -156,7 +156,7 @@ def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: f
                    names: list[str] | None = None) -> Any:
     from kvfleet.airflow.triggers.lease import LeaseFreeTrigger
 
-    return LeaseFreeTrigger(ctx.cluster.name, holder, poll_s=min(ctx.poll_s * 5, 10), timeout_s=req.lock_wait_s,
+    return LeaseFreeTrigger(ctx.cluster.key, holder, poll_s=min(ctx.poll_s * 5, 10), timeout_s=req.lock_wait_s,
                             started_at=since, names=names, exact_holder=names is not None,
                             recheck_s=LEASE_RECHECK_S)
 
@@ -164,7 +164,8 @@ def _lease_trigger(ctx: StageContext, req: RolloutRequest, holder: str, since: f
 def _take_slot_or_defer(ctx: StageContext, req: RolloutRequest, history: HistoryRepos, resume: dict[str, Any],
                         state: dict[str, Any]) -> str:
     """One of the run's parallelism slots, or a deferral until one is free (or the patience is spent)."""
-    info, cluster, limit = run_info(), ctx.cluster.name, req.max_parallel_clusters
+    # The slot's holder names the cluster by its key, as the teardown (``_release_all``) frees it.
+    info, cluster, limit = run_info(), ctx.cluster.key, req.max_parallel_clusters
     taken = _slot(history, info.run_key, cluster, limit)
     if taken is not None:
         return taken
@@ -195,18 +196,22 @@ def _take_lease_or_defer(ctx: StageContext, req: RolloutRequest, resume: dict[st
         _defer(_lease_trigger(ctx, req, info.run_key, since), {**state, "wait": "lease", "since": since})
 
 
-def _release_all(history: HistoryRepos, run_key: str, cluster: str) -> dict[str, int]:
+def _release_all(history: HistoryRepos, run_key: str, cluster: str, key: str | None) -> dict[str, int]:
+    """Free this run's lease on the cluster (by its ``key``; without one, any of the run's on a cluster named
+    ``cluster``, the task's mapped argument) and its parallelism slot: held under the key, or under the mapped
+    argument by a run whose tasks were mapped over bare names (planned before revision 0011)."""
     leases = Leases(history.engine)
-    return {"lease": int(leases.release(cluster, run_key)),
-            "slots": leases.release_all(_slot_prefix(run_key), _slot_holder(run_key, cluster))}
+    lease = int(leases.release(key, run_key)) if key is not None else leases.release_named(cluster, run_key)
+    holders = dict.fromkeys(_slot_holder(run_key, c) for c in (key or cluster, cluster))
+    return {"lease": lease, "slots": sum(leases.release_all(_slot_prefix(run_key), h) for h in holders)}
 
 
 @task_boundary
 def plan_rollout(params: dict[str, Any]) -> list[str]:
     """Validate the inventory and the scope, compute the plan, and open the run in the history store, with the
     plan and the inventory pinned (``kvfleet.fleet.pinning``: every later task applies that snapshot, not the file
-    as it is then). Returns the names of the plan's clusters (what the per-cluster tasks are mapped over): the plan
-    itself goes to no XCom, since every task that needs it reads its part from ``runs.plan``
+    as it is then). Returns the keys (account/region/name) of the plan's clusters, what the per-cluster tasks are
+    mapped over. The plan itself goes to no XCom, since every task that needs it reads its part from ``runs.plan``
     (``Runs.cluster_plan``), so the run's XCom does not grow with the fleet's endpoints."""
     info = run_info()
     req = RolloutRequest.from_params(params)
@@ -228,7 +233,7 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
                                                          "dry_run": req.dry_run,
                                                          "inventory": pinned.revision}),
                         actor=info.actor)
-    return [c.cluster for c in plan.clusters]
+    return [c.key for c in plan.clusters]
 
 
 @task_boundary
@@ -278,7 +283,7 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
         # Every failure path frees what this task took: a retry takes it again; the teardown has nothing left.
         if lease is not None:
             lease.release()
-        released = _release_all(history, info.run_key, cluster) if not ctx.dry_run else {}
+        released = _release_all(history, info.run_key, cluster, ctx.cluster.key) if not ctx.dry_run else {}
         ctx.say(f"cluster stages failed: lease and slot released ({released})")
         raise
     else:
@@ -379,7 +384,7 @@ def _cluster_plan(cluster: str) -> dict[str, Any]:
 
 
 def _slot_waves(plan: dict[str, Any], cluster: str, slot: int) -> list[dict[str, Any]]:
-    waves: list[dict[str, Any]] = next(c["waves"] for c in plan["clusters"] if c["cluster"] == cluster)
+    waves: list[dict[str, Any]] = next(c["waves"] for c in plan["clusters"] if cluster in (c.get("key"), c["cluster"]))
     return waves[slot:] if slot == WAVE_SLOTS - 1 else waves[slot:slot + 1]
 
 
@@ -489,8 +494,8 @@ def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
     waves = _slot_waves(plan, cluster, slot)
     by_ref = {e.ref: e for e in ctx.inventory.endpoints_of(cluster)}
     out: dict[str, Any] = resume.get("out") or {
-        "cluster": cluster, "slot": slot, "waves": [w["wave"] for w in waves], "endpoints": {}, "review": [],
-        "verdict": "none", "has_next": False}
+        "cluster": cluster, "key": ctx.cluster.key, "slot": slot, "waves": [w["wave"] for w in waves],
+        "endpoints": {}, "review": [], "verdict": "none", "has_next": False}
     lease: ClusterLock | None = None
     try:
         carried = _carried(ctx, waves, by_ref, previous, out)
@@ -552,7 +557,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     except BaseException:
         # No context (no pinned inventory, an unreadable one): nothing to restore from here (the drift check
         # restores a dead pauser's operator), but what this run holds is freed at once, not at its ttl.
-        _release_all(HistoryRepos.on(), info.run_key, cluster)
+        _release_all(HistoryRepos.on(), info.run_key, cluster, None)
         raise
     history = ctx.history or HistoryRepos.on()
     result: dict[str, Any] = {"restored": False}
@@ -566,7 +571,7 @@ def release_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     finally:
         # Released even when the restore fails (the task still fails, and fails the run): a pause left behind by
         # a run that holds no lease is a dead pauser's, which the drift check restores.
-        result["released"] = _release_all(history, info.run_key, cluster)
+        result["released"] = _release_all(history, info.run_key, cluster, ctx.cluster.key)
         ctx.close()
 
 

@@ -62,7 +62,13 @@ def _message(exc: BaseException | None) -> str:
 
 
 def _cluster_of(context: Any) -> str | None:
-    """The cluster a mapped per-cluster task worked on (its ``cluster`` argument), when it has one."""
+    """The cluster a mapped per-cluster task worked on: its key, once the task knew its cluster
+    (``cluster_context`` labels the task with it), else its ``cluster`` argument, when it has one."""
+    from kvfleet.airflow.params import MAP_LABEL
+
+    labelled = context.get(MAP_LABEL)
+    if isinstance(labelled, str) and labelled:
+        return labelled
     kwargs = getattr(context.get("task"), "op_kwargs", None)
     value = kwargs.get("cluster") if isinstance(kwargs, dict) else None
     return value if isinstance(value, str) else None

@@ -25,13 +25,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Text, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import narrowed, pin_inventory, run_info, stage_context
 from kvfleet.errors import PermanentError
 from kvfleet.fleet.inventory import Endpoint
 from kvfleet.fleet.verdict import baseline_from_rows
+from kvfleet.history.clusters import filter_values
 from kvfleet.history.keys import StepEvent
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.history.runs import Runs
@@ -47,21 +49,23 @@ MAX_PARALLEL_LIMIT = 32
 _BASELINE_SQL = """
 SELECT v.run_key, v.at, v.prompt_tokens, v.speedup, v.hit_ratio
 FROM hit_verifications v
-WHERE v.cluster = :cluster AND v.endpoint = :endpoint AND v.detail ->> 'sweep' = 'true'
+WHERE v.cluster = ANY(:clusters) AND v.endpoint = :endpoint AND v.detail ->> 'sweep' = 'true'
   AND COALESCE(v.detail ->> 'cold', 'true') = 'true'
-  AND v.at > COALESCE((SELECT max(e.at) FROM step_events e WHERE e.cluster = :cluster AND e.endpoint = :endpoint
+  AND v.at > COALESCE((SELECT max(e.at) FROM step_events e WHERE e.cluster = ANY(:clusters) AND e.endpoint = :endpoint
                        AND e.stage = 'endpoint' AND e.outcome = 'changed'), '-infinity'::timestamptz)
 ORDER BY v.at, v.id
 """
 
 
 def endpoint_baseline(history: HistoryRepos | None, cluster: str, endpoint: str) -> dict[str, Any] | None:
-    """The endpoint's recorded baseline (its first full-hit sweep after its last rollout), or ``None``."""
+    """The endpoint's recorded baseline (its first full-hit sweep after its last rollout), or ``None``.
+    ``cluster``: its key, or a bare name (``kvfleet.history.clusters``)."""
     if history is None:
         return None
+    clusters = filter_values(history.engine, cluster)
     with history.engine.connect() as conn:
-        rows = [dict(r) for r in conn.execute(text(_BASELINE_SQL), {"cluster": cluster, "endpoint": endpoint})
-                .mappings()]
+        stmt = text(_BASELINE_SQL).bindparams(bindparam("clusters", type_=ARRAY(Text)))
+        rows = [dict(r) for r in conn.execute(stmt, {"clusters": clusters, "endpoint": endpoint}).mappings()]
     return baseline_from_rows(rows)
 
 log = logging.getLogger(__name__)
@@ -81,7 +85,7 @@ def open_run(params: dict[str, Any]) -> list[str]:
     verify.check_prompt_length(int(params["prompt_tokens"]), inv.settings.chunk_size)
     history.runs.record_step(info.step_key, StepEvent("scope", "verify", "planned", detail={
         "endpoints": len(inv.endpoints), "inventory": pinned.revision}), actor=info.actor)
-    return sorted({e.cluster for e in inv.endpoints})
+    return sorted({c.key for c in inv.clusters if inv.endpoints_of(c.key)})
 
 
 def check_max_parallel(value: Any) -> int:
@@ -126,7 +130,7 @@ def _verify_one(ctx: StageContext, ep: Endpoint, lengths: Sequence[int], sweep: 
                 pool: verify.ProbePool | None) -> list[dict[str, Any]]:
     """Stage 5 on one endpoint at each length, each result recorded (``verify:<endpoint>:<tokens>``)."""
     out = []
-    baseline = endpoint_baseline(ctx.history, ctx.cluster.name, ep.key)
+    baseline = endpoint_baseline(ctx.history, ctx.cluster.key, ep.key)
     for n in lengths:
         result = verify.verify_endpoint(ctx, ep, n, pool=pool, baseline=baseline).as_dict()
         result["detail"] = {**(result.get("detail") or {}), "sweep": sweep}
@@ -170,7 +174,7 @@ def advise_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
         # each endpoint's recorded sweep (its baseline) is its measured curve; the others use the published one.
         # advise_cluster reads each endpoint's previous observation from ctx.history (the last advise:<cluster>
         # step's detail.endpoints[].observation): the request rate is the counters' increase since then
-        baselines = {ep.key: endpoint_baseline(ctx.history, cluster, ep.key)
+        baselines = {ep.key: endpoint_baseline(ctx.history, ctx.cluster.key, ep.key)
                      for ep in ctx.inventory.endpoints_of(cluster)}
         report = advise.advise_cluster(ctx, sweeps={k: b["points"] for k, b in baselines.items() if b})
     finally:

@@ -21,8 +21,9 @@ their own kind (migration 0007_drift_kinds renamed the rows
 recorded under the older, overloaded kinds). The endpoint kinds the batched patch fixes are the L2 overlay's
 (``PATCHABLE``, from ``fleet.overlay``); those that block it are the CR's (``NOT_PATCHABLE``).
 
-A finding's fingerprint is ``cluster|kind|object|field``: stable across checks (the actual value is not part of
-it), so the history store can open it once, touch it on every check that still sees it, and resolve it.
+A finding names its cluster by its key (account/region/name). Its fingerprint is ``cluster|kind|object|field``:
+stable across checks (the actual value is not part of it), so the history store can open it once, touch it on
+every check that still sees it, and resolve it.
 """
 
 from __future__ import annotations
@@ -203,11 +204,12 @@ def pod_matches_template(pod: Mapping[str, Any], template_spec: Mapping[str, Any
 
 
 def endpoint_findings(ep: Endpoint, inv: Inventory, iec: Mapping[str, Any] | None, dep: Mapping[str, Any] | None,
-                      pods: Sequence[Mapping[str, Any]]) -> list[Finding]:
+                      pods: Sequence[Mapping[str, Any]], cluster: str | None = None) -> list[Finding]:
+    """``cluster``: the key of the cluster observed (default: the endpoint's reference as written)."""
     settings = inv.settings
 
     def f(kind: str, obj: str, fld: str, expected: str, actual: str) -> Finding:
-        return Finding(kind, ep.cluster, obj, fld, expected, actual, lob=ep.lob, endpoint=ep.key)
+        return Finding(kind, cluster or ep.cluster, obj, fld, expected, actual, lob=ep.lob, endpoint=ep.key)
 
     iec_ref = f"{C.IEC_KIND}/{ep.key}"
     if iec is None:
@@ -274,7 +276,7 @@ def tiered_storage_findings(cl: Cluster, mode: str | None, percent: int | None) 
     want = cl.tiered_storage.mode + (f",InstanceMemoryAllocationPercentage={cl.tiered_storage.memory_percent}"
                                      if cl.tiered_storage.mode == "Enable" else "")
     have = f"{mode}" + (f",InstanceMemoryAllocationPercentage={percent}" if mode == "Enable" else "")
-    return [Finding("tiered_storage_mismatch", cl.name, f"HyperPodCluster/{cl.name}", "TieredStorageConfig",
+    return [Finding("tiered_storage_mismatch", cl.key, f"HyperPodCluster/{cl.name}", "TieredStorageConfig",
                     f"Mode={want}", f"Mode={have}")]
 
 
@@ -284,7 +286,7 @@ def node_recovery_findings(cl: Cluster, live: str | None) -> list[Finding]:
     want = cl.node_recovery
     if want is None or live is None or live == want:
         return []
-    return [Finding("node_recovery_mismatch", cl.name, f"HyperPodCluster/{cl.name}", "NodeRecovery", want, live)]
+    return [Finding("node_recovery_mismatch", cl.key, f"HyperPodCluster/{cl.name}", "NodeRecovery", want, live)]
 
 
 def addon_findings(cl: Cluster, addons: Mapping[str, Mapping[str, Any] | None]) -> list[Finding]:
@@ -293,17 +295,17 @@ def addon_findings(cl: Cluster, addons: Mapping[str, Mapping[str, Any] | None]) 
         live = addons.get(name)
         ref = f"EksAddon/{name}"
         if live is None:
-            out.append(Finding("addon_missing", cl.name, ref, "status", "ACTIVE", "not installed"))
+            out.append(Finding("addon_missing", cl.key, ref, "status", "ACTIVE", "not installed"))
             continue
         if live.get("status") != "ACTIVE":
-            out.append(Finding("addon_not_active", cl.name, ref, "status", "ACTIVE", str(live.get("status"))))
+            out.append(Finding("addon_not_active", cl.key, ref, "status", "ACTIVE", str(live.get("status"))))
         spec = cl.addon(name)
         for diff in live.get("diffs") or []:
             if diff.startswith("version") and spec.version:
-                out.append(Finding("addon_version_mismatch", cl.name, ref, "addonVersion", spec.version,
+                out.append(Finding("addon_version_mismatch", cl.key, ref, "addonVersion", spec.version,
                                    str(live.get("version"))))
             elif diff.startswith("configurationValues"):
-                out.append(Finding("addon_config_mismatch", cl.name, ref, "configurationValues",
+                out.append(Finding("addon_config_mismatch", cl.key, ref, "configurationValues",
                                    "as in the inventory", "differs"))
     return out
 
@@ -315,7 +317,7 @@ def operator_findings(cl: Cluster, inv: Inventory, operator: Mapping[str, Any] |
     name = ((operator or {}).get("metadata") or {}).get("name") or C.OPERATOR_DEPLOYMENT
     ref = f"Deployment/{C.OPERATOR_NAMESPACE}/{name}"
     if operator is None:
-        return [Finding("operator_missing", cl.name, f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}",
+        return [Finding("operator_missing", cl.key, f"Deployment/{C.OPERATOR_NAMESPACE}/{C.OPERATOR_DEPLOYMENT}",
                         "metadata", "the operator's controller Deployment (add-on or Helm name)", "absent")]
     ann = (operator.get("metadata") or {}).get("annotations") or {}
     replicas = int((operator.get("spec") or {}).get("replicas") or 0)
@@ -330,7 +332,7 @@ def operator_findings(cl: Cluster, inv: Inventory, operator: Mapping[str, Any] |
     who = f"kvfleet run {by}" if by else "someone outside kvfleet (no pause annotation)"
     when = since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else "an unknown time"
     state = f"; its pauser is dead: {pauser.get('reason')}" if dead and pauser else ""
-    return [Finding("operator_paused", cl.name, ref, "spec.replicas",
+    return [Finding("operator_paused", cl.key, ref, "spec.replicas",
                     f">= 1 (paused at most {inv.settings.operator_pause_threshold_minutes} min, and only by a "
                     "live run)", f"{replicas}, paused by {who} since {when}{state}")]
 
@@ -349,7 +351,7 @@ def curvine_loss_findings(cl: Cluster, overview: Mapping[str, Any] | None,
         before, after = previous.get(prev_key), overview.get(now_key)
         if before is None or after is None or int(after) >= int(before):
             continue
-        out.append(Finding("curvine_data_loss", cl.name, ref, fld, f">= {int(before)} (the {where})",
+        out.append(Finding("curvine_data_loss", cl.key, ref, fld, f">= {int(before)} (the {where})",
                            f"{int(after)}: {int(before) - int(after)} lost"))
     return out
 
@@ -358,16 +360,16 @@ def curvine_findings(cl: Cluster, values: Mapping[str, Any] | None, live_workers
                      error: str | None) -> list[Finding]:
     ref = f"HelmRelease/{cl.curvine.namespace}/{C.CURVINE_RELEASE}"
     if values is None:
-        return [Finding("curvine_release_missing", cl.name, ref, "release", "deployed", error or "absent")]
-    out = [Finding("format_flag_set", cl.name, ref, f"cluster.{flag}", "false", "true")
+        return [Finding("curvine_release_missing", cl.key, ref, "release", "deployed", error or "absent")]
+    out = [Finding("format_flag_set", cl.key, ref, f"cluster.{flag}", "false", "true")
            for flag, on in flags_of(values).items() if on]
     want = cl.curvine_workers
     master = f"CurvineMaster/{cl.curvine.namespace}/{C.CURVINE_MASTER_STS}-0"
     if live_workers is None:
-        out.append(Finding("curvine_master_unreadable", cl.name, master, "live_workers", str(want),
+        out.append(Finding("curvine_master_unreadable", cl.key, master, "live_workers", str(want),
                            f"unknown: {error or 'master API unreadable'}"))
     elif live_workers != want:
-        out.append(Finding("curvine_workers_mismatch", cl.name, master, "live_workers", str(want), str(live_workers)))
+        out.append(Finding("curvine_workers_mismatch", cl.key, master, "live_workers", str(want), str(live_workers)))
     return out
 
 
@@ -376,7 +378,7 @@ def kyverno_findings(cl: Cluster, state: Mapping[str, Any] | None) -> list[Findi
     (present or not) injects nothing into the operator's renders."""
     if state is None or state.get("ready"):
         return []
-    return [Finding("kyverno_missing", cl.name, "Deployment/kyverno/kyverno-admission-controller", "status",
+    return [Finding("kyverno_missing", cl.key, "Deployment/kyverno/kyverno-admission-controller", "status",
                     "available, with MutatingWebhookConfiguration kyverno-resource-mutating-webhook-cfg",
                     str(state.get("detail") or "not ready"))]
 
@@ -385,9 +387,9 @@ def policy_findings(cl: Cluster, inv: Inventory, policy: Mapping[str, Any] | Non
     desired = kyverno_policy(inv.settings)
     ref = f"ClusterPolicy/{desired['metadata']['name']}"
     if policy is None:
-        return [Finding("policy_missing", cl.name, ref, "metadata", "present (kyverno mode)", "absent")]
+        return [Finding("policy_missing", cl.key, ref, "metadata", "present (kyverno mode)", "absent")]
     if policy.get("spec") != desired["spec"]:
-        return [Finding("policy_changed", cl.name, ref, "spec", "kvfleet's policy unchanged", "changed")]
+        return [Finding("policy_changed", cl.key, ref, "spec", "kvfleet's policy unchanged", "changed")]
     return []
 
 
@@ -407,7 +409,7 @@ def classify(inv: Inventory, cluster: str, obs: ClusterObservation) -> list[Find
         out += kyverno_findings(cl, obs.kyverno)
     if cl.l2_injection == "kyverno" and obs.policy_checked and any(e.l2 for e in inv.endpoints_of(cluster)):
         out += policy_findings(cl, inv, obs.policy)
-    out += pvc_findings(cluster, inv, obs.pvcs)
+    out += pvc_findings(cl.key, inv, obs.pvcs)
     iecs = {_key(o): o for o in obs.iecs}
     deps = {_key(o): o for o in obs.deployments}
     pods: dict[str, list[dict[str, Any]]] = {}
@@ -416,13 +418,15 @@ def classify(inv: Inventory, cluster: str, obs: ClusterObservation) -> list[Find
         app = (meta.get("labels") or {}).get("app")
         pods.setdefault(f"{meta.get('namespace')}/{app}", []).append(pod)
     for ep in sorted(inv.endpoints_of(cluster), key=lambda e: e.key):
-        out += endpoint_findings(ep, inv, iecs.get(ep.key), deps.get(ep.key), pods.get(ep.key, []))
-    out += unmanaged_findings(cluster, inv, obs.iecs)
+        out += endpoint_findings(ep, inv, iecs.get(ep.key), deps.get(ep.key), pods.get(ep.key, []), cl.key)
+    out += unmanaged_findings(cl.key, inv, obs.iecs)
     return out
 
 
 def unreachable(cluster: str, error: str) -> Finding:
-    return Finding("cluster_unreachable", cluster, f"Cluster/{cluster}", "api", "reachable", error[:300])
+    """``cluster``: its key (account/region/name); the object is the HyperPod cluster, by its name."""
+    return Finding("cluster_unreachable", cluster, f"Cluster/{cluster.rsplit('/', 1)[-1]}", "api", "reachable",
+                   error[:300])
 
 
 def kyverno_advice(cl: Cluster, patch_losses: int) -> str | None:

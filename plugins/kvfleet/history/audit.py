@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from kvfleet.history.clusters import filter_values
 from kvfleet.history.db import get_engine
 from kvfleet.history.keys import StepKey, json_param
 from kvfleet.history.queries import run_query
@@ -119,8 +120,10 @@ class AuditLog:
 
     def open_intents(self, *, cluster: str | None = None, endpoint: str | None = None,
                      run_key: str | None = None) -> list[dict[str, Any]]:
-        """Intents with no outcome: changes that may or may not have happened."""
-        return run_query(self.engine, "open_intents", cluster=cluster, endpoint=endpoint, run_key=run_key)
+        """Intents with no outcome: changes that may or may not have happened. ``cluster``: a key or a bare name
+        (``kvfleet.history.clusters``: older rows name a cluster by its name)."""
+        return run_query(self.engine, "open_intents", clusters=filter_values(self.engine, cluster),
+                         endpoint=endpoint, run_key=run_key)
 
     def resolve_intent(self, intent_id: int, observed: Mapping[str, Any], *, run_key: str) -> int:
         """The next run or the drift check looked at the live state an open intent was about: record what it

@@ -1,7 +1,8 @@
 """Cluster leases with liveness: who holds a cluster, and whether that holder is still alive.
 
 Called by ``kvfleet.stages.locks.ClusterLock`` (take, heartbeat, park, release) and by the drift check (is the
-run that paused the operator still alive?). The rows live in ``cluster_locks`` (migration 0004 adds ``state``).
+run that paused the operator still alive?). The rows live in ``cluster_locks`` (migration 0004 adds ``state``),
+one per cluster key ``account/region/name`` (migration 0011), beside a rollout's parallelism slots.
 
 Liveness, explicitly:
 - **active** — a task is running and holds the lease. It heartbeats every ``ttl/3`` with a short ttl
@@ -140,6 +141,16 @@ class Leases:
             row = conn.execute(text("DELETE FROM cluster_locks WHERE cluster = :c AND holder = :h RETURNING cluster"),
                                {"c": cluster, "h": holder}).first()
             return row is not None
+
+    def release_named(self, name: str, holder: str) -> int:
+        """Release the leases ``holder`` holds on clusters of this bare name, whatever their account and region
+        (a teardown that cannot read its run's inventory to know the key; a run never holds two clusters of one
+        name: ``narrowed`` refuses such a scope)."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(text(
+                "DELETE FROM cluster_locks WHERE holder = :h AND (cluster = :n OR (cluster ~ '^[^/]+/[^/]+/[^/]+$' "
+                "AND split_part(cluster, '/', 3) = :n)) RETURNING cluster"), {"n": name, "h": holder}).fetchall()
+            return len(rows)
 
     def release_all(self, prefix: str, holder: str) -> int:
         """Release every lease named ``<prefix>*`` held by ``holder`` (a run's parallelism slots)."""

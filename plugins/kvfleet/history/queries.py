@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, text
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import Engine, Text, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from kvfleet.history.clusters import filter_values
 from kvfleet.history.db import get_engine
 from kvfleet.paths import sql_dir
 
@@ -27,11 +28,23 @@ PAGED: dict[str, tuple[str, ...]] = {
 }
 
 
+# Parameters bound as text[] (every other list or dict is JSON): ``clusters`` is what a cluster filter asks for
+# (``kvfleet.history.clusters.filter_values``: a key and, for older rows, its bare name), or NULL for all.
+TEXT_ARRAYS = frozenset({"clusters"})
+
+
 def run_query(engine: Engine, name: str, **params: Any) -> list[dict[str, Any]]:
-    """Run ``sql/queries/<name>.sql`` on ``engine`` with bound parameters; returns rows as dicts."""
-    stmt = text((sql_dir() / "queries" / f"{name}.sql").read_text())
+    """Run ``sql/queries/<name>.sql`` on ``engine`` with bound parameters; returns rows as dicts. A query that
+    filters by ``:clusters`` may be given ``cluster`` instead: a key or a bare name, resolved by
+    ``kvfleet.history.clusters.filter_values`` (ValueError when it is ambiguous)."""
+    sql = (sql_dir() / "queries" / f"{name}.sql").read_text()
+    if "cluster" in params and ":clusters" in sql:  # a cluster as text (a key or a bare name): what it asks for
+        params = {**params, "clusters": filter_values(engine, params.pop("cluster"))}
+    stmt = text(sql)
     for key, value in params.items():
-        if isinstance(value, dict | list):
+        if key in TEXT_ARRAYS:
+            stmt = stmt.bindparams(bindparam(key, type_=ARRAY(Text)))
+        elif isinstance(value, dict | list):
             stmt = stmt.bindparams(bindparam(key, type_=JSONB))
     with engine.connect() as conn:
         return [dict(r) for r in conn.execute(stmt, params).mappings()]

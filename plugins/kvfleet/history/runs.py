@@ -74,7 +74,7 @@ class Runs:
                     "SELECT r.plan - 'clusters' AS rest, c.entry FROM runs r "
                     "CROSS JOIN LATERAL (SELECT e AS entry FROM jsonb_array_elements("
                     "CASE WHEN jsonb_typeof(r.plan -> 'clusters') = 'array' THEN r.plan -> 'clusters' "
-                    "ELSE '[]'::jsonb END) e WHERE e ->> 'cluster' = :c LIMIT 1) c "
+                    "ELSE '[]'::jsonb END) e WHERE :c IN (e ->> 'key', e ->> 'cluster') LIMIT 1) c "
                     "WHERE r.run_key = :k AND jsonb_typeof(r.plan) = 'object'"
                 ),
                 {"k": run_key, "c": cluster},

@@ -39,7 +39,9 @@ from kvfleet.clients.kube import call
 from kvfleet.errors import KvfleetError
 from kvfleet.fleet import economics as E
 from kvfleet.fleet import lmcache_log, prom
+from kvfleet.fleet.cluster_ref import ClusterRef
 from kvfleet.fleet.inventory import Endpoint
+from kvfleet.history.clusters import values_of
 from kvfleet.stages.base import StageContext
 
 PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
@@ -92,7 +94,7 @@ PREVIOUS_WITHIN = timedelta(days=1)  # an older observation is not a base for th
 MIN_INTERVAL_S = E.MIN_POD_AGE_S
 
 
-def previous_observations(history: Any, cluster: str, now: datetime | None = None,
+def previous_observations(history: Any, cluster: ClusterRef | str, now: datetime | None = None,
                           within: timedelta = PREVIOUS_WITHIN,
                           min_interval_s: float = MIN_INTERVAL_S) -> dict[str, dict[str, Any]]:
     """Each endpoint's recorded observation (``{"at", "pods": {uid: requests}}``) from the cluster's
@@ -101,7 +103,8 @@ def previous_observations(history: Any, cluster: str, now: datetime | None = Non
     if history is None:
         return {}
     now = now or datetime.now(UTC)
-    rows = history.queries.rows("advise_previous", cluster=cluster, cutoff=now - within,
+    asked = {"clusters": values_of(cluster)} if isinstance(cluster, ClusterRef) else {"cluster": cluster}
+    rows = history.queries.rows("advise_previous", **asked, cutoff=now - within,
                          latest=now - timedelta(seconds=max(min_interval_s, 0.0)))
     return {r["endpoint"]: r["observation"] for r in rows if isinstance(r.get("observation"), Mapping)}
 
@@ -189,9 +192,9 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
     recorded (none without a history store). ``now``: the observation time (wall clock); by default each
     endpoint's own, taken as it is read. ``min_interval_s``: a previous observation closer than that is not a
     base for the rate (``MIN_INTERVAL_S``, 5 minutes)."""
-    report = ClusterReport(ctx.cluster.name)
+    report = ClusterReport(ctx.cluster.key)
     if previous is None:
-        previous = previous_observations(ctx.history, ctx.cluster.name, now, min_interval_s=min_interval_s)
+        previous = previous_observations(ctx.history, ctx.cluster.ref, now, min_interval_s=min_interval_s)
     for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
         try:
             traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key), min_interval_s)

@@ -182,7 +182,7 @@ class StageContext:
                lob: str | None = None, **detail: Any) -> Outcome:
         if self.history is not None and self.step_key is not None:
             self.history.runs.record_step(self.step_key, StepEvent(step=step, stage=stage, outcome=str(outcome),
-                                                              cluster=self.cluster.name, endpoint=endpoint, lob=lob,
+                                                              cluster=self.cluster.key, endpoint=endpoint, lob=lob,
                                                               detail=detail), actor=self.actor)
         return Outcome(stage, self.cluster.name, Status(outcome), detail, endpoint)
 
@@ -194,7 +194,7 @@ class StageContext:
         if self.dry_run or self.history is None or self.step_key is None:
             yield None
             return
-        with self.history.audit.write_ahead(self.step_key, action, target, cluster=self.cluster.name,
+        with self.history.audit.write_ahead(self.step_key, action, target, cluster=self.cluster.key,
                                             endpoint=endpoint, actor=self.actor) as wa:
             yield wa
 

@@ -124,7 +124,7 @@ def _record_revisions(ctx: StageContext, release: str) -> list[dict[str, Any]]:
     """Every revision in ``helm history`` with its format flags, recorded in the history store. A revision is
     immutable once written, so its values are read (``helm get values --revision``) only the first time it is
     seen; afterwards only its status is refreshed. Without a history store every revision is read."""
-    ns, cluster = ctx.cluster.curvine.namespace, ctx.cluster.name
+    ns, cluster = ctx.cluster.curvine.namespace, ctx.cluster.key  # the history's name for the cluster
     known = ctx.history.curvine.revisions(cluster, ns, release) if ctx.history is not None else {}
     out = []
     for rev in ctx.helm.revisions(release, ns) or []:
@@ -341,7 +341,7 @@ def verify_capacity(ctx: StageContext, phase: str = "verify", workers: int | Non
     snap = CurvineMaster(ctx.kube, spec.namespace).overview().snapshot()
     if ctx.history is not None:
         ctx.history.curvine.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
-                                    cluster=ctx.cluster.name, phase=phase, overview=snap)
+                                    cluster=ctx.cluster.key, phase=phase, overview=snap)
     return {"state": state, **snap}
 
 
@@ -484,7 +484,7 @@ def refuse_busy_cluster(ctx: StageContext, holder: str, action: str) -> None:
     A rollout shows itself two ways: its lease (purpose ``rollout``), and — while stage 4 patches endpoints —
     the Inference Operator paused with its run key in the ``kvfleet.io/paused-by`` annotation."""
     name = ctx.cluster.name
-    lock = ctx.history.leases.get(name) if ctx.history is not None else None
+    lock = ctx.history.leases.get(ctx.cluster.key) if ctx.history is not None else None
     if lock and not lock.get("expired") and lock.get("holder") != holder:
         since = f"since {lock.get('acquired_at')}, last heartbeat {lock.get('heartbeat_at')}"
         if lock.get("purpose") == ROLLOUT_PURPOSE:
@@ -512,7 +512,7 @@ def capacity_snapshot(ctx: StageContext, step: str, phase: str) -> dict[str, Any
     snap["worker_fs_used"] = {_worker_name(w): int(w.get("fs_used") or 0) for w in workers["live_workers"]}
     if ctx.history is not None:
         ctx.history.curvine.record_capacity(run_key=ctx.step_key.run_key if ctx.step_key else None, step=step,
-                                    cluster=ctx.cluster.name, phase=phase, overview=snap)
+                                    cluster=ctx.cluster.key, phase=phase, overview=snap)
     ctx.say(f"{step} {phase}: {snap['files_total']} files, {snap['dir_total']} dirs, capacity "
             f"{snap['capacity'] / 2**30:.0f} GiB, fs_used {snap['fs_used'] / 2**30:.2f} GiB, live workers "
             f"{snap['live_workers']} ({', '.join(snap['live_worker_names'])})")

@@ -34,6 +34,7 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet import curvine_gates as gates
 from kvfleet.fleet import curvine_values as cv
 from kvfleet.fleet.inventory.vocabulary import size_to_bytes
+from kvfleet.history.clusters import values_of
 from kvfleet.stages import curvine as stage3
 from kvfleet.stages import executor
 from kvfleet.stages.base import Outcome, StageContext
@@ -212,7 +213,7 @@ def detect(ctx: StageContext, state: PoolState, req: ScaleRequest) -> dict[str, 
 def _previous_usage(ctx: StageContext) -> float | None:
     if ctx.history is None:
         return None
-    rows = [r for r in ctx.history.queries.rows("capacity_history", cluster=ctx.cluster.name)
+    rows = [r for r in ctx.history.queries.rows("capacity_history", clusters=values_of(ctx.cluster.ref))
             if r.get("capacity_bytes")]
     if not rows:
         return None
@@ -327,7 +328,7 @@ def scale(ctx: StageContext, req: ScaleRequest, *, holder: str) -> Outcome:
         return ctx.record("scale", STAGE, "planned", decision=decision, command=command, diff=diff)
     if ctx.history is None:
         raise PermanentError("a Curvine scale-out needs the history store (cluster lease and records)")
-    lock = ClusterLock(ctx.history, ctx.cluster.name, holder, PURPOSE, wait_s=req.lock_wait_s,
+    lock = ClusterLock(ctx.history, ctx.cluster.key, holder, PURPOSE, wait_s=req.lock_wait_s,
                        poll_s=ctx.poll_s, progress=ctx.progress)
     with _refusals_recorded(ctx):
         lock.acquire()

@@ -370,7 +370,7 @@ def upgrade(ctx: StageContext, req: UpgradeRequest, *, holder: str) -> Outcome:
         return ctx.record("upgrade", STAGE, "planned", version=req.version, **pre.as_dict())
     if ctx.history is None:
         raise PermanentError("a Curvine upgrade needs the history store (cluster lease and records)")
-    lock = ClusterLock(ctx.history, cluster, holder, PURPOSE, wait_s=req.lock_wait_s, poll_s=ctx.poll_s,
+    lock = ClusterLock(ctx.history, ctx.cluster.key, holder, PURPOSE, wait_s=req.lock_wait_s, poll_s=ctx.poll_s,
                        progress=ctx.progress)
     try:
         lock.acquire()

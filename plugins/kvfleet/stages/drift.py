@@ -58,6 +58,7 @@ from kvfleet.fleet import constants as C
 from kvfleet.fleet import drift as rules
 from kvfleet.fleet.endpoint_spec import kyverno_policy
 from kvfleet.fleet.inventory import Endpoint
+from kvfleet.history.clusters import values_of
 from kvfleet.history.leases import SUFFIX, Leases
 from kvfleet.stages import curvine, endpoints, kyverno, operator_pause
 from kvfleet.stages.addons import addon_diff
@@ -181,7 +182,7 @@ def _pauser_liveness(ctx: StageContext, operator: dict[str, Any] | None, now: da
     by = ann.get(C.PAUSED_BY_ANNOTATION)
     if not by or ctx.history is None:
         return None
-    verdict = Leases(ctx.history.engine).holder_liveness(ctx.cluster.name, by, now=now,
+    verdict = Leases(ctx.history.engine).holder_liveness(ctx.cluster.key, by, now=now,
                                                          holder_alive=ctx.holder_alive)
     return {"holder": by, "alive": verdict.alive, "reason": verdict.reason}
 
@@ -201,8 +202,8 @@ def _previous_snapshot(ctx: StageContext) -> dict[str, Any] | None:
     with ctx.history.engine.connect() as conn:
         row = conn.execute(text(
             "SELECT run_key, step, phase, at, capacity_bytes AS capacity, files_total FROM capacity_snapshots "
-            "WHERE cluster = :c AND files_total IS NOT NULL ORDER BY at DESC, id DESC LIMIT 1"),
-            {"c": ctx.cluster.name}).mappings().first()
+            "WHERE cluster = ANY(:c) AND files_total IS NOT NULL ORDER BY at DESC, id DESC LIMIT 1"),
+            {"c": values_of(ctx.cluster.ref)}).mappings().first()
     return dict(row) if row else None
 
 
@@ -213,7 +214,7 @@ def _operator_zero_since(ctx: StageContext, operator: dict[str, Any] | None) -> 
         and not ann.get(C.PAUSED_BY_ANNOTATION)
     if ctx.history is None:
         return None
-    return ctx.history.drift.watch(ctx.cluster.name, OPERATOR_ZERO_WATCH, zero,
+    return ctx.history.drift.watch(ctx.cluster.key, OPERATOR_ZERO_WATCH, zero,
                              ctx.step_key.run_key if ctx.step_key else None)
 
 
@@ -230,17 +231,17 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
         obs = observe(ctx, now)
     except Exception as exc:  # any failure to observe: record it on this cluster, never fail the others
         log.warning("[%s] drift check could not observe the cluster: %s", cl.name, exc, exc_info=True)
-        result = DriftResult(cl.name, [rules.unreachable(cl.name, f"{type(exc).__name__}: {exc}")], reachable=False,
+        result = DriftResult(cl.key, [rules.unreachable(cl.key, f"{type(exc).__name__}: {exc}")], reachable=False,
                              observe_s=time.monotonic() - started, run_key=run_key)
         if ctx.history is not None:
             # Only this kind is in scope: what could not be observed stays as it was.
-            result.sync = ctx.history.drift.sync(cl.name, [f.as_dict() for f in result.findings], run_key,
+            result.sync = ctx.history.drift.sync(cl.key, [f.as_dict() for f in result.findings], run_key,
                                                     scope_kinds=["cluster_unreachable"])
         # Not a failure of the run: the finding says it (and one dead API server must not turn the check red).
         ctx.record(f"drift_check:{cl.name}", STAGE, "unreachable", reachable=False, error=str(exc)[:500])
         return result
-    findings = rules.classify(ctx.inventory, cl.name, obs)
-    result = DriftResult(cl.name, findings, observe_s=time.monotonic() - started, run_key=run_key)
+    findings = rules.classify(ctx.inventory, cl.key, obs)
+    result = DriftResult(cl.key, findings, observe_s=time.monotonic() - started, run_key=run_key)
     ctx.say(f"drift: {len(findings)} finding(s) in {result.observe_s:.2f}s"
             + "".join(f"\n  {f.text()}" for f in findings))
     for f in findings:
@@ -249,7 +250,7 @@ def check(ctx: StageContext, *, remediate: bool = False, now: datetime | None = 
             ctx.say(f"CURVINE DATA LOSS: {f.text()}")
     _record_snapshot(ctx, obs, now)
     if ctx.history is not None:
-        result.sync = ctx.history.drift.sync(cl.name, [f.as_dict() for f in findings], run_key)
+        result.sync = ctx.history.drift.sync(cl.key, [f.as_dict() for f in findings], run_key)
     moved = bool(result.sync.get("opened") or result.sync.get("resolved"))
     ctx.record(f"drift_check:{cl.name}", STAGE, "reported" if moved else "unchanged", findings=len(findings),
                kinds=sorted({f.kind for f in findings}), sync=result.sync)
@@ -273,9 +274,9 @@ def _resolve_remediated(ctx: StageContext, result: DriftResult, now: datetime) -
         log.warning("[%s] drift check could not observe again after remediating: %s", ctx.cluster.name, exc)
         result.sync["remediated_resolved"] = 0
         return
-    still = {f.fingerprint for f in rules.classify(ctx.inventory, ctx.cluster.name, obs)}
+    still = {f.fingerprint for f in rules.classify(ctx.inventory, ctx.cluster.key, obs)}
     gone = sorted(fixed - still)
-    result.sync["remediated_resolved"] = ctx.history.drift.resolve_remediated(ctx.cluster.name, gone, result.run_key)
+    result.sync["remediated_resolved"] = ctx.history.drift.resolve_remediated(ctx.cluster.key, gone, result.run_key)
     result.sync["remediated_still_seen"] = len(fixed & still)
     ctx.say(f"drift: after remediation, {len(gone)} finding(s) no longer seen (resolved), "
             f"{len(fixed & still)} still seen")
@@ -289,7 +290,7 @@ def _record_snapshot(ctx: StageContext, obs: rules.ClusterObservation, now: date
     if run_key is not None and ctx.history.runs.get(run_key) is None:
         run_key = None  # an ad-hoc check (no run row to refer to)
     ctx.history.curvine.record_capacity(run_key=run_key, step=f"drift_check:{now.isoformat()}",
-                                        cluster=ctx.cluster.name, phase="drift", overview=obs.curvine_overview)
+                                        cluster=ctx.cluster.key, phase="drift", overview=obs.curvine_overview)
 
 
 def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding],
@@ -310,7 +311,7 @@ def _advise(ctx: StageContext, result: DriftResult, now: datetime) -> None:
         return
     rows = ctx.history.queries.rows("drift_recurrence", cutoff=now - rules.ADVICE_WINDOW,
                                     kind="patch_lost_to_reconcile")
-    result.patch_losses_7d = next((int(r["occurrences"]) for r in rows if r["cluster"] == ctx.cluster.name), 0)
+    result.patch_losses_7d = sum(int(r["occurrences"]) for r in rows if r["cluster"] in values_of(ctx.cluster.ref))
     result.advice = rules.kyverno_advice(ctx.cluster, result.patch_losses_7d)
     if result.advice:
         ctx.say(f"advice: {result.advice}")
@@ -331,7 +332,7 @@ def remediate_findings(ctx: StageContext, chosen: list[rules.Finding], all_findi
     if not any(plan.values()):
         return []
     base_now, base_mono = now or datetime.now(UTC), time.monotonic()
-    lease: Any = ClusterLock(ctx.history, ctx.cluster.name, holder, "drift remediation", wait_s=lock_wait_s,
+    lease: Any = ClusterLock(ctx.history, ctx.cluster.key, holder, "drift remediation", wait_s=lock_wait_s,
                              poll_s=1, progress=ctx.progress, holder_alive=ctx.holder_alive,
                              clock=lambda: base_now + timedelta(seconds=time.monotonic() - base_mono)) \
         if ctx.history is not None else nullcontext()

@@ -205,7 +205,7 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
     full-hit probe must not be slower than by the tolerance."""
     settings = ctx.inventory.settings
     check_prompt_length(prompt_tokens, settings.chunk_size)
-    base = Verification(ctx.cluster.name, ep.key, ep.lob, ep.instance_type, "unverifiable",
+    base = Verification(ctx.cluster.key, ep.key, ep.lob, ep.instance_type, "unverifiable",
                         expected_speedup=expected_speedup(prompt_tokens, ep.instance_type))
     if not ep.l2:
         base.diagnosis = "L2 disabled for this endpoint in the inventory"
@@ -261,7 +261,7 @@ def verify_endpoint(ctx: StageContext, ep: Endpoint, prompt_tokens: int = 2000, 
                else verdict_of(min(ratio, worst_ratio), math.inf, expected, tolerance))
     garbled = scan_a.garbled + scan_b.garbled
     result = Verification(
-        ctx.cluster.name, ep.key, ep.lob, ep.instance_type, verdict, prompt_tokens=total, stored_tokens=stored,
+        ctx.cluster.key, ep.key, ep.lob, ep.instance_type, verdict, prompt_tokens=total, stored_tokens=stored,
         hit_tokens=hits, hit_ratio=round(min(ratio, worst_ratio), 4), l2_read_ms=scan_b.retrieve_ms(warm.request_id),
         ttft_cold_ms=round(median.cold.ttft_s * 1000, 1), ttft_warm_ms=round(median.warm.ttft_s * 1000, 1),
         speedup=round(speedup, 3), expected_speedup=expected,

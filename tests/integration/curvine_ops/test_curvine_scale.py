@@ -70,7 +70,7 @@ def test_scale_out_after_two_gpu_nodes_join_doubles_capacity_and_a_second_run_is
         ("before", 2, 200 * GIB), ("after", 4, 400 * GIB)]
     steps = [s for s in ops.history.runs.steps(ctx.step_key.run_key) if s["stage"] == sc.STAGE]
     assert ("scale", "changed") in [(s["step"], s["outcome"]) for s in steps]
-    assert ops.history.leases.get(CLUSTER) is None
+    assert ops.history.leases.get(ctx.cluster.key) is None
 
     ops.twin.store.reset_request_log()
     again = sc.scale(ops.ctx("again"), ScaleRequest(all_eligible=True), holder="run-b")

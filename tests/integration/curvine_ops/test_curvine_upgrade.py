@@ -63,7 +63,7 @@ def test_upgrade_to_a_newer_chart_keeps_l2_files_and_metadata_counts(ops) -> Non
     rels = ops.history.queries.rows("curvine_history", cluster=CLUSTER)
     assert [(r["revision"], r["chart_version"], r["format_master"]) for r in rels] == [
         (1, "0.3.2-alpha", True), (2, "0.3.2-alpha", False), (3, "0.3.3-alpha", False)]
-    assert ops.history.leases.get(CLUSTER) is None  # the lease was released
+    assert ops.history.leases.get(ctx.cluster.key) is None  # the lease was released
 
     # a second run is a no-op
     again = up.upgrade(ops.ctx("upgrade-again"), UpgradeRequest(version="0.3.3-alpha", timeout_s=20), holder="run-b")
@@ -84,7 +84,7 @@ def test_an_override_setting_format_master_is_refused_before_any_change(ops) -> 
                    holder="run-a")
     assert _mutations(ops) == []
     assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and all(ops.twin.l2.exists(p) for p in paths)
-    assert ops.history.leases.get(CLUSTER) is None
+    assert ops.history.leases.get(ctx.cluster.key) is None
     refused = _steps(ops, "gates")
     assert refused and refused[0]["outcome"] == "refused" and "formatMaster" in refused[0]["detail"]["reason"]
 
@@ -98,19 +98,19 @@ def test_a_release_whose_values_carry_a_flag_true_is_refused_with_the_reason(ops
         up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
     text = str(err.value)
     assert "revision 3" in text and "cluster.formatJournal=true" in text and "Fix that first" in text
-    assert _revisions(ctx) == [1, 2, 3] and ops.history.leases.get(CLUSTER) is None
+    assert _revisions(ctx) == [1, 2, 3] and ops.history.leases.get(ctx.cluster.key) is None
 
 
 def test_missing_version_and_busy_cluster_are_refused(ops) -> None:  # type: ignore[no-untyped-def]
     ctx = ops.ctx("upgrade")
     with pytest.raises(GateRefused, match=r"version 9\.9\.9 was not found"):
         up.upgrade(ctx, UpgradeRequest(version="9.9.9"), holder="run-a")
-    assert ops.history.leases.get(CLUSTER) is None
-    ops.history.leases.try_take(CLUSTER, "kvfleet_rollout/manual__1", "rollout", 300)
+    assert ops.history.leases.get(ctx.cluster.key) is None
+    ops.history.leases.try_take(ctx.cluster.key, "kvfleet_rollout/manual__1", "rollout", 300)
     with pytest.raises(GateRefused, match="a rollout is running on the cluster"):
         up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
-    ops.history.leases.release(CLUSTER, "kvfleet_rollout/manual__1")
-    ops.history.leases.try_take(CLUSTER, "kvfleet_drift_check/x", "drift-remediation", 300)
+    ops.history.leases.release(ctx.cluster.key, "kvfleet_rollout/manual__1")
+    ops.history.leases.try_take(ctx.cluster.key, "kvfleet_drift_check/x", "drift-remediation", 300)
     with pytest.raises(GateRefused, match="cluster lock is held by kvfleet_drift_check/x"):
         up.upgrade(ctx, UpgradeRequest(version="0.3.3-alpha"), holder="run-a")
     assert _revisions(ctx) == [1, 2]
@@ -137,7 +137,7 @@ def test_a_failed_upgrade_rolls_back_to_the_newest_safe_revision_not_revision_1(
     assert executor.journal(ctx)[-1] == A.HelmRollback(C.CURVINE_RELEASE, NS, revision=2, from_revision=3)
     rels = ops.history.queries.rows("curvine_history", cluster=CLUSTER)
     assert [(r["revision"], r["format_master"]) for r in rels] == [(1, True), (2, False), (3, False), (4, False)]
-    assert ops.history.leases.get(CLUSTER) is None
+    assert ops.history.leases.get(ctx.cluster.key) is None
 
 
 def test_rollback_is_refused_when_only_revision_1_with_flags_true_precedes(ops) -> None:  # type: ignore[no-untyped-def]
@@ -177,7 +177,7 @@ def test_dry_run_prints_the_exact_helm_command_and_the_values_diff_and_changes_n
     assert "~ config.log.level: 'INFO' -> 'DEBUG'" in ctx.planned[0].diff
     assert any(command in line and "~ config.log.level: 'INFO' -> 'DEBUG'" in line for line in said)  # the log
     assert _mutations(ops) == []
-    assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and ops.history.leases.get(CLUSTER) is None
+    assert _revisions(ctx) == [1, 2] and ops.pod_uids() == uids and ops.history.leases.get(ctx.cluster.key) is None
 
 
 def test_an_upgrade_warns_when_eligible_gpu_nodes_run_no_worker(ops) -> None:  # type: ignore[no-untyped-def]

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_rollout_sandbox import conf
+from test_rollout_sandbox import PATCH, conf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))
 from ti_state_log import TiStateLog  # tests/support: shared with bench/fleet_scale.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-OTHER = "kvfleet_curvine_upgrade/other-run"
+OTHER = "kvfleet_curvine_upgrade/other-run"  # holds c-patch's lease, by the cluster's key as every run does
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_a_contended_lease_and_the_bakes_wait_deferred_and_the_rollout_completes
     from kvfleet.history.leases import Leases
 
     leases = Leases(history.engine)
-    assert leases.try_take("c-patch", OTHER, "curvine upgrade", 3600)["holder"] == OTHER
+    assert leases.try_take(PATCH, OTHER, "curvine upgrade", 3600)["holder"] == OTHER
     seen: dict[str, Any] = {}
     stop = threading.Event()
 
@@ -56,9 +56,9 @@ def test_a_contended_lease_and_the_bakes_wait_deferred_and_the_rollout_completes
             deferred = [r for r in ti_states.rows("cluster.stages") if r["state"] == "deferred"]
             if deferred:
                 seen["deferred"] = deferred[0]
-                seen["holder_then"] = (leases.get("c-patch") or {}).get("holder")
+                seen["holder_then"] = (leases.get(PATCH) or {}).get("holder")
                 seen["states_then"] = ti_states.states("cluster.stages")
-                leases.release("c-patch", OTHER)
+                leases.release(PATCH, OTHER)
                 return
 
     watcher = threading.Thread(target=free_the_lease_once_the_rollout_waits_deferred, daemon=True)
@@ -90,7 +90,7 @@ def test_a_contended_lease_and_the_bakes_wait_deferred_and_the_rollout_completes
         assert rows[-1]["state"] == "success", rows
     gates = sorted(s for s in steps if s.startswith("gate:"))
     assert len(gates) == 2, steps  # both waves verified and gated after their bakes
-    assert leases.get("c-patch") is None  # the teardown released it
+    assert leases.get(PATCH) is None  # the teardown released it
 
 
 def test_a_lease_wait_out_of_patience_fails_permanently_naming_the_holder(  # type: ignore[no-untyped-def]
@@ -98,7 +98,7 @@ def test_a_lease_wait_out_of_patience_fails_permanently_naming_the_holder(  # ty
     from kvfleet.history.leases import Leases
 
     leases = Leases(history.engine)
-    leases.try_take("c-patch", OTHER, "curvine upgrade", 3600)
+    leases.try_take(PATCH, OTHER, "curvine upgrade", 3600)
     dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, clusters=["c-patch"],
                                                               lock_wait_minutes=0.02))
     assert dr.state == "failed"
@@ -109,4 +109,4 @@ def test_a_lease_wait_out_of_patience_fails_permanently_naming_the_holder(  # ty
     run_key = f"kvfleet_rollout/{dr.run_id}"
     errors = [s for s in history.runs.steps(run_key) if s["step"] == "error:cluster.stages"]
     assert errors and OTHER in str(errors[0]["detail"]), errors
-    assert (leases.get("c-patch") or {}).get("holder") == OTHER  # nothing taken from the other run
+    assert (leases.get(PATCH) or {}).get("holder") == OTHER  # nothing taken from the other run

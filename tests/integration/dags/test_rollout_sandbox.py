@@ -13,6 +13,9 @@ from conftest import mutating_requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# The history names a cluster by its key account/region/name (the small fleet declares no account).
+PATCH = "default/us-east-1/c-patch"
+KYVERNO = "default/us-west-2/c-kyverno"
 
 
 def conf(fleet, **overrides):  # type: ignore[no-untyped-def]
@@ -47,7 +50,7 @@ def test_full_rollout_then_a_converged_rerun_changes_nothing(dagbag, history, sa
     assert {o for *_, o in _outcomes(history, f"kvfleet_rollout/{dr2.run_id}")} == {"unchanged"}
     # remediate_drift ran the drift check on both clusters: nothing to fix on a converged fleet
     checks = [s for s in history.runs.steps(f"kvfleet_rollout/{dr2.run_id}") if s["step"].startswith("drift_check:")]
-    assert sorted(s["cluster"] for s in checks) == ["c-kyverno", "c-patch"]
+    assert sorted(s["cluster"] for s in checks) == sorted([KYVERNO, PATCH])
     assert mutating_requests(sandbox_process) == {"k8s": {}, "aws": []}
 
 
@@ -59,12 +62,12 @@ def test_failed_canary_stops_only_its_cluster(dagbag, history, sandbox_process, 
     dr = dag_run = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet))
     run_key = f"kvfleet_rollout/{dag_run.run_id}"
     verdicts = _verdicts(history, run_key)
-    assert ("c-patch", "alpha/alpha-chat", "fail") in verdicts
-    assert {v for c, _, v in verdicts if c == "c-kyverno"} == {"pass"}  # the other cluster's canary is unaffected
+    assert (PATCH, "alpha/alpha-chat", "fail") in verdicts
+    assert {v for c, _, v in verdicts if c == KYVERNO} == {"pass"}  # the other cluster's canary is unaffected
     outcomes = _outcomes(history, run_key)
-    assert ("c-patch", "alpha/alpha-docs", "skipped_by_gate") in outcomes  # the later wave never ran
-    assert not any(e == "alpha/alpha-docs" for c, e, _ in verdicts if c == "c-patch")
-    assert {o for c, _, o in outcomes if c == "c-kyverno"} == {"changed"}
+    assert (PATCH, "alpha/alpha-docs", "skipped_by_gate") in outcomes  # the later wave never ran
+    assert not any(e == "alpha/alpha-docs" for c, e, _ in verdicts if c == PATCH)
+    assert {o for c, _, o in outcomes if c == KYVERNO} == {"changed"}
     assert dr.state == "success"  # a gate decision is not a task failure; the summary reports it
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None
 
@@ -100,9 +103,9 @@ def test_approval_after_canary_waits_for_a_human(dagbag, history, sandbox_proces
     run_key = f"kvfleet_rollout/{dr.run_id}"
     outcomes = _outcomes(history, run_key)
     if answer == "Approve":
-        assert ("c-patch", "alpha/alpha-docs", "changed") in outcomes
+        assert (PATCH, "alpha/alpha-docs", "changed") in outcomes
     else:
-        assert ("c-patch", "alpha/alpha-docs", "aborted") in outcomes
+        assert (PATCH, "alpha/alpha-docs", "aborted") in outcomes
         assert history.runs.get(run_key)["status"] == "aborted"
     assert _operator_state(small_fleet, "c-patch")["paused_by"] is None  # restored in both cases
 
@@ -121,7 +124,7 @@ def _operator_state(fleet, cluster):  # type: ignore[no-untyped-def]
 
 
 def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_process, small_fleet) -> None:  # type: ignore[no-untyped-def]
-    history.leases.try_take("c-patch", "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
+    history.leases.try_take(PATCH, "kvfleet_curvine_upgrade/other-run", "curvine-upgrade", 600)
     dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=conf(small_fleet, clusters=["c-patch"],
                                                                        lock_wait_minutes=0.02))
     assert dr.state == "failed"
@@ -131,7 +134,7 @@ def test_a_locked_cluster_makes_the_run_wait_then_fail(dagbag, history, sandbox_
     assert steps[0]["stage"] == "plan", steps
     assert all(s["step"].startswith("error:") or s["stage"] == "preflight" for s in steps[1:]), steps  # read-only
     assert history.runs.get(run_key)["status"] == "failed"
-    assert history.leases.get("c-patch")["holder"] == "kvfleet_curvine_upgrade/other-run"
+    assert history.leases.get(PATCH)["holder"] == "kvfleet_curvine_upgrade/other-run"
 
 
 def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(dagbag, history, sandbox_process,  # type: ignore[no-untyped-def]
@@ -151,7 +154,7 @@ def test_killed_mid_wave_then_resumed_converges_and_dry_run_lists_nothing_left(d
     dry = dag.test(run_conf={**base, "dry_run": True})
     assert dry.state == "success"
     planned = history.queries.rows("planned_actions", run_key=f"kvfleet_rollout/{dry.run_id}")
-    assert planned and all(p["cluster"] == "c-patch" for p in planned)
+    assert planned and all(p["cluster"] == PATCH for p in planned)
     assert any("kubectl patch deployment alpha-chat" in p["action"] for p in planned)
 
     resumed = dag.test(run_conf=base)

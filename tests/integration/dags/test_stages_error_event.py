@@ -30,7 +30,8 @@ from kvfleet.fleet.pinning import pin
 from kvfleet.history.leases import Leases
 from kvfleet.history.repos import HistoryRepos
 
-CLUSTER = "ml-prod-use1"
+# What the plan task maps the per-cluster tasks over, and what leases and slots are held by: the cluster's key.
+CLUSTER = "default/us-east-1/ml-prod-use1"
 RUN_ID = "manual__stages-error-event"
 RUN_KEY = f"kvfleet_rollout/{RUN_ID}"
 OTHER = "kvfleet_curvine_upgrade/other-run"

@@ -27,6 +27,9 @@ from sqlalchemy import text
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 ALL_MUTATIONS_409 = {"kind": "api_conflict", "count": 10_000, "target": "kube"}
+# The history names a cluster by its key account/region/name (the small fleet declares no account).
+PATCH = "default/us-east-1/c-patch"
+KYVERNO = "default/us-west-2/c-kyverno"
 
 
 def rollout_conf(fleet: Path, **overrides: Any) -> dict[str, Any]:
@@ -46,14 +49,16 @@ def audit_json(*args: str) -> Any:
     return json.loads(proc.stdout)
 
 
-def _fail_deployments_once_stages_are_done(history: Any, sandbox: Any, cluster: str, done: threading.Event) -> None:
-    """Inject 409s on the cluster's Deployments as soon as its stages recorded their Curvine step: the stages
+def _fail_deployments_once_stages_are_done(history: Any, sandbox: Any, cluster: str, key: str,
+                                           done: threading.Event) -> None:
+    """Inject 409s on the Deployments of ``cluster`` (the twin's name for it) as soon as its stages recorded their
+    Curvine step (under its ``key``, as the history names it): the stages
     (whose CSI controller is a Deployment) succeed, the wave that follows applies its CRs, then fails to pause
     the operator."""
     while not done.wait(0.05):
         with history.engine.connect() as conn:
             ready = conn.execute(text("SELECT 1 FROM step_events WHERE cluster = :c AND step = 'curvine'"),
-                                 {"c": cluster}).first()
+                                 {"c": key}).first()
         if ready:
             sandbox.admin("/fault", {**ALL_MUTATIONS_409, "cluster": cluster, "resource": "deployments"})
             return
@@ -64,7 +69,7 @@ def test_failed_stages_and_a_wave_failed_after_its_crs_end_failed_and_the_crs_ar
     sandbox_process.admin("/fault", {**ALL_MUTATIONS_409, "cluster": "c-kyverno"})
     done = threading.Event()
     injector = threading.Thread(target=_fail_deployments_once_stages_are_done,
-                                args=(history, sandbox_process, "c-patch", done), daemon=True)
+                                args=(history, sandbox_process, "c-patch", PATCH, done), daemon=True)
     injector.start()
     try:
         dr = dagbag.get_dag("kvfleet_rollout").test(run_conf=rollout_conf(small_fleet))
@@ -81,9 +86,9 @@ def test_failed_stages_and_a_wave_failed_after_its_crs_end_failed_and_the_crs_ar
     steps = history.runs.steps(run_key)
     errors = {(s["task_id"], s["cluster"]): s for s in steps if s["step"].startswith("error:")}
     # c-kyverno failed in its stages, c-patch in its canary wave: each error step names its cluster and message
-    assert set(errors) == {("cluster.stages", "c-kyverno"), ("cluster.wave_0", "c-patch")}, errors
-    assert "injected conflict" in errors[("cluster.stages", "c-kyverno")]["detail"]["error"], errors
-    assert "pause the inference operator" in errors[("cluster.wave_0", "c-patch")]["detail"]["error"], errors
+    assert set(errors) == {("cluster.stages", KYVERNO), ("cluster.wave_0", PATCH)}, errors
+    assert "injected conflict" in errors[("cluster.stages", KYVERNO)]["detail"]["error"], errors
+    assert "pause the inference operator" in errors[("cluster.wave_0", PATCH)]["detail"]["error"], errors
     # The failed wave applied both canary CRs before failing: written ahead, with their outcome ...
     changes = history.queries.rows("write_ahead", cutoff=EPOCH, run_key=run_key, cluster="c-patch", endpoint=None,
                             limit=1000)

@@ -195,7 +195,7 @@ def test_the_cli_prints_json_alone(rolled_out, tmp_path) -> None:  # type: ignor
     assert any(line.startswith("verdict pays_off") for line in rag["arithmetic"]) and rag["lengths"]
     assert rag["rate_source"] == "unknown" and rag["working_set_bytes"] is None and rag["observation"]["pods"]
     # the cost side, from the inventory's prices (never fetched): each priced endpoint's replicas x its price
-    stage = next(c for c in out_doc["clusters"] if c["cluster"] == STAGE)
+    stage = next(c for c in out_doc["clusters"] if c["cluster"].rsplit("/", 1)[-1] == STAGE)
     g5 = [e for e in stage["endpoints"] if e["instance_type"] == "ml.g5.4xlarge"]
     assert g5 and all(e["gpu_cost_usd_per_hour"] == round(e["replicas"] * 2.03, 4) for e in g5)
     assert stage["capacity"]["cost"]["node_price_usd_per_hour"] == 2.03

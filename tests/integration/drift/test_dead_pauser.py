@@ -42,7 +42,7 @@ inv = small_inventory()
 ctx = StageContext(inventory=inv, cluster=inv.cluster(PROD), aws_conn_id=None, history=HistoryRepos.on(),
                    timeouts=Timeouts(cluster_update_s=60, addon_s=60, pods_s=120, pvc_s=30))
 ep = next(e for e in inv.endpoints if e.cluster == PROD and e.name == {name!r})
-ClusterLock(ctx.history, PROD, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
+ClusterLock(ctx.history, ctx.cluster.key, {holder!r}, "rollout", wait_s=30, poll_s=0.2).acquire()
 print("lease taken", flush=True)
 endpoints.reconcile_wave(ctx, [ep], holder={holder!r})
 print("wave finished (too early: the test wanted to kill it mid-wave)", flush=True)
@@ -117,10 +117,10 @@ def test_sigkill_while_paused_then_the_drift_check_restores_and_the_cluster_is_f
     assert state["paused_by"] == VICTIM and state["replicas"] == 0  # left paused by the dead worker
 
     leases = Leases(drift_history.engine)
-    lease = leases.get(PROD)
+    lease = leases.get(ctx.cluster.key)
     assert (lease["holder"], lease["state"]) == (VICTIM, "active")
     # Ten seconds after the kill the dead task's lease still blocks a new rollout (its ttl is 60 s) ...
-    blocked = leases.try_take(PROD, "kvfleet_rollout/next", "rollout", now=killed_at + timedelta(seconds=10))
+    blocked = leases.try_take(ctx.cluster.key, "kvfleet_rollout/next", "rollout", now=killed_at + timedelta(seconds=10))
     assert blocked["holder"] == VICTIM
 
     # ... and the drift check with remediation, three minutes after the death, restores the operator.
@@ -143,8 +143,8 @@ def test_sigkill_while_paused_then_the_drift_check_restores_and_the_cluster_is_f
     assert steps and steps[0]["detail"]["detail"]["restored_from"] == VICTIM  # in the audit trail
 
     # The cluster is free: a new rollout takes the lease (nobody holds it any more).
-    assert leases.get(PROD) is None
-    ClusterLock(drift_history, PROD, "kvfleet_rollout/next", "rollout", wait_s=0).acquire().release()
+    assert leases.get(ctx.cluster.key) is None
+    ClusterLock(drift_history, ctx.cluster.key, "kvfleet_rollout/next", "rollout", wait_s=0).acquire().release()
     # The restored operator renders the endpoint again at its declared replicas: nothing is left at 0.
     _wait(lambda: _ready(twin, ep) == ep.replicas, "the endpoint's pods back")
 

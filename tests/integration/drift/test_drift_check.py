@@ -38,7 +38,7 @@ def _check(drift_ctx: Any, history: Any, cluster: str = PROD, *, remediate: bool
 
 
 def _open(history: Any, cluster: str = PROD) -> list[dict[str, Any]]:
-    return [r for r in history.queries.rows("open_drift") if r["cluster"] == cluster]
+    return [r for r in history.queries.rows("open_drift") if r["cluster"].rsplit("/", 1)[-1] == cluster]
 
 
 def _mutating(sandbox: Any, cluster: str) -> dict[str, list[Any]]:

@@ -161,9 +161,10 @@ def list_queries(user: User) -> dict[str, Any]:
 
 
 def run_query(name: str, request: Request, user: User) -> dict[str, Any]:
-    binds = _filters(request, "query").binds(name)
+    history = _app_history(request)
+    binds = _filters(request, "query").binds(name, engine=history.engine)
     return {"query": name, "parameters": catalog.jsonable(binds),
-            "rows": catalog.jsonable(_app_history(request).queries.rows(name, **binds))}
+            "rows": catalog.jsonable(history.queries.rows(name, **binds))}
 
 
 def api_view(view: str) -> Callable[..., dict[str, Any]]:

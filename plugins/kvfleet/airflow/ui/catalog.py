@@ -5,7 +5,8 @@ Called by ``kvfleet.airflow.ui.app`` (the generic ``/api/queries/{name}`` route)
 the CLI's ``kvfleet audit`` runs — so a figure on the page and the CLI's ``--json`` come from the same SQL.
 
 A new named query plugs in by existing: the catalog lists the folder, reads the bind parameters the SQL names
-(``:cluster``, ``:cutoff``…) and fills each from the request (``since`` becomes ``cutoff``), a default, or NULL.
+(``:clusters``, ``:cutoff``…) and fills each from the request (``since`` becomes ``cutoff``, ``cluster`` the values
+``clusters`` asks for), a default, or NULL.
 Values are always bound, never formatted into SQL. Names are checked against the folder's files, so a request
 cannot name a path.
 """
@@ -20,6 +21,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from kvfleet.history.clusters import filter_values
 from kvfleet.history.queries import since_to_timedelta
 from kvfleet.paths import sql_dir
 
@@ -95,15 +97,27 @@ class Filters:
     def get(self, key: str) -> str | None:
         return (self.text or {}).get(key)
 
+    def clusters(self, engine: Any) -> list[str] | None:
+        """What the request's ``cluster`` asks for (``kvfleet.history.clusters``); None without one. A QueryError
+        (400) when it is ambiguous or not a cluster's name or key."""
+        try:
+            return filter_values(engine, self.get("cluster"), field="cluster")
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+
     def cutoff(self, now: datetime | None = None) -> datetime:
         return (now or datetime.now(UTC)) - since_to_timedelta(self.since)
 
-    def binds(self, name: str, now: datetime | None = None, **overrides: Any) -> dict[str, Any]:
-        """The values for every parameter the query's SQL names: overrides, then the request, then NULL."""
+    def binds(self, name: str, now: datetime | None = None, *, engine: Any = None,
+              **overrides: Any) -> dict[str, Any]:
+        """The values for every parameter the query's SQL names: overrides, then the request, then NULL. The
+        request's ``cluster`` (a key or a bare name) becomes the ``clusters`` it asks for, read on ``engine``."""
         values: dict[str, Any] = {}
         for key in bind_names(name):
             if key in overrides:
                 values[key] = overrides[key]
+            elif key == "clusters":
+                values[key] = self.clusters(engine)
             elif key == "cutoff":
                 values[key] = self.cutoff(now)
             elif key == "limit":
@@ -155,7 +169,7 @@ def _text(key: str, raw: str | None) -> str | None:
 
 
 def run(history: Any, name: str, filters: Filters, **overrides: Any) -> list[dict[str, Any]]:
-    return list(history.queries.rows(name, **filters.binds(name, **overrides)))
+    return list(history.queries.rows(name, **filters.binds(name, engine=history.engine, **overrides)))
 
 
 def jsonable(value: Any) -> Any:

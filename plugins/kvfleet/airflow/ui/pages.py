@@ -134,17 +134,22 @@ def drift_data(history: Any, f: Filters) -> dict[str, Any]:
     per_cluster = {r["cluster"]: {k: int(r[k]) for k in DRIFT_COUNTS}
                    for r in catalog.run(history, "drift_summary", f, cutoff=cutoff)}
     rows, next_cursor = history.queries.page(DRIFT_PAGE, limit=f.limit, after=after, cutoff=cutoff,
-                                             cluster=f.get("cluster"))
+                                             clusters=f.clusters(history.engine))
     return {"since": f.since, "per_cluster": per_cluster, "findings": rows, "limit": f.limit, "after": after,
             "next": next_cursor}
 
 
 def curvine_data(history: Any, f: Filters) -> dict[str, Any]:
+    """Curvine's releases and capacity: of the cluster the filter names (a key, or a bare name: the values it asks
+    for, ``kvfleet.history.clusters``), else of each cluster the history knows, each by the value its rows hold
+    (a value is never judged as a filter: a bare name kept from before revision 0011 that two accounts share
+    lists its own rows, where as a filter it would be refused as ambiguous)."""
     clusters = [r["cluster"] for r in history.queries.rows("ui_clusters")]
-    chosen = [f.get("cluster")] if f.get("cluster") else clusters
+    cluster = f.get("cluster")
+    asked = [(cluster, f.clusters(history.engine))] if cluster else [(c, [c]) for c in clusters]
     return {"clusters": clusters, "curvine": [
-        {"cluster": c, "releases": history.queries.rows("curvine_history", cluster=c),
-         "capacity": history.queries.rows("capacity_history", cluster=c)} for c in chosen]}
+        {"cluster": c, "releases": history.queries.rows("curvine_history", clusters=values),
+         "capacity": history.queries.rows("capacity_history", clusters=values)} for c, values in asked]}
 
 
 def gates_data(history: Any, f: Filters) -> dict[str, Any]:

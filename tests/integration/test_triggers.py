@@ -37,6 +37,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
 PROD = "ml-prod-use1"
+PROD_KEY = "default/us-east-1/ml-prod-use1"  # how the fleet watch names it (its events, its state, its retries)
 ROLLED = ("retail-assistant", "payments-disputes")
 
 
@@ -401,7 +402,7 @@ def test_fleet_watch_reads_the_inventory_and_names_the_changed_cluster(fleet: An
                                            watch_timeout_s=30))
     event = _first_event(trigger, _patch_env(fleet, ep, "fleet-watch"), ready=trigger.ready)
     assert [c.cluster for c in trigger.children] == ["ml-prod-use1", "ml-stage-usw2"]
-    assert event["status"] == "changed" and event["cluster"] == PROD, event
+    assert event["status"] == "changed" and event["cluster"] == PROD_KEY, event
     assert event["objects"] == [f"Deployment:{ep.namespace}/{ep.name}"]
 
 
@@ -427,7 +428,7 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
     if resumed:
         first = KubeWatchTrigger(PROD, "us-east-1", aws_conn_id=None, quiet_s=0.5, watch_timeout_s=30)
         _first_event(first, _patch_env(fleet, ep, "before-the-outage"), ready=first.ready)
-        store.values[f"{PROD}/resource_versions"] = first.checkpoint()[1]["resource_versions"]
+        store.values[f"{PROD_KEY}/resource_versions"] = first.checkpoint()[1]["resource_versions"]
     trigger = _roundtrip(FleetWatchTrigger(str(ROOT / "fleet.example.yaml"), aws_conn_id=None, quiet_s=0.5,
                                            watch_timeout_s=30))
     trigger.asset_state_store = store
@@ -439,7 +440,7 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
             failed = dict((await asyncio.wait_for(agen.__anext__(), 60)).payload)
             # still failing: retried after 0.05, 0.1, 0.2 and 0.4 s, each retry logged, none an event
             deadline = time.monotonic() + 60
-            while trigger.restarts.get(PROD, 0) < 4:
+            while trigger.restarts.get(PROD_KEY, 0) < 4:
                 assert time.monotonic() < deadline, f"the failed watch was retried {trigger.restarts} in 60 s"
                 await asyncio.sleep(0.05)
         finally:
@@ -459,11 +460,11 @@ def test_fleet_watch_reports_a_cluster_whose_watch_failed_and_watches_it_again(
             await agen.aclose()  # type: ignore[attr-defined]
 
     failed, changed = asyncio.run(scenario())
-    assert failed["status"] == "error" and failed["cluster"] == PROD and failed["kind"] == "watch", failed
+    assert failed["status"] == "error" and failed["cluster"] == PROD_KEY and failed["kind"] == "watch", failed
     assert re.search(says, failed["message"]), failed  # what failed: the run records it (drift_watch:<cluster>)
-    assert trigger.restarts.get(PROD, 0) >= 4 and not trigger.restarts.get("ml-stage-usw2"), trigger.restarts
+    assert trigger.restarts.get(PROD_KEY, 0) >= 4 and not trigger.restarts.get("default/us-west-2/ml-stage-usw2"), trigger.restarts
     # the next event after the failure is the change: the retries that failed too were not passed on
-    assert changed["status"] == "changed" and changed["cluster"] == PROD, changed
+    assert changed["status"] == "changed" and changed["cluster"] == PROD_KEY, changed
     assert f"Deployment:{ep.namespace}/{ep.name}" in changed["objects"], changed
 
 

@@ -106,8 +106,9 @@ class _ClusterStore:
 class FleetWatchTrigger(BaseEventTrigger):
     """The drift watch of every inventory cluster, for one ``AssetWatcher``: reads the inventory at ``fleet`` in
     the triggerer (so the DAG file does no I/O at parse time) with kvfleet's validator (``watched_clusters``) and
-    runs one ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster). Each
-    cluster's watermark is kept in the asset's state store under ``<cluster>/resource_versions``.
+    runs one ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster by its key,
+    account/region/name). Each cluster's watermark is kept in the asset's state store under
+    ``<key>/resource_versions``.
 
     An invalid inventory is an ``error`` event (``kind: inventory``, every problem in its message, no cluster)
     and an error in the triggerer's log; the inventory is read again after the back-off below, and the same
@@ -178,7 +179,9 @@ class FleetWatchTrigger(BaseEventTrigger):
                                      account=cluster.ref.account, curvine_namespace=cluster.curvine.namespace,
                                      quiet_s=self.quiet_s, max_burst_s=self.max_burst_s,
                                      watch_timeout_s=self.watch_timeout_s)
-            child.asset_state_store = _ClusterStore(store, cluster.name) if store is not None else None  # type: ignore[assignment]
+            # Its state and its events name the cluster by its key: two accounts' ml-prod stay apart (a watermark
+            # kept under the bare name before is not read again: that cluster's watch starts with a full list).
+            child.asset_state_store = _ClusterStore(store, cluster.key) if store is not None else None  # type: ignore[assignment]
             self.children.append(child)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -202,6 +205,11 @@ class FleetWatchTrigger(BaseEventTrigger):
         watch was last up) and watch it again after the back-off. Ends only when cancelled."""
         failures = 0  # attempts failed in a row
         reported: set[str | None] = set()  # the causes passed on as events since the watch was last up
+        key = child.ref.key
+
+        def keyed(item: TriggerEvent) -> TriggerEvent:  # the event names the cluster by its key
+            return event({**item.payload, "cluster": key}) if item.payload.get("cluster") else item
+
         while True:
             started, failed, cause, error = time.monotonic(), None, None, None
             try:
@@ -210,13 +218,13 @@ class FleetWatchTrigger(BaseEventTrigger):
                         failed = item
                         cause = f"refused: {item.payload.get('kind')} HTTP {item.payload.get('http_status')}"
                     else:
-                        await queue.put(item)
+                        await queue.put(keyed(item))
             except Exception as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # cancelled while the watch's cleanup failed: end, as asked
                 cause, error = cause_key(exc), exc
-                failed = event({"status": ERROR, "cluster": child.cluster, "kind": "watch",
+                failed = event({"status": ERROR, "cluster": key, "kind": "watch",
                                 "message": f"watching {child.cluster} failed: {one_line(exc)}; watching it again "
                                            "after a back-off"})
             if time.monotonic() - started >= self.RETRY_MAX_S:
@@ -224,8 +232,8 @@ class FleetWatchTrigger(BaseEventTrigger):
             message = str((failed.payload if failed is not None else {}).get("message") or "")[:1000]
             if failed is not None and cause not in reported:
                 reported.add(cause)
-                self.log.error("[%s] %s", child.cluster, message, exc_info=error)  # the traceback once
-                await queue.put(failed)
+                self.log.error("[%s] %s", key, message, exc_info=error)  # the traceback once
+                await queue.put(keyed(failed))
             elif failed is not None:  # the same trouble again: passed on already
                 self.log.warning("[%s] %s (again)", child.cluster, message)
             failures += 1
@@ -233,4 +241,4 @@ class FleetWatchTrigger(BaseEventTrigger):
             self.log.warning("[%s] the drift watch ended; watching it again in %.3g s (attempt %d)",
                              child.cluster, delay, failures + 1)
             await asyncio.sleep(delay)
-            self.restarts[child.cluster] = self.restarts.get(child.cluster, 0) + 1
+            self.restarts[key] = self.restarts.get(key, 0) + 1

@@ -583,3 +583,32 @@ def test_global_always_copies_every_routed_event(routed_fleet: Any, emulator: Aw
     results = notify.send_routed(event, replace(settings(topic, receiver.url), global_always=True), {"search"},
                                  load_inventory(routed_fleet.path))
     assert results == {"sns": "sent", "webhook": "sent", "sns[search]": "sent"}
+
+
+def test_a_drift_notification_names_one_of_two_ml_prod_and_only_its_findings(
+        emulator: AwsEmulator, topic: str, receiver: Receiver, history: Any) -> None:
+    """Two accounts' ml-prod, each with a finding its own check opened: each notification names its cluster by key,
+    lists its own finding only, and links the page filtered by that key."""
+    from urllib.parse import quote
+
+    fleet = Path(__file__).resolve().parents[1] / "fleets" / "multi-account.yaml"
+    keys = {"retail": "111111111111/us-east-1/ml-prod", "payments": "222222222222/us-east-1/ml-prod"}
+    results = {}
+    for lob, key in keys.items():
+        rk = _drift_run(history, fleet, f"scheduled__{lob}")
+        finding = {"fingerprint": f"fp-{lob}", "kind": "operator_paused", "severity": "high", "cluster": key,
+                   "lob": None, "endpoint": None, "object_ref": f"Deployment/{lob}-operator",
+                   "field": "spec.replicas", "expected": "1", "actual": "0"}
+        sync = history.drift.sync(key, [finding], rk)
+        results[lob] = ({"cluster": key, "reachable": True, "findings": [finding], "sync": sync,
+                         "remediations": []}, rk)
+    for result, rk in results.values():
+        assert notify.notify_drift(result, rk, settings(topic, receiver.url))["sns"] == "sent"
+    published = emulator.published(topic)
+    assert [p["Subject"] for p in published] == [
+        f"kvfleet drift on {key}: 1 new finding(s) (operator_paused)" for key in keys.values()]
+    for (lob, key), p, post in zip(keys.items(), published, receiver.posts, strict=True):
+        other = "payments" if lob == "retail" else "retail"
+        message = json.loads(p["Message"])["default"]
+        assert f"Deployment/{lob}-operator" in message and f"Deployment/{other}-operator" not in message
+        assert post["json"]["link"] == f"https://airflow.example.com/kvfleet/drift?cluster={quote(key, safe='')}"

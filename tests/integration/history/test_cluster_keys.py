@@ -140,6 +140,9 @@ def _two_ml_prod(history: HistoryRepos) -> None:
             "speedup": 2.0, "hit_ratio": 1.0})
         history.drift.sync(key, [Finding("operator_paused", key, f"Deployment/{ep}", "spec.replicas", "1",
                                          "0").as_dict()], run)
+        history.runs.record_step(StepKey(run, "cluster.gate_0", 0), StepEvent(
+            "gate_response:cluster.gate_0", "gate", "continue", cluster=key,
+            detail={"chosen": "Approve", "responded_by": {"name": "alice"}}))
         history.curvine.record_capacity(run_key=run, step="curvine", cluster=key, phase="verify",
                                         overview={"capacity": int(key[0]) * 2**30})
 
@@ -210,3 +213,18 @@ def test_the_page_keeps_the_two_ml_prod_apart(history: HistoryRepos, view: str) 
         with pytest.raises(QueryError, match="names 2 clusters") as err:
             pages.build(view, history, Filters.from_query({"cluster": "ml-prod"}))
         assert err.value.status == 400 and RETAIL in str(err.value) and PAYMENTS in str(err.value)
+
+
+def test_the_other_listings_name_each_ml_prod_by_key(history: HistoryRepos,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    _two_ml_prod(history)
+    code, out, err = _cli("audit", "gates", "--json", capsys=capsys)
+    assert code == 0, err
+    assert sorted((r["run_key"], r["cluster"]) for r in json.loads(out)) == [
+        ("kvfleet_rollout/p", PAYMENTS), ("kvfleet_rollout/r", RETAIL)]
+    code, out, err = _cli("audit", "endpoint", "--endpoint", "chat", "--json", capsys=capsys)
+    assert code == 0, err
+    assert {(r["cluster"], r["endpoint"]) for r in json.loads(out)} == {(RETAIL, "shop/chat"), (PAYMENTS, "pay/chat")}
+    for run, key in (("kvfleet_rollout/r", RETAIL), ("kvfleet_rollout/p", PAYMENTS)):
+        code, out, err = _cli("audit", "changes", "--run", run, "--json", capsys=capsys)
+        assert code == 0 and {r["cluster"] for r in json.loads(out)} == {key}, err

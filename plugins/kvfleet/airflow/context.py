@@ -138,9 +138,10 @@ def run_inventory(run_key: str) -> Inventory:
 
 def narrowed(inventory: Inventory, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
              endpoints: Iterable[str] | None = ()) -> Inventory:
-    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError. The DAGs still map
-    their tasks over cluster names, so a scope holding one name in several accounts or regions is refused, naming
-    the keys that scope the run to one of them."""
+    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError. The DAGs map their
+    tasks over cluster keys, but a run's endpoints are still named within the run by ``Endpoint.ref``
+    (``cluster:namespace/name``, with the cluster as the endpoint wrote it), so a scope holding one name in several
+    accounts or regions is refused, naming the keys that scope the run to one of them."""
     from kvfleet.errors import InventoryError
 
     inv = inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,

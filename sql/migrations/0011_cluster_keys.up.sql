@@ -42,17 +42,44 @@ UPDATE capacity_snapshots SET cluster = pg_temp.kvfleet_key_of(run_key, cluster)
 UPDATE curvine_releases SET cluster = pg_temp.kvfleet_key_of(run_key, cluster) WHERE strpos(cluster, '/') = 0;
 UPDATE drift_watches SET cluster = pg_temp.kvfleet_key_of(run_key, cluster) WHERE strpos(cluster, '/') = 0;
 -- A lease held across this revision keeps protecting its cluster: its row is keyed as its holder's run will ask.
--- (A rollout's parallelism slots, `slot:<run key>:<i>`, name no cluster.)
+-- A rollout's parallelism slot (`slot:<run key>:<i>`) names its cluster in its holder (`<run key>#<cluster>`),
+-- which its resumed task asks for by the key.
 UPDATE cluster_locks SET cluster = pg_temp.kvfleet_key_of(holder, cluster)
 WHERE strpos(cluster, '/') = 0 AND cluster NOT LIKE 'slot:%';
+UPDATE cluster_locks
+SET holder = split_part(holder, '#', 1) || '#' || pg_temp.kvfleet_key_of(holder, split_part(holder, '#', 2))
+WHERE cluster LIKE 'slot:%' AND strpos(holder, '#') > 0 AND strpos(split_part(holder, '#', 2), '/') = 0;
+-- A live lease no pinned inventory keys would stop protecting its cluster (its next holder asks by the key): the
+-- upgrade is refused until it is freed. A dead one (expired) is dropped.
+DELETE FROM cluster_locks WHERE strpos(cluster, '/') = 0 AND cluster NOT LIKE 'slot:%' AND expires_at <= now();
+DO $$
+DECLARE
+    held text;
+BEGIN
+    SELECT string_agg(cluster || ' (held by ' || holder || ' until ' || expires_at || ')', ', ' ORDER BY cluster)
+    INTO held FROM cluster_locks WHERE strpos(cluster, '/') = 0 AND cluster NOT LIKE 'slot:%';
+    IF held IS NOT NULL THEN
+        RAISE EXCEPTION 'kvfleet history revision 0011: no pinned inventory says which account and region these held leases are in: %. Let those runs finish (or their leases expire), then upgrade again', held;
+    END IF;
+END $$;
 -- A finding's fingerprint is cluster|kind|object|field (kvfleet.fleet.drift.Finding.fingerprint): computed again
--- with the key, so the next check still recognises the findings it opened before.
-UPDATE drift_findings
-SET cluster = k.key,
-    fingerprint = left(encode(sha256(convert_to(k.key || '|' || kind || '|' || object_ref || '|' || coalesce(field, ''),
-                                                'UTF8')), 'hex'), 24)
-FROM (SELECT id, pg_temp.kvfleet_key_of(coalesce(first_run_key, ''), cluster) AS key FROM drift_findings
-      WHERE strpos(cluster, '/') = 0) k
-WHERE drift_findings.id = k.id AND k.key <> drift_findings.cluster;
+-- with the key, so the next check still recognises the findings it opened before. An open finding whose new
+-- fingerprint an open finding has already (one the previous revision wrote under the key, from an endpoint that
+-- named its cluster by key) is the same finding: it is resolved as merged, and the other one stays open.
+CREATE TEMP TABLE kvfleet_finding_keys ON COMMIT DROP AS
+SELECT id, key, resolved_at IS NULL AS open,
+       left(encode(sha256(convert_to(key || '|' || kind || '|' || object_ref || '|' || coalesce(field, ''), 'UTF8')),
+                   'hex'), 24) AS fingerprint
+FROM (SELECT f.*, pg_temp.kvfleet_key_of(coalesce(f.first_run_key, ''), f.cluster) AS key FROM drift_findings f
+      WHERE strpos(f.cluster, '/') = 0) f
+WHERE key <> cluster;
+UPDATE drift_findings d SET resolved_at = now(), resolution = 'merged'
+FROM kvfleet_finding_keys k
+WHERE d.id = k.id AND k.open
+  AND (EXISTS (SELECT 1 FROM drift_findings o WHERE o.resolved_at IS NULL AND o.fingerprint = k.fingerprint)
+       OR EXISTS (SELECT 1 FROM kvfleet_finding_keys o WHERE o.open AND o.fingerprint = k.fingerprint
+                  AND o.id < k.id));
+UPDATE drift_findings d SET cluster = k.key, fingerprint = k.fingerprint
+FROM kvfleet_finding_keys k WHERE d.id = k.id;
 
 DROP FUNCTION pg_temp.kvfleet_key_of(text, text);

@@ -34,6 +34,12 @@ def values_of(ref: ClusterRef) -> list[str]:
     return [ref.key, ref.name] if ref.account == DEFAULT_ACCOUNT else [ref.key]
 
 
+def history_values(value: str) -> list[str]:
+    """What the history may call the cluster ``value`` names: ``values_of`` its key, or the text itself."""
+    ref = parse_key(value)
+    return values_of(ref) if ref is not None else [value]
+
+
 def parse_key(value: str) -> ClusterRef | None:
     """The reference a key names; None for anything that is not ``account/region/name`` with three parts."""
     parts = value.split("/")
@@ -51,6 +57,11 @@ def filter_values(engine: Engine, value: str | None, *, field: str = "--cluster"
         raise ValueError(f"{field}: {value[:40]!r}... is {len(value)} characters; a cluster's key is at most "
                          f"{MAX_TEXT}: give its key account/region/name or its name")
     ref = parse_key(value)
+    if ref is not None and not (ref.account == DEFAULT_ACCOUNT or (ref.account.isascii() and ref.account.isdigit()
+                                                                   and len(ref.account) == 12)):
+        raise ValueError(f"{field}: {value!r} names its account {ref.account!r} by the inventory's name; the history "
+                         "keys a cluster by the account's 12-digit id (or `default`): give "
+                         f"<account id>/{ref.region}/{ref.name}, as the listings print it")
     if ref is not None:
         return values_of(ref)
     if "/" in value:
@@ -59,6 +70,8 @@ def filter_values(engine: Engine, value: str | None, *, field: str = "--cluster"
     with engine.connect() as conn:
         known = [str(r.cluster) for r in conn.execute(text(_KNOWN))]
     keys = sorted(k for k in known if (ref := parse_key(k)) is not None and ref.name == value)
+    if value in known and keys and not any(k.startswith(f"{DEFAULT_ACCOUNT}/") for k in keys):
+        keys.append(f"{value} (older rows, of the base identity's account)")  # a cluster of its own: ambiguous
     if len(keys) > 1:
         raise AmbiguousCluster(f"{field}: {value!r} names {len(keys)} clusters in the history ({', '.join(keys)}); "
                                "give the cluster's key account/region/name")

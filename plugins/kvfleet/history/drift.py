@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from kvfleet.history.clusters import history_values
 from kvfleet.history.db import get_engine
 from kvfleet.history.keys import json_param
 
@@ -22,7 +23,8 @@ class DriftFindings:
 
     def sync(self, cluster: str, findings: Iterable[Mapping[str, Any]], run_key: str,
              scope_kinds: Iterable[str] | None = None) -> dict[str, int]:
-        """Open new findings, touch the ones still seen, resolve the ones no longer seen (for this cluster)."""
+        """Open new findings, touch the ones still seen, resolve the ones no longer seen (for this cluster: its key,
+        and the bare name older rows of a base-account cluster may carry, ``kvfleet.history.clusters``)."""
         # One order for every writer (endpoint, then fingerprint): two checks of one cluster at once (the schedule
         # and the watch) lock the same rows, and migration 0009's endpoint_state rows, in the same order.
         seen = {f["fingerprint"]: f for f in sorted(findings, key=lambda f: (str(f.get("endpoint") or ""),
@@ -46,12 +48,12 @@ class DriftFindings:
                 opened += 1
             stmt = text(
                 "UPDATE drift_findings SET resolved_at = now(), last_run_key = :k, resolution = 'gone' "
-                "WHERE cluster = :c "
+                "WHERE cluster = ANY(:c) "
                 "AND resolved_at IS NULL AND NOT (fingerprint = ANY(:fps))"
                 + (" AND kind = ANY(:kinds)" if scope_kinds is not None else "")
                 + " RETURNING id"
             )
-            params: dict[str, Any] = {"k": run_key, "c": cluster, "fps": list(seen)}
+            params: dict[str, Any] = {"k": run_key, "c": history_values(cluster), "fps": list(seen)}
             if scope_kinds is not None:
                 params["kinds"] = list(scope_kinds)
             resolved = len(conn.execute(stmt, params).fetchall())
@@ -74,8 +76,8 @@ class DriftFindings:
         with self.engine.begin() as conn:
             rows = conn.execute(
                 text("UPDATE drift_findings SET resolved_at = now(), last_run_key = :k, resolution = 'remediated' "
-                     "WHERE cluster = :c AND resolved_at IS NULL AND fingerprint = ANY(:fps) RETURNING id"),
-                {"k": run_key, "c": cluster, "fps": fps},
+                     "WHERE cluster = ANY(:c) AND resolved_at IS NULL AND fingerprint = ANY(:fps) RETURNING id"),
+                {"k": run_key, "c": history_values(cluster), "fps": fps},
             ).fetchall()
         return len(rows)
 

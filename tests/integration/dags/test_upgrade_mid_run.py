@@ -2,9 +2,10 @@
 cluster's lease: the run then completes, leaves no lease, and the audit chain verifies.
 
 The history is put back to revision 0010 while the gate waits (``migrate.downgrade``: every row names its cluster
-by its bare name again, as the previous revision wrote it; the lease held is keyed ``c-patch``), then upgraded
-again: the upgrade runs on a live history with a lease held and a gate waiting, as an operator upgrading kvfleet
-between two waves does. (The audit log is append-only: its rows keep the key they were written with.)
+by its bare name again, the lease held is keyed ``c-patch`` and the run's slot is held by ``<run>#c-patch``), then
+upgraded again: the upgrade runs on a live history with a lease held and a gate waiting, as an operator upgrading
+kvfleet between two waves does. What this does not reproduce of the previous code: the run's tasks were mapped
+over keys (XCom), and the audit log, append-only, keeps the keys its rows were written with.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_the_upgrade_while_a_gate_waits_keeps_the_lease_and_the_run_completes(  
     run_key = f"kvfleet_rollout/{dr.run_id}"
     slot = (f"slot:{run_key}:0", f"{run_key}#{KEY}", "parked")
     assert seen["held"] == [(KEY, run_key, "parked"), slot]
-    assert seen["at_0010"] == [("c-patch", run_key, "parked"), slot]  # as revision 0010 kept it
+    assert seen["at_0010"] == [("c-patch", run_key, "parked"), (slot[0], f"{run_key}#c-patch", "parked")]
     assert seen["at_head"] == seen["held"]  # keyed again, for the same holder
     assert dr.state == "success"
     assert history.runs.get(run_key)["status"] == "success"

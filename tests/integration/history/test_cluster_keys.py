@@ -88,7 +88,7 @@ def test_the_upgrade_keys_every_row_keeps_the_lease_and_the_chain_verifies(
         ("kvfleet_rollout/payments", PAYMENTS)]  # the run's scope chose one of the two ml-prod
     # the lease still protects the cluster for its holder, under the key its next task asks for; the slot is kept
     assert sorted(_rows(history, "SELECT cluster, holder, state FROM cluster_locks")) == [
-        (TWIN, GATED, "parked"), (f"slot:{GATED}:0", f"{GATED}#ml-prod-use1", "active")]
+        (TWIN, GATED, "parked"), (f"slot:{GATED}:0", f"{GATED}#{TWIN}", "active")]
     assert history.leases.try_take(TWIN, "kvfleet_rollout/other", "rollout")["holder"] == GATED
     assert history.leases.try_take(TWIN, GATED, "rollout")["holder"] == GATED
     # the open finding is the one the next check computes on the key: touched, not opened again
@@ -188,6 +188,16 @@ def test_a_bare_name_reads_its_key_and_its_older_rows(history: HistoryRepos) -> 
                                                                cluster="111111111111/eu-west-1/c1", endpoint="a/d"))
     with pytest.raises(AmbiguousCluster, match="names 2 clusters"):
         filter_values(history.engine, "c1")
+    # an account named as the inventory names it: the history knows the id
+    with pytest.raises(ValueError, match="12-digit id"):
+        filter_values(history.engine, "retail-prod/eu-west-1/c1")
+    # bare rows (the base account's) and one other account's key: two clusters, not one
+    history.runs.record_step(StepKey("t/old", "s4"), StepEvent("endpoint:a/e", "endpoint", "changed", cluster="c2",
+                                                               endpoint="a/e"))
+    history.runs.record_step(StepKey("t/old", "s5"), StepEvent("endpoint:a/f", "endpoint", "changed",
+                                                               cluster="111111111111/eu-west-1/c2", endpoint="a/f"))
+    with pytest.raises(AmbiguousCluster, match="older rows"):
+        filter_values(history.engine, "c2")
     for bad in ("a/b", "a//c", "x" * 300):
         with pytest.raises(ValueError, match="--cluster"):
             filter_values(history.engine, bad)
@@ -228,3 +238,60 @@ def test_the_other_listings_name_each_ml_prod_by_key(history: HistoryRepos,
     for run, key in (("kvfleet_rollout/r", RETAIL), ("kvfleet_rollout/p", PAYMENTS)):
         code, out, err = _cli("audit", "changes", "--run", run, "--json", capsys=capsys)
         assert code == 0 and {r["cluster"] for r in json.loads(out)} == {key}, err
+
+
+def test_an_upgrade_that_cannot_key_a_held_lease_is_refused_and_older_findings_still_resolve(
+        fresh_db_url: str) -> None:
+    """From revision 0009 (no pinned inventories): a live lease on a bare name would stop protecting its cluster
+    (its next holder asks by the key), so the upgrade is refused naming it; once it is freed the upgrade goes on,
+    the bare rows stay bare, and a check on the key resolves the older bare finding as gone."""
+    engine = create_engine(fresh_db_url)
+    migrate.upgrade(engine, "0009_endpoint_state")
+    history = HistoryRepos.on(engine)
+    history.runs.start("kvfleet_rollout/old", dag_id="kvfleet_rollout", run_id="old", trigger="manual",
+                       triggered_by="bob", params={})
+    history.leases.try_take("ml-prod-use1", "kvfleet_rollout/old", "rollout", 600)
+    old = Finding("operator_paused", "ml-prod-use1", "Deployment/x/y", "spec.replicas", "1", "0")
+    history.drift.sync("ml-prod-use1", [old.as_dict()], "kvfleet_rollout/old")
+    with pytest.raises(Exception, match=r"held leases are in: ml-prod-use1 \(held by kvfleet_rollout/old"):
+        migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == "0009_endpoint_state"  # nothing changed
+    history.leases.release("ml-prod-use1", "kvfleet_rollout/old")
+    migrate.upgrade(engine)
+    assert _rows(history, "SELECT cluster, fingerprint FROM drift_findings WHERE resolved_at IS NULL") == [
+        ("ml-prod-use1", old.fingerprint)]
+    keyed = Finding(old.kind, TWIN, old.object_ref, old.field, old.expected, "2")
+    assert history.drift.sync(TWIN, [], "kvfleet_drift_check/next")["resolved"] == 1  # the bare one, by its name
+    assert history.drift.sync(TWIN, [keyed.as_dict()], "kvfleet_drift_check/later")["opened"] == 1
+    engine.dispose()
+
+
+def test_an_open_finding_already_written_under_its_key_absorbs_its_bare_twin(fresh_db_url: str) -> None:
+    """The previous revision wrote an endpoint's finding under the cluster as the endpoint named it (a key, or
+    its name): the same finding open under both becomes one, the keyed one; the upgrade does not stop on it."""
+    engine = create_engine(fresh_db_url)
+    migrate.upgrade(engine, "0010_pinned_inventory")
+    history = HistoryRepos.on(engine)
+    history.runs.start(GATED, dag_id="kvfleet_rollout", run_id="gated", trigger="manual", triggered_by="alice",
+                       params={}, inventory=pin(FLEETS / "twin.yaml"))
+    args = ("endpoint_missing", "InferenceEndpointConfig/alpha/chat", "metadata", "present", "absent")
+    keyed, bare = Finding(args[0], TWIN, *args[1:]), Finding(args[0], "ml-prod-use1", *args[1:])
+    history.drift.sync(TWIN, [keyed.as_dict()], GATED)
+    history.drift.sync("ml-prod-use1", [bare.as_dict()], GATED)
+    migrate.upgrade(engine)
+    assert _rows(history, "SELECT cluster, fingerprint, coalesce(resolution, 'open') FROM drift_findings "
+                          "ORDER BY id") == [(TWIN, keyed.fingerprint, "open"), (TWIN, keyed.fingerprint, "merged")]
+    engine.dispose()
+
+
+def test_the_downgrade_refuses_a_key_and_a_bare_name_of_one_name(fresh_db_url: str) -> None:
+    engine = create_engine(fresh_db_url)
+    migrate.upgrade(engine)
+    history = HistoryRepos.on(engine)
+    history.runs.start("t/r", dag_id="t", run_id="r", trigger="test", triggered_by=None, params={})
+    for step, cluster in (("a", RETAIL), ("b", "ml-prod")):
+        history.curvine.record_capacity(run_key="t/r", step="curvine", cluster=cluster, phase=step,
+                                        overview={"capacity": 1})
+    with pytest.raises(Exception, match="share a name \\(ml-prod\\)"):
+        migrate.downgrade(engine, "0010_pinned_inventory")
+    engine.dispose()

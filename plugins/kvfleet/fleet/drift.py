@@ -204,12 +204,12 @@ def pod_matches_template(pod: Mapping[str, Any], template_spec: Mapping[str, Any
 
 
 def endpoint_findings(ep: Endpoint, inv: Inventory, iec: Mapping[str, Any] | None, dep: Mapping[str, Any] | None,
-                      pods: Sequence[Mapping[str, Any]], cluster: str | None = None) -> list[Finding]:
-    """``cluster``: the key of the cluster observed (default: the endpoint's reference as written)."""
+                      pods: Sequence[Mapping[str, Any]], cluster: str) -> list[Finding]:
+    """``cluster``: the key of the cluster observed (how every finding names its cluster)."""
     settings = inv.settings
 
     def f(kind: str, obj: str, fld: str, expected: str, actual: str) -> Finding:
-        return Finding(kind, cluster or ep.cluster, obj, fld, expected, actual, lob=ep.lob, endpoint=ep.key)
+        return Finding(kind, cluster, obj, fld, expected, actual, lob=ep.lob, endpoint=ep.key)
 
     iec_ref = f"{C.IEC_KIND}/{ep.key}"
     if iec is None:

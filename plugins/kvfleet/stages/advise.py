@@ -39,9 +39,7 @@ from kvfleet.clients.kube import call
 from kvfleet.errors import KvfleetError
 from kvfleet.fleet import economics as E
 from kvfleet.fleet import lmcache_log, prom
-from kvfleet.fleet.cluster_ref import ClusterRef
 from kvfleet.fleet.inventory import Endpoint
-from kvfleet.history.clusters import values_of
 from kvfleet.stages.base import StageContext
 
 PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
@@ -94,17 +92,17 @@ PREVIOUS_WITHIN = timedelta(days=1)  # an older observation is not a base for th
 MIN_INTERVAL_S = E.MIN_POD_AGE_S
 
 
-def previous_observations(history: Any, cluster: ClusterRef | str, now: datetime | None = None,
+def previous_observations(history: Any, cluster: str, now: datetime | None = None,
                           within: timedelta = PREVIOUS_WITHIN,
                           min_interval_s: float = MIN_INTERVAL_S) -> dict[str, dict[str, Any]]:
     """Each endpoint's recorded observation (``{"at", "pods": {uid: requests}}``) from the cluster's
     ``advise:<cluster>`` steps since ``within`` ago: the newest recorded at least ``min_interval_s`` before
-    ``now``, else the newest (which the rate then refuses, saying why); empty without a history store."""
+    ``now``, else the newest (which the rate then refuses, saying why); empty without a history store.
+    ``cluster``: its key, or a bare name (``kvfleet.history.clusters``)."""
     if history is None:
         return {}
     now = now or datetime.now(UTC)
-    asked = {"clusters": values_of(cluster)} if isinstance(cluster, ClusterRef) else {"cluster": cluster}
-    rows = history.queries.rows("advise_previous", **asked, cutoff=now - within,
+    rows = history.queries.rows("advise_previous", cluster=cluster, cutoff=now - within,
                          latest=now - timedelta(seconds=max(min_interval_s, 0.0)))
     return {r["endpoint"]: r["observation"] for r in rows if isinstance(r.get("observation"), Mapping)}
 
@@ -194,7 +192,7 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
     base for the rate (``MIN_INTERVAL_S``, 5 minutes)."""
     report = ClusterReport(ctx.cluster.key)
     if previous is None:
-        previous = previous_observations(ctx.history, ctx.cluster.ref, now, min_interval_s=min_interval_s)
+        previous = previous_observations(ctx.history, ctx.cluster.key, now, min_interval_s=min_interval_s)
     for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
         try:
             traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key), min_interval_s)

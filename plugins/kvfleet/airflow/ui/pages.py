@@ -130,11 +130,11 @@ def drift_data(history: Any, f: Filters) -> dict[str, Any]:
         except ValueError:
             raise QueryError(f"after: {after[:80]!r} is not a cursor of the drift list; follow the page's 'next' "
                              "link, or leave after empty for the first page") from None
-    cutoff = f.cutoff()
+    cutoff, clusters = f.cutoff(), f.clusters(history.engine)  # a bare name is looked up once per request
     per_cluster = {r["cluster"]: {k: int(r[k]) for k in DRIFT_COUNTS}
-                   for r in catalog.run(history, "drift_summary", f, cutoff=cutoff)}
+                   for r in catalog.run(history, "drift_summary", f, cutoff=cutoff, clusters=clusters)}
     rows, next_cursor = history.queries.page(DRIFT_PAGE, limit=f.limit, after=after, cutoff=cutoff,
-                                             clusters=f.clusters(history.engine))
+                                             clusters=clusters)
     return {"since": f.since, "per_cluster": per_cluster, "findings": rows, "limit": f.limit, "after": after,
             "next": next_cursor}
 

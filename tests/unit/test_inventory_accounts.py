@@ -170,16 +170,33 @@ def test_a_cluster_is_declared_once_per_account_and_region() -> None:
     assert [c.key for c in inv.clusters][2:] == ["333333333333/us-west-2/ml-eval", "333333333333/eu-west-1/ml-eval"]
 
 
-def test_a_run_is_scoped_to_one_of_two_clusters_that_share_a_name() -> None:
-    """The DAGs map their tasks over cluster names: a run whose scope holds both ml-prod clusters is refused,
-    naming the keys; scoped to one key it runs."""
+def test_a_run_holds_both_clusters_that_share_a_name() -> None:
+    """A run's scope may hold both ml-prod clusters: each endpoint's ref names its cluster by key where the fleet
+    has that name twice (as written elsewhere), so a run's endpoints stay apart, in its plan's waves too."""
     from kvfleet.airflow.context import narrowed
 
-    inv = load_inventory(FLEET)
-    with pytest.raises(InventoryError, match=rf"share a name \({RETAIL}, {PAYMENTS}\); a run takes one of them"):
-        narrowed(inv)
-    assert [c.key for c in narrowed(inv, clusters=[PAYMENTS]).clusters] == [PAYMENTS]
-    assert narrowed(inv, clusters=[PAYMENTS]).cluster("ml-prod").key == PAYMENTS
+    inv = narrowed(load_inventory(FLEET))
+    assert [c.key for c in inv.clusters] == [RETAIL, PAYMENTS, "333333333333/us-west-2/ml-eval"]
+    assert {e.name: e.ref for e in inv.endpoints} == {
+        "storefront-chat": f"{RETAIL}:retail/storefront-chat", "catalog-rag": f"{RETAIL}:retail/catalog-rag",
+        "disputes-rag": f"{PAYMENTS}:payments/disputes-rag", "chargebacks": f"{PAYMENTS}:payments/chargebacks",
+        "eval-chat": "ml-eval:platform/eval-chat"}  # a name one cluster has: as the endpoint wrote it
+    # the same namespace/name in both accounts: two endpoints, two refs, one each in a scope and in the plan
+    doc = _doc()
+    # payments' ml-prod, by its LOB's account
+    doc["endpoints"].append({**doc["endpoints"][0], "lob": "payments", "replicas": 1})
+    doc["clusters"][1]["gpu_nodes"]["count"] = 5
+    both = narrowed(parse_inventory(yaml.safe_dump(doc)))
+    twins = [e for e in both.endpoints if e.key == "retail/storefront-chat"]
+    assert [e.ref for e in twins] == [f"{RETAIL}:retail/storefront-chat", f"{PAYMENTS}:retail/storefront-chat"]
+    assert [e.on(both.clusters[1]) for e in narrowed(both, endpoints=[twins[1].ref]).endpoints] == [True]
+    plan = make_plan(both).as_dict()
+    refs = {c["key"]: sorted(e["ref"] for w in c["waves"] for e in w["endpoints"]) for c in plan["clusters"]}
+    assert refs[PAYMENTS] == [f"{PAYMENTS}:payments/chargebacks", f"{PAYMENTS}:payments/disputes-rag",
+                              f"{PAYMENTS}:retail/storefront-chat"]
+    assert f"{PAYMENTS}:retail/storefront-chat" not in refs[RETAIL]
+    # narrowed to one key, the refs are still the fleet's (what the run's history and Params name)
+    assert [e.ref for e in narrowed(both, clusters=[PAYMENTS]).endpoints][-1] == f"{PAYMENTS}:retail/storefront-chat"
 
 
 # ---- what a hostile review found ---------------------------------------------------------------------------------

@@ -138,20 +138,11 @@ def run_inventory(run_key: str) -> Inventory:
 
 def narrowed(inventory: Inventory, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),
              endpoints: Iterable[str] | None = ()) -> Inventory:
-    """``inventory`` narrowed to a run's scope (empty: all); unknown names: a PermanentError. The DAGs map their
-    tasks over cluster keys, but a run's endpoints are still named within the run by ``Endpoint.ref``
-    (``cluster:namespace/name``, with the cluster as the endpoint wrote it), so a scope holding one name in several
-    accounts or regions is refused, naming the keys that scope the run to one of them."""
-    from kvfleet.errors import InventoryError
-
-    inv = inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
-                           endpoints=list(endpoints or ()) or None)
-    names = [c.name for c in inv.clusters]
-    shared = sorted({c.key for c in inv.clusters if names.count(c.name) > 1})
-    if shared:
-        raise InventoryError([f"{inv.source}: the run's scope holds clusters that share a name ({', '.join(shared)}); "
-                              "a run takes one of them: set the `clusters` Param to its key"])
-    return inv
+    """``inventory`` narrowed to a run's scope (empty: all); unknown or ambiguous names: an InventoryError. A scope
+    may hold several clusters of one name (two accounts' ``ml-prod``): the DAGs map their tasks over cluster keys,
+    and an endpoint's ``ref`` names its cluster by key where the name is shared."""
+    return inventory.select(lobs=list(lobs or ()) or None, clusters=list(clusters or ()) or None,
+                            endpoints=list(endpoints or ()) or None)
 
 
 def scoped(run_key: str, *, lobs: Iterable[str] | None = (), clusters: Iterable[str] | None = (),

@@ -535,7 +535,7 @@ def _gate_lobs(context: Any, params: Mapping[str, Any], inventory: Any | None) -
     if wave.get("cluster"):
         eps = [*(wave.get("endpoints") or {}), *_listed(wave.get("review"))]
         return lobs_of(inventory, clusters=[str(wave["cluster"])], endpoints=eps)
-    clusters = _listed(params.get("clusters")) or [c.name for c in getattr(inventory, "clusters", None) or ()]
+    clusters = _listed(params.get("clusters")) or [c.key for c in getattr(inventory, "clusters", None) or ()]
     return lobs_of(inventory, clusters=clusters, lobs=_listed(params.get("lobs")))
 
 
@@ -546,7 +546,7 @@ def _run_lobs(params: Mapping[str, Any], inventory: Any | None) -> set[str]:
         return set(lobs)
     if eps := _listed(params.get("endpoints")):
         return lobs_of(inventory, endpoints=eps)
-    clusters = _listed(params.get("clusters")) or [c.name for c in getattr(inventory, "clusters", None) or ()]
+    clusters = _listed(params.get("clusters")) or [c.key for c in getattr(inventory, "clusters", None) or ()]
     return lobs_of(inventory, clusters=clusters)
 
 

@@ -144,8 +144,9 @@ class Leases:
 
     def release_named(self, name: str, holder: str) -> int:
         """Release the leases ``holder`` holds on clusters of this bare name, whatever their account and region
-        (a teardown that cannot read its run's inventory to know the key; a run never holds two clusters of one
-        name: ``narrowed`` refuses such a scope)."""
+        (a teardown that cannot read its run's inventory to know the key, with the bare name its task was mapped
+        over: a run planned before revision 0011, which never held two clusters of one name). Given a key, only
+        that cluster's lease."""
         with self.engine.begin() as conn:
             rows = conn.execute(text(
                 "DELETE FROM cluster_locks WHERE holder = :h AND (cluster = :n OR (cluster ~ '^[^/]+/[^/]+/[^/]+$' "

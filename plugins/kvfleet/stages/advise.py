@@ -193,7 +193,7 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
     report = ClusterReport(ctx.cluster.key)
     if previous is None:
         previous = previous_observations(ctx.history, ctx.cluster.key, now, min_interval_s=min_interval_s)
-    for ep in ctx.inventory.endpoints_of(ctx.cluster.name):
+    for ep in ctx.inventory.endpoints_of(ctx.cluster.key):
         try:
             traffic = observe_endpoint(ctx, ep, now or datetime.now(UTC), previous.get(ep.key), min_interval_s)
             measured = (sweeps or {}).get(ep.key)
@@ -202,7 +202,7 @@ def advise_cluster(ctx: StageContext, *, threshold: float = E.CAPACITY_THRESHOLD
             report.endpoints.append(E.advise_endpoint(traffic, retention_h=retention_h))
         except KvfleetError as exc:
             report.errors.append(f"{ep.ref}: {exc}")
-    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
+    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.key) if ep.l2}
     l2 = [a for a in report.endpoints if a.endpoint in l2_keys]
     try:
         ov = CurvineMaster(ctx.kube, ctx.cluster.curvine.namespace).overview()
@@ -225,7 +225,7 @@ def with_advised_workers(ctx: StageContext, decision: Mapping[str, Any], *, repl
     ``previous``, ``min_interval_s``: as for ``advise_cluster`` (by default the observations the context's history
     recorded, at least 5 minutes old)."""
     report = advise_cluster(ctx, threshold=threshold, now=now, previous=previous, min_interval_s=min_interval_s)
-    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.name) if ep.l2}
+    l2_keys = {ep.key for ep in ctx.inventory.endpoints_of(ctx.cluster.key) if ep.l2}
     judged = [a for a in report.endpoints if a.endpoint in l2_keys and a.verdict != "insufficient_data"]
     # an endpoint whose request rate is unknown has no working set yet: the others' sum is a lower bound, which
     # can only raise the target (never lowers it)

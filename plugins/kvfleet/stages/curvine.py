@@ -292,7 +292,7 @@ def pvc_actions(ctx: StageContext) -> list[A.Action]:
 
     spec = ctx.cluster.curvine
     out: list[A.Action] = []
-    for ns in sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2}):
+    for ns in sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.key) if e.l2}):
         if get_or_none(ctx.kube.core.read_namespace, ns) is None:
             raise PermanentError(missing_namespace(ctx.inventory.source, ctx.cluster.name, ns))
         if get_or_none(ctx.kube.core.read_namespaced_persistent_volume_claim, C.CURVINE_PVC, ns) is None:
@@ -306,7 +306,7 @@ def create_pvcs(ctx: StageContext) -> dict[str, str]:
     actions = pvc_actions(ctx)
     executor.run(ctx, STAGE, actions)
     created = {a.namespace for a in actions if isinstance(a, A.CreatePvc)}
-    namespaces = sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2})
+    namespaces = sorted({e.namespace for e in ctx.inventory.endpoints_of(ctx.cluster.key) if e.l2})
     return {ns: ("planned" if ctx.dry_run else "changed") if ns in created else "unchanged" for ns in namespaces}
 
 

@@ -248,7 +248,7 @@ def l2_serving(ctx: StageContext, files: list[dict[str, Any]], req: UpgradeReque
     if req.l2_check == "endpoint":
         from kvfleet.stages import verify
 
-        eps = [e for e in ctx.inventory.endpoints_of(ctx.cluster.name) if e.l2]
+        eps = [e for e in ctx.inventory.endpoints_of(ctx.cluster.key) if e.l2]
         if eps:
             result = verify.verify_endpoint(ctx, eps[0]).as_dict()
             return {"endpoint": eps[0].ref, "verdict": result["verdict"], "hit_ratio": result["hit_ratio"],

@@ -301,7 +301,7 @@ def selected_for_remediation(ctx: StageContext, findings: Iterable[rules.Finding
     if run_level:
         return findings
     opted = {lob.name for lob in ctx.inventory.lobs if lob.remediate_drift}
-    lobs_here = {e.lob for e in ctx.inventory.endpoints_of(ctx.cluster.name)}
+    lobs_here = {e.lob for e in ctx.inventory.endpoints_of(ctx.cluster.key)}
     cluster_ok = bool(lobs_here) and lobs_here <= opted
     return [f for f in findings if (f.lob in opted if f.endpoint is not None else cluster_ok)]
 
@@ -399,7 +399,7 @@ def _patch_endpoints(ctx: StageContext, found: list[rules.Finding], all_findings
     for f in found:
         by_ep.setdefault(str(f.endpoint), []).append(f)
     blocked = {f.endpoint for f in all_findings if f.kind in rules.NOT_PATCHABLE}
-    declared: dict[str, Endpoint] = {e.key: e for e in ctx.inventory.endpoints_of(ctx.cluster.name)}
+    declared: dict[str, Endpoint] = {e.key: e for e in ctx.inventory.endpoints_of(ctx.cluster.key)}
     out = []
     for key in sorted(k for k in by_ep if k in blocked):
         out.append(_record(ctx, "patch_endpoints", by_ep[key], "refused", {

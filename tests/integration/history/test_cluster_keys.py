@@ -295,3 +295,40 @@ def test_the_downgrade_refuses_a_key_and_a_bare_name_of_one_name(fresh_db_url: s
     with pytest.raises(Exception, match="share a name \\(ml-prod\\)"):
         migrate.downgrade(engine, "0010_pinned_inventory")
     engine.dispose()
+
+
+# ---- one run over both ml-prod clusters --------------------------------------------------------------------------
+
+
+def _as_task(dag_id: str, run_id: str, task_id: str) -> Any:
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time.context import set_current_context
+
+    dag_run = SimpleNamespace(dag_id=dag_id, run_id=run_id, run_type="scheduled", triggering_user_name=None)
+    return set_current_context({"dag_run": dag_run, "ti": SimpleNamespace(task_id=task_id, map_index=-1)})  # type: ignore[typeddict-item]
+
+
+def test_a_run_without_a_scope_takes_both_ml_prod_clusters(history: HistoryRepos, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduled drift check and a fleet-wide rollout of the multi-account fleet map over every key, both
+    ml-prod clusters included, and each cluster's task reads its own endpoints from the run's plan and pin."""
+    from kvfleet.airflow import drift, rollout
+    from kvfleet.airflow.context import scoped
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text((FLEETS / "multi-account.yaml").read_text())
+    monkeypatch.setenv("KVFLEET_FLEET_PATHS", str(tmp_path))
+    every = [RETAIL, PAYMENTS, "333333333333/us-west-2/ml-eval"]
+    with _as_task("kvfleet_drift_check", "scheduled__both", "open_run"):
+        assert sorted(drift.open_run({"fleet": str(fleet), "clusters": []})) == sorted(every)
+    with _as_task("kvfleet_rollout", "manual__both", "plan_rollout"):
+        assert sorted(rollout.plan_rollout({"fleet": str(fleet)})) == sorted(every)
+    run = "kvfleet_rollout/manual__both"
+    for key, names in ((RETAIL, ["catalog-rag", "storefront-chat"]), (PAYMENTS, ["chargebacks", "disputes-rag"])):
+        plan = history.runs.cluster_plan(run, key)
+        assert plan is not None and [c["key"] for c in plan["clusters"]] == [key]
+        refs = sorted(e["ref"] for w in plan["clusters"][0]["waves"] for e in w["endpoints"])
+        namespace = "retail" if key == RETAIL else "payments"
+        assert refs == [f"{key}:{namespace}/{n}" for n in names]
+        assert sorted(e.name for e in scoped(run).endpoints_of(key)) == names

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -272,6 +273,7 @@ def _endpoint_refs(k: _Checks) -> list[int]:
     failed = k.failed | {n for ci, b in enumerate(k.raw_clusters) if isinstance(b, dict) and isinstance(
         n := b.get("name"), str) and (ci >= len(k.clusters) or k.clusters[ci] is None)}
     keys = sorted(c.key for c in valid)
+    shared = Counter(c.name for c in valid)
     lob_account = {lob.name: lob.account for lob in k.lobs if lob is not None}
     seen: dict[tuple[str, str, str], int] = {}
     named: dict[tuple[str, str], tuple[int, str]] = {}
@@ -284,6 +286,8 @@ def _endpoint_refs(k: _Checks) -> list[int]:
         on = cluster  # the key of the cluster it is on, when the reference resolves (messages quote it as written)
         if i < len(k.eps) and (ep := k.eps[i]) is not None:
             ep._cluster_key = found[0].key if len(found) == 1 else ""  # "": on no cluster
+            # Its reference names the cluster by key where the fleet holds the name more than once (Endpoint.ref)
+            ep._ref_cluster = found[0].key if len(found) == 1 and shared.get(found[0].name, 0) > 1 else cluster
         if len(found) > 1:
             k.problem(("endpoints", i, "cluster"), f"{ambiguity(cluster, found)} (or give its line of business the "
                       "account: lobs.<name>.account)")

@@ -339,6 +339,8 @@ class Endpoint(_Model):
     # The key of the cluster `cluster` names, set on validation ("": it named none, or several); None: an endpoint
     # built outside an inventory, judged by what it names.
     _cluster_key: str | None = PrivateAttr(None)
+    # The cluster as its reference names it (``ref``), set on validation; None: the cluster as written.
+    _ref_cluster: str | None = PrivateAttr(None)
 
     def on(self, cluster: Cluster) -> bool:
         """Whether this endpoint is on ``cluster``: by the key its reference resolved to."""
@@ -356,9 +358,9 @@ class Endpoint(_Model):
 
     @property
     def ref(self) -> str:
-        """``cluster:namespace/name``, the cluster as the endpoint names it: unique within a run's scope (where cluster
-        names are unique), and within a fleet whose cluster names are."""
-        return f"{self.cluster}:{self.namespace}/{self.name}"
+        """``cluster:namespace/name``, unique within the fleet: the cluster as the endpoint names it, or its key
+        ``account/region/name`` where the fleet has several clusters of that name (two accounts' ``ml-prod``)."""
+        return f"{self._ref_cluster or self.cluster}:{self.namespace}/{self.name}"
 
 
 class Inventory(_Model):

@@ -11,7 +11,11 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
 - ``GET /requests[?cluster=C]`` → per cluster ``{"total", "counts": {"<verb> <resource>": n}}`` (discovery not
   counted), and ``aws``: the AWS operations in order, narrowed to those naming the cluster when ``cluster`` is
   given (operations that name no cluster, e.g. STS, are always included)
+  (and ``by_account``: the same operations by the account they were answered in); ``C`` is a cluster's key
+  ``account/region/name`` or a bare name only one cluster has
 - ``POST /reset-requests[?cluster=C]`` → clears the counters (AWS too when no cluster is given)
+- ``POST /aws/credential-lifetime`` with ``{"seconds": N | null}`` → credentials the AWS emulator's AssumeRole issues
+  from now on live at most N real seconds (``AwsEmulator.credential_lifetime_s``); null lifts the cap
 - ``POST /fault`` with ``{"cluster": C | "*", "kind": K, ...}``:
 
   ======================= ==============================================================================
@@ -153,9 +157,10 @@ class AdminServer:
         sb = self._sb()
         if cluster in (None, "", "*"):
             return list(sb.twins.values())
-        if cluster not in sb.twins:
-            raise AdminError(404, f"no cluster {_show(cluster)} in the sandbox; known: {', '.join(sb.twins)}")
-        return [sb.twins[cluster]]
+        try:
+            return [sb.twins[str(cluster)]]
+        except KeyError as exc:  # unknown, or a bare name of several accounts' clusters (the keys listed)
+            raise AdminError(404, _cut(str(exc.args[0]) if exc.args else str(exc), 400)) from None
 
     def requests(self, cluster: str | None) -> dict[str, Any]:
         sb = self._sb()
@@ -163,21 +168,35 @@ class AdminServer:
         clusters = {}
         for twin in twins:
             counts = twin.store.request_counts()
-            clusters[twin.name] = {
+            clusters[sb.twins.label(twin.key) if twin.key else twin.name] = {
                 "total": sum(counts.values()),
                 "counts": {f"{verb} {resource}": n for (verb, resource), n in sorted(counts.items())},
             }
         names: set[str] = set()
+        account = None
         if cluster not in (None, "", "*"):
             twin = twins[0]
-            hp = sb.aws.hyperpod_cluster(twin.name) or {}
+            account = twin.account or sb.aws.account_id
+            hp = sb.aws.hyperpod_cluster(twin.name, account=twin.account) or {}
             names = {twin.name, twin.eks_name, str(hp.get("ClusterArn"))}
-        aws = []
+        aws: list[str] = []
+        by_account: dict[str, list[str]] = {}
         for entry in list(sb.aws.request_log):
             named = {str(entry.params[k]) for k in ("ClusterName", "name", "clusterName") if k in entry.params}
-            if not names or not named or named & names:
+            if not names or not named or (named & names and entry.account == account):
                 aws.append(f"{entry.service}:{entry.operation}")
-        return {"clusters": clusters, "aws": {"total": len(aws), "operations": aws}}
+                by_account.setdefault(entry.account, []).append(f"{entry.service}:{entry.operation}")
+        return {"clusters": clusters, "aws": {"total": len(aws), "operations": aws, "by_account": by_account}}
+
+    def credential_lifetime(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"seconds": N}`` (1..43200) caps the lifetime of credentials the AWS emulator's AssumeRole issues from
+        now on (real seconds, so a test can watch them expire); ``{"seconds": null}`` lifts the cap."""
+        unknown = sorted(str(k) for k in body if k != "seconds")
+        if unknown or "seconds" not in body:
+            raise AdminError(400, "credential-lifetime takes exactly {\"seconds\": 1–43200 or null}")
+        seconds = None if body["seconds"] is None else _integer(body, "seconds", 1, 43200)
+        self._sb().aws.credential_lifetime_s = seconds
+        return {"ok": True, "seconds": seconds}
 
     def reset_requests(self, cluster: str | None) -> dict[str, Any]:
         for twin in self._twins(cluster):
@@ -341,14 +360,12 @@ class AdminServer:
             return self.requests(cluster)
         if method == "POST" and path == "/reset-requests":
             return self.reset_requests(cluster)
-        if method == "POST" and path == "/fault":
+        posted = {"/fault": self.fault, "/aws/credential-lifetime": self.credential_lifetime,
+                  "/traffic-mix": self.traffic_mix}
+        if method == "POST" and path in posted:
             if not isinstance(body, dict):
-                raise AdminError(400, "POST /fault needs a JSON object body")
-            return self.fault(body)
-        if method == "POST" and path == "/traffic-mix":
-            if not isinstance(body, dict):
-                raise AdminError(400, "POST /traffic-mix needs a JSON object body")
-            return self.traffic_mix(body)
+                raise AdminError(400, f"POST {path} needs a JSON object body")
+            return posted[path](body)
         raise AdminError(404, f"no admin route {method} {path}")
 
 

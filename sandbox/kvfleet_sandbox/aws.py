@@ -48,6 +48,7 @@ from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet_sandbox.aws_clock import Clock, Timers
 from kvfleet_sandbox.aws_eks import AddonHook, EksService
 from kvfleet_sandbox.aws_sagemaker import HyperPodCluster, HyperPodService, TieredStorageHook
+from kvfleet_sandbox.aws_sts import Caller, Identities, RoleFacts, parse_policy, refusal
 from kvfleet_sandbox.aws_wire import (
     AwsError,
     Codec,
@@ -64,21 +65,65 @@ from kvfleet_sandbox.aws_wire import (
 log = logging.getLogger(__name__)
 
 OWN_SERVICES = ("sagemaker", "eks", "sts")
+ADMIN_KEY = "sandbox-admin"  # the sandbox's own administrator in the base account (seeding, tests)
 MOTO_SERVICES = ("iam", "s3", "sns")
 SERVICES = OWN_SERVICES + MOTO_SERVICES
 _TARGET_PREFIXES = {"SageMaker": "sagemaker"}  # unsigned JSON requests still name their service
 
 
 class AwsRequest(NamedTuple):
-    """One entry of :attr:`AwsEmulator.request_log` (a tuple, so ``service, op, params = entry`` works)."""
+    """One entry of :attr:`AwsEmulator.request_log`: the call, the account it was answered in, the caller's ARN
+    and the session tags of its credentials (``service, op, params = entry[:3]`` reads the call alone)."""
 
     service: str
     operation: str
     params: dict[str, Any]
+    account: str = ""
+    caller_arn: str = ""
+    session_tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def mutating(self) -> bool:
+        return self.operation.startswith(_MUTATING_PREFIXES)
+
+
+# SigV4's access key id: "Credential=AKID/<date>/<region>/<service>/aws4_request" (the header form).
+_ACCESS_KEY = re.compile(r"Credential=([^/,\s]+)/")
+
+
+def access_key_of(headers: dict[str, str]) -> str | None:
+    """The access key id a request was signed with, or None when it is unsigned."""
+    found = _ACCESS_KEY.search(headers.get("authorization", ""))
+    return found.group(1) if found else None
+
+
+def _logged(service: str, operation: str, params: dict[str, Any], caller: Caller) -> AwsRequest:
+    return AwsRequest(service, operation, params, caller.account, caller.arn, caller.tags)
 
 
 _MUTATING_PREFIXES = ("Create", "Update", "Delete", "Put", "Tag", "Untag", "Attach", "Detach", "Publish",
                       "Associate", "Disassociate", "Add", "Remove", "Set")
+
+
+class _Account:
+    """One account's SageMaker HyperPod and EKS state (names are unique per account and region, as in AWS)."""
+
+    def __init__(self, account_id: str, emulator: AwsEmulator) -> None:
+        self.eks = EksService(
+            account_id=account_id,
+            lock=emulator._lock,
+            timers=emulator._timers,
+            rng=emulator._rng,
+            delay=lambda: emulator.delay_s,
+        )
+        self.sagemaker = HyperPodService(
+            account_id=account_id,
+            lock=emulator._lock,
+            timers=emulator._timers,
+            rng=emulator._rng,
+            delay=lambda: emulator.delay_s,
+            eks_arn=self.eks.arn,
+        )
 
 
 class DropConnection(Exception):
@@ -120,26 +165,59 @@ class AwsEmulator:
         self._connections: set[socket.socket] = set()
         self._codecs: dict[str, Codec] = {name: codec_for(name) for name in OWN_SERVICES}
         self._moto = MotoServices(account_id)
-        self._eks = EksService(
-            account_id=account_id,
-            lock=self._lock,
-            timers=self._timers,
-            rng=self._rng,
-            delay=lambda: self.delay_s,
-        )
-        self._sagemaker = HyperPodService(
-            account_id=account_id,
-            lock=self._lock,
-            timers=self._timers,
-            rng=self._rng,
-            delay=lambda: self.delay_s,
-            eks_arn=self._eks.arn,
-        )
-        self._handlers: dict[str, dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]]] = {
-            "sagemaker": self._sagemaker.operations,
-            "eks": self._eks.operations,
-            "sts": {"GetCallerIdentity": self._caller_identity},
-        }
+        self.identities = Identities(account_id)
+        self._accounts: dict[str, _Account] = {}
+        self._account(account_id)
+
+    # --- accounts ------------------------------------------------------------------------------------------
+
+    def _account(self, account: str | None) -> _Account:
+        """The state of ``account`` (None: the base account), created empty on first use."""
+        key = account or self.account_id
+        with self._lock:
+            state = self._accounts.get(key)
+            if state is None:
+                state = self._accounts[key] = _Account(key, self)
+            return state
+
+    @property
+    def _eks(self) -> EksService:
+        return self._account(None).eks
+
+    @property
+    def _sagemaker(self) -> HyperPodService:
+        return self._account(None).sagemaker
+
+    @property
+    def accounts(self) -> list[str]:
+        """The accounts that hold state (the base account first)."""
+        with self._lock:
+            return list(self._accounts)
+
+    @property
+    def credential_lifetime_s(self) -> float | None:
+        """Credentials AssumeRole issues from now on live at most this many real seconds (None: as asked)."""
+        return self.identities.lifetime_cap_s
+
+    @credential_lifetime_s.setter
+    def credential_lifetime_s(self, seconds: float | None) -> None:
+        self.identities.lifetime_cap_s = seconds
+
+    def add_account_key(self, access_key: str, account: str) -> None:
+        """A long-term key of ``account`` (an account kvfleet reaches through its own Airflow connection)."""
+        self.identities.add_static(access_key, account)
+
+    def admin_key(self, account: str | None = None) -> str:
+        """An access key (its secret is anything) of the sandbox's own administrator in ``account`` (None: the
+        base account, whose admin key is ``sandbox-admin``): what seeding scripts call IAM and S3 with, as a
+        platform team's scripts run in each account."""
+        if account in (None, self.account_id):
+            return ADMIN_KEY
+        key = f"{ADMIN_KEY}-{account}"
+        known = self.identities.resolve(key)
+        if known is None or known.account != account:
+            self.identities.add_static(key, str(account), user="kvfleet-sandbox-admin")
+        return key
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -187,12 +265,15 @@ class AwsEmulator:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # --- seeding -------------------------------------------------------------------------------------------
+    # --- seeding ------------------------------------------------------------------------------------------
+    # Every helper takes ``account``: the 12-digit account the cluster is in (None: the base account, the hub).
 
-    def add_eks_cluster(self, name: str, region: str, endpoint: str, *, ca_pem: str | None = None) -> str:
+    def add_eks_cluster(
+        self, name: str, region: str, endpoint: str, *, ca_pem: str | None = None, account: str | None = None
+    ) -> str:
         """Register an ACTIVE EKS cluster whose API server is ``endpoint``; returns its ARN."""
         with self._lock:
-            return self._eks.seed(name, region, endpoint, ca_pem)
+            return self._account(account).eks.seed(name, region, endpoint, ca_pem)
 
     def add_hyperpod_cluster(
         self,
@@ -202,6 +283,8 @@ class AwsEmulator:
         instance_groups: list[dict[str, Any]],
         node_recovery: str = NODE_RECOVERY_DEFAULT,
         tiered_storage: dict[str, Any] | None = None,
+        *,
+        account: str | None = None,
     ) -> str:
         """Register an InService HyperPod cluster; returns its ARN.
 
@@ -209,7 +292,7 @@ class AwsEmulator:
         ...}``. No hook fires: seeding describes a fleet that already is, not a change.
         """
         with self._lock:
-            return self._sagemaker.seed(
+            return self._account(account).sagemaker.seed(
                 name=name,
                 region=region,
                 eks_cluster_name=eks_cluster_name,
@@ -220,50 +303,52 @@ class AwsEmulator:
 
     # --- hooks, inspection and faults ----------------------------------------------------------------------
 
-    def on_tiered_storage(self, fn: TieredStorageHook) -> None:
-        """``fn(hyperpod_name, eks_name, TieredStorageConfig)`` after a change to it reaches InService."""
-        self._sagemaker.tiered_hooks.append(fn)
+    def on_tiered_storage(self, fn: TieredStorageHook, *, account: str | None = None) -> None:
+        """``fn(hyperpod_name, eks_name, TieredStorageConfig)`` after a change to it reaches InService (in
+        ``account``'s clusters only)."""
+        self._account(account).sagemaker.tiered_hooks.append(fn)
 
-    def on_addon_transition(self, fn: AddonHook) -> None:
-        """``fn(eks_name, addon_name, addon)`` just before CREATING/UPDATING becomes ACTIVE.
+    def on_addon_transition(self, fn: AddonHook, *, account: str | None = None) -> None:
+        """``fn(eks_name, addon_name, addon)`` just before CREATING/UPDATING becomes ACTIVE (in ``account``).
 
         A returned string fails the add-on (CREATE_FAILED / UPDATE_FAILED) with that string as a health issue.
         """
-        self._eks.addon_hooks.append(fn)
+        self._account(account).eks.addon_hooks.append(fn)
 
-    def addon_status(self, eks_cluster: str, addon: str) -> str | None:
+    def addon_status(self, eks_cluster: str, addon: str, *, account: str | None = None) -> str | None:
         with self._lock:
-            found = self._eks.clusters.get(eks_cluster)
+            found = self._account(account).eks.clusters.get(eks_cluster)
             item = found.addons.get(addon) if found else None
             return item.status if item else None
 
-    def hyperpod_cluster(self, name: str) -> dict[str, Any] | None:
+    def hyperpod_cluster(self, name: str, *, account: str | None = None) -> dict[str, Any] | None:
         """What DescribeCluster would answer (name or ARN), or None."""
         with self._lock:
             try:
-                return self._sagemaker.find(name).describe()
+                return self._account(account).sagemaker.find(name).describe()
             except AwsError:
                 return None
 
-    def hyperpod_nodes(self, name: str) -> list[dict[str, Any]]:
+    def hyperpod_nodes(self, name: str, *, account: str | None = None) -> list[dict[str, Any]]:
         """ListClusterNodes summaries of a cluster (the orchestrator names Kubernetes nodes after them)."""
         with self._lock:
-            return [node.summary() for node in self._seeded(name).nodes]
+            return [node.summary() for node in self._seeded(name, account).nodes]
 
-    def _seeded(self, name: str) -> HyperPodCluster:
+    def _seeded(self, name: str, account: str | None = None) -> HyperPodCluster:
         try:
-            return self._sagemaker.find(name)
+            return self._account(account).sagemaker.find(name)
         except AwsError:
-            raise KeyError(f"no HyperPod cluster {name!r} in the AWS emulator") from None
+            where = f" of account {account}" if account else ""
+            raise KeyError(f"no HyperPod cluster {name!r}{where} in the AWS emulator") from None
 
-    def fail_next_update(self, hyperpod_cluster: str, message: str) -> None:
+    def fail_next_update(self, hyperpod_cluster: str, message: str, *, account: str | None = None) -> None:
         with self._lock:
-            self._sagemaker.update_faults[self._seeded(hyperpod_cluster).name] = message
+            self._account(account).sagemaker.update_faults[self._seeded(hyperpod_cluster, account).name] = message
 
-    def fail_addon(self, eks_cluster: str, addon: str, message: str) -> None:
+    def fail_addon(self, eks_cluster: str, addon: str, message: str, *, account: str | None = None) -> None:
         """The add-on's transition in flight, or else its next create/update, fails with ``message``."""
         with self._lock:
-            self._eks.addon_faults[(eks_cluster, addon)] = message
+            self._account(account).eks.addon_faults[(eks_cluster, addon)] = message
 
     def add_addon(
         self,
@@ -274,12 +359,13 @@ class AwsEmulator:
         service_account_role_arn: str | None = None,
         configuration_values: str | None = None,
         replace: bool = False,
+        account: str | None = None,
     ) -> str:
         """Register an ACTIVE add-on (one a platform team installed before kvfleet, such as ``vpc-cni``);
         returns its ARN. ``replace`` swaps an existing one (a test's "installed at an old version"). No hook
         fires."""
         with self._lock:
-            return self._eks.seed_addon(
+            return self._account(account).eks.seed_addon(
                 eks_cluster, addon, version, service_account_role_arn, configuration_values, replace=replace
             )
 
@@ -298,17 +384,29 @@ class AwsEmulator:
     def operations(self, service: str | None = None) -> list[str]:
         return [entry.operation for entry in list(self.request_log) if service in (None, entry.service)]
 
+    def calls(
+        self,
+        *,
+        account: str | None = None,
+        service: str | None = None,
+        mutating: bool | None = None,
+        caller_arn: str | None = None,
+    ) -> list[AwsRequest]:
+        """The request log narrowed: answered in ``account`` (its 12-digit id), to ``service``, mutating or not
+        (Create*, Update*, Delete*, ...), by the principal ``caller_arn``."""
+        return [
+            entry
+            for entry in list(self.request_log)
+            if account in (None, entry.account)
+            and service in (None, entry.service)
+            and mutating in (None, entry.mutating)
+            and caller_arn in (None, entry.caller_arn)
+        ]
+
     def reset_request_log(self) -> None:
         self.request_log.clear()
 
     # --- request handling ----------------------------------------------------------------------------------
-
-    def _caller_identity(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "UserId": "AIDAKVFLEETSANDBOX0001",
-            "Account": self.account_id,
-            "Arn": f"arn:aws:iam::{self.account_id}:user/kvfleet-sandbox",
-        }
 
     def _service_of(self, request: WireRequest) -> tuple[str | None, str]:
         service, region = credential_scope(request.headers)
@@ -317,11 +415,27 @@ class AwsEmulator:
             service = _TARGET_PREFIXES.get(prefix)
         return service, region
 
+    def caller_of(self, request: WireRequest) -> Caller | str:
+        """Who signed ``request`` (its SigV4 access key; an unsigned request is the hub's base identity), or why
+        AWS would refuse it: "unknown" (no such key, or a session token that is not the key's) or "expired"."""
+        access_key = access_key_of(request.headers)
+        if access_key is None:
+            return self.identities.base
+        caller = self.identities.resolve(access_key)
+        if caller is None:
+            return "unknown"
+        if caller.session_token is not None and request.headers.get("x-amz-security-token") != caller.session_token:
+            return "unknown"
+        return "expired" if caller.expired() else caller
+
     def handle(self, request: WireRequest) -> WireResponse:
         """Answer one decoded HTTP request (also callable without the server, e.g. from a benchmark)."""
         service, region = self._service_of(request)
+        caller = self.caller_of(request)
         if service in MOTO_SERVICES:
-            return self._answer_moto(service, region, request)
+            if isinstance(caller, str):
+                return self._moto.encode_error(service, refusal(load_model(service).protocol, caller))
+            return self._answer_moto(service, region, request, caller)
         codec = self._codecs.get(service or "")
         if codec is None:
             fallback = JsonCodec(load_model("sagemaker"))
@@ -331,18 +445,32 @@ class AwsEmulator:
                     f"the kvfleet AWS emulator serves {', '.join(SERVICES)}, not {service!r}",
                 )
             )
+        if isinstance(caller, str):
+            return codec.encode_error(refusal(codec.model.protocol, caller))
         try:
             operation, params = codec.parse(request)
         except AwsError as error:
             return codec.encode_error(error)
-        self.request_log.append(AwsRequest(codec.service, operation, params))
-        return self._answer(codec, region, operation, params)
+        self.request_log.append(_logged(codec.service, operation, params, caller))
+        return self._answer(codec, region, operation, params, caller)
 
-    def _answer(self, codec: Codec, region: str, operation: str, params: dict[str, Any]) -> WireResponse:
+    def _handler(self, service: str, operation: str, caller: Caller) -> Callable[[str, dict[str, Any]], Any] | None:
+        if service == "sts":
+            sts: dict[str, Callable[[str, dict[str, Any]], Any]] = {
+                "GetCallerIdentity": lambda region, params: self.identities.caller_identity(caller),
+                "AssumeRole": lambda region, params: self.identities.assume_role(caller, params, self._moto.role),
+            }
+            return sts.get(operation)
+        state = self._account(caller.account)
+        return (state.sagemaker if service == "sagemaker" else state.eks).operations.get(operation)
+
+    def _answer(
+        self, codec: Codec, region: str, operation: str, params: dict[str, Any], caller: Caller
+    ) -> WireResponse:
         try:
             self._inject_faults(operation)
             codec.check_required(operation, params)
-            handler = self._handlers[codec.service].get(operation)
+            handler = self._handler(codec.service, operation, caller)
             if handler is None:
                 raise AwsError(
                     "NotImplemented",
@@ -358,14 +486,14 @@ class AwsEmulator:
             log.exception("AWS emulator failed on %s:%s", codec.service, operation)
             return codec.encode_error(AwsError("InternalFailure", f"emulator bug: {bug!r}", status=500))
 
-    def _answer_moto(self, service: str, region: str, request: WireRequest) -> WireResponse:
+    def _answer_moto(self, service: str, region: str, request: WireRequest, caller: Caller) -> WireResponse:
         operation, params = self._moto.describe(service, request)
-        self.request_log.append(AwsRequest(service, operation, params))
+        self.request_log.append(_logged(service, operation, params, caller))
         try:
             self._inject_faults(operation)
         except AwsError as error:
             return self._moto.encode_error(service, error)
-        return self._moto.handle(service, region, request)
+        return self._moto.handle(service, region, request, account=caller.account)
 
     def fail_mutations(self, kind: str, count: int, operation: str | None = None) -> None:
         """``kind`` "conflict" (409) or "drop" (no answer) for the next ``count`` mutating operations (only
@@ -448,11 +576,13 @@ def _s3_routes() -> list[tuple[int, int, str, re.Pattern[str], list[tuple[str, s
 
 
 class MotoServices:
-    """IAM, S3 and SNS answered by moto's in-process dispatcher, for one account; see the module docstring."""
+    """IAM, S3 and SNS answered by moto's in-process dispatcher, in the caller's account; see the module
+    docstring. ``account_id`` (the hub) is acquired at start; every other account on its first request."""
 
     def __init__(self, account_id: str) -> None:
         self.account_id = account_id
         self._acquired = False
+        self._accounts: set[str] = set()
         self._s3_routes: list[Any] | None = None
         self._error_codecs: dict[str, Codec] = {}
 
@@ -465,24 +595,48 @@ class MotoServices:
                 return
             # AWS managed policies (AmazonEBSCSIDriverPolicy, ...) exist in every account, as they do in AWS.
             config.default_user_config.setdefault("iam", {})["load_aws_managed_policies"] = True
-            if not _moto_users.get(self.account_id):
-                _purge_moto_account(self.account_id)
-            _moto_users[self.account_id] = _moto_users.get(self.account_id, 0) + 1
             self._stubber = BotocoreStubber()
             self._stubber.enabled = True
             self._acquired = True
+            self.use(self.account_id)
+
+    def use(self, account: str) -> None:
+        """Speak as ``account`` from now on: its IAM, S3 and SNS state starts empty for the first emulator of the
+        process that uses it, and is forgotten when the last one stops."""
+        with _moto_lock:
+            if account in self._accounts:
+                return
+            if not _moto_users.get(account):
+                _purge_moto_account(account)
+            _moto_users[account] = _moto_users.get(account, 0) + 1
+            self._accounts.add(account)
 
     def release(self) -> None:
         with _moto_lock:
             if not self._acquired:
                 return
             self._acquired = False
-            left = _moto_users.get(self.account_id, 1) - 1
-            if left <= 0:
-                _moto_users.pop(self.account_id, None)
-                _purge_moto_account(self.account_id)
-            else:
-                _moto_users[self.account_id] = left
+            for account in sorted(self._accounts):
+                left = _moto_users.get(account, 1) - 1
+                if left <= 0:
+                    _moto_users.pop(account, None)
+                    _purge_moto_account(account)
+                else:
+                    _moto_users[account] = left
+            self._accounts.clear()
+
+    def role(self, account: str, role_arn: str) -> RoleFacts | None:
+        """The role ``role_arn`` as moto's IAM of ``account`` holds it (what AssumeRole reads), or None."""
+        from moto.iam.models import iam_backends
+
+        self.use(account)
+        with _moto_lock:
+            backend = iam_backends[account]["aws"]
+            found = next((r for r in backend.roles.values() if r.arn == role_arn), None)
+            if found is None:
+                return None
+            return RoleFacts(found.arn, found.name, found.id, parse_policy(found.assume_role_policy_document),
+                             int(found.max_session_duration or 3600))
 
     def describe(self, service: str, request: WireRequest) -> tuple[str, dict[str, Any]]:
         """(operation, params) for the request log: the query form's ``Action`` and members for IAM and SNS,
@@ -521,14 +675,17 @@ class MotoServices:
             codec = self._error_codecs[service] = codec_for(service)
         return codec.encode_error(error)
 
-    def handle(self, service: str, region: str, request: WireRequest) -> WireResponse:
+    def handle(self, service: str, region: str, request: WireRequest, *, account: str | None = None) -> WireResponse:
         from botocore.awsrequest import AWSPreparedRequest
+
+        account = account or self.account_id
+        self.use(account)
 
         host = _MOTO_HOSTS[service].format(region=region)
         url = f"https://{host}{request.path}" + (f"?{request.query}" if request.query else "")
         headers = {k: v for k, v in request.headers.items() if k != "host"}
         headers["host"] = host
-        headers["x-moto-account-id"] = self.account_id
+        headers["x-moto-account-id"] = account
         prepared = AWSPreparedRequest(request.method, url, headers, request.body, stream_output=False)
         with _moto_lock:
             answer = self._stubber.process_request(prepared)

@@ -47,17 +47,25 @@ ITEMS = frozenset({"vpc-cni", "aws-ebs-csi-driver", "ebs_csi_role", "ebs_csi_pol
                    "tls_bucket"})
 
 
-def _client(service: str, endpoint_url: str, region: str) -> Any:
-    return boto3.client(service, endpoint_url=endpoint_url, region_name=region,
-                        aws_access_key_id="sandbox-admin", aws_secret_access_key="sandbox-admin")
+def _client(service: str, aws: AwsEmulator, region: str, account: str | None = None) -> Any:
+    """A boto3 client of the sandbox's administrator in ``account`` (None: the base account)."""
+    key = aws.admin_key(account)
+    return boto3.client(service, endpoint_url=aws.url, region_name=region,
+                        aws_access_key_id=key, aws_secret_access_key=key)
 
 
-def _oidc(aws: AwsEmulator, eks_name: str, region: str) -> tuple[str, str]:
+def account_of(cluster: Cluster) -> str | None:
+    """The 12-digit account a cluster is in, or None for the base identity's own (a cluster that names no account,
+    whose ``ClusterRef.account`` is ``default``)."""
+    return cluster.ref.account if cluster.account else None
+
+
+def _oidc(aws: AwsEmulator, eks_name: str, region: str, account: str | None) -> tuple[str, str]:
     """(provider ARN, issuer host/path) of an EKS cluster, from the emulator's own DescribeCluster."""
-    eks = _client("eks", aws.url, region)
+    eks = _client("eks", aws, region, account)
     issuer = eks.describe_cluster(name=eks_name)["cluster"]["identity"]["oidc"]["issuer"]
     host = issuer.removeprefix("https://")
-    return f"arn:aws:iam::{aws.account_id}:oidc-provider/{host}", host
+    return f"arn:aws:iam::{account or aws.account_id}:oidc-provider/{host}", host
 
 
 def web_identity_statement(provider_arn: str, host: str, subject: str) -> dict[str, Any]:
@@ -98,8 +106,8 @@ def operator_settings(cluster: Cluster) -> tuple[str | None, str | None]:
     return (role if isinstance(role, str) and role else None, bucket if isinstance(bucket, str) and bucket else None)
 
 
-def _eks_name(aws: AwsEmulator, cluster: str) -> str:
-    described = aws.hyperpod_cluster(cluster)
+def _eks_name(aws: AwsEmulator, cluster: str, account: str | None) -> str:
+    described = aws.hyperpod_cluster(cluster, account=account)
     if described is None:
         raise KeyError(f"no HyperPod cluster {cluster!r} in the AWS emulator; seed the fleet first")
     return str(described["Orchestrator"]["Eks"]["ClusterArn"]).rsplit("/", 1)[-1]
@@ -111,19 +119,20 @@ def seed_prerequisites(aws: AwsEmulator, clusters: Iterable[Cluster], *, omit: C
     if unknown:
         raise ValueError(f"omit names unknown items {sorted(unknown)}; known: {sorted(ITEMS)}")
     for cluster in clusters:
-        eks_name = _eks_name(aws, cluster.name)
+        account = account_of(cluster)
+        eks_name = _eks_name(aws, cluster.name, account)
         region = cluster.region
-        iam = _client("iam", aws.url, region)
-        provider, host = _oidc(aws, eks_name, region)
-        role_arn = f"arn:aws:iam::{aws.account_id}:role/{EBS_CSI_ROLE}"
+        iam = _client("iam", aws, region, account)
+        provider, host = _oidc(aws, eks_name, region, account)
+        role_arn = f"arn:aws:iam::{account or aws.account_id}:role/{EBS_CSI_ROLE}"
         if "ebs_csi_role" not in omit:
             _ensure_role(iam, EBS_CSI_ROLE, [web_identity_statement(provider, host, EBS_CSI_SERVICE_ACCOUNT)])
             if "ebs_csi_policy" not in omit:
                 iam.attach_role_policy(RoleName=EBS_CSI_ROLE, PolicyArn=EBS_CSI_POLICY_ARN)
         for addon, version, sa_role in (("vpc-cni", VPC_CNI_VERSION, None),
                                         ("aws-ebs-csi-driver", EBS_CSI_VERSION, role_arn)):
-            if addon not in omit and aws.addon_status(eks_name, addon) is None:
-                aws.add_addon(eks_name, addon, version=version, service_account_role_arn=sa_role)
+            if addon not in omit and aws.addon_status(eks_name, addon, account=account) is None:
+                aws.add_addon(eks_name, addon, version=version, service_account_role_arn=sa_role, account=account)
         execution_role, bucket = operator_settings(cluster)
         if execution_role and "execution_role" not in omit:
             operator_sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_DEPLOYMENT}"
@@ -133,4 +142,4 @@ def seed_prerequisites(aws: AwsEmulator, clusters: Iterable[Cluster], *, omit: C
                 web_identity_statement(provider, host, operator_sa),
             ])
         if bucket and "tls_bucket" not in omit:
-            _ensure_bucket(_client("s3", aws.url, region), bucket, region)
+            _ensure_bucket(_client("s3", aws, region, account), bucket, region)

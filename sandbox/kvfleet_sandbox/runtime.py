@@ -45,6 +45,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet.fleet.inventory import Cluster, Inventory
 from kvfleet_sandbox.admin import AdminServer
 from kvfleet_sandbox.aws import AwsEmulator
-from kvfleet_sandbox.aws_prereqs import seed_prerequisites
+from kvfleet_sandbox.aws_prereqs import account_of, seed_prerequisites
+from kvfleet_sandbox.aws_sts import ASSUMED_KEY_PREFIX
 from kvfleet_sandbox.controllers import CONTROLLER_MODULES, MODULE_NAMES
 from kvfleet_sandbox.fleet_reader import read_fleet
 from kvfleet_sandbox.kube import KubeApiServer, KubeStore
@@ -91,6 +93,49 @@ def eks_name_of(cluster: str) -> str:
     return f"{cluster}-eks"
 
 
+def account_key(account: str) -> str:
+    """The static access key (and secret) of an account kvfleet reaches through its own Airflow connection."""
+    return f"sandbox-{account}"
+
+
+class ClusterMap(dict[str, Any]):
+    """The sandbox's per-cluster objects (twins, servers) keyed by the cluster's key ``account/region/name``, so two
+    accounts' ``ml-prod`` coexist. Looked up by the key, or by a bare name that only one cluster has (what a
+    single-account fleet's callers write); a bare name several clusters have is a ``KeyError`` listing their keys."""
+
+    def resolve(self, text: str) -> str:
+        if dict.__contains__(self, text):
+            return text
+        found = [key for key in dict.keys(self) if key.rsplit("/", 1)[-1] == text]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise KeyError(f"{text!r} names {len(found)} clusters ({', '.join(sorted(found))}); write the "
+                           "cluster's key account/region/name")
+        raise KeyError(f"no cluster {text!r} in the sandbox; it has {', '.join(self) or 'none'}")
+
+    def __getitem__(self, text: str) -> Any:
+        return dict.__getitem__(self, self.resolve(text))
+
+    def __contains__(self, text: object) -> bool:
+        try:
+            return isinstance(text, str) and bool(self.resolve(text))
+        except KeyError:
+            return False
+
+    def get(self, text: str, default: Any = None) -> Any:
+        try:
+            return self[text]
+        except KeyError:
+            return default
+
+    def label(self, key: str) -> str:
+        """How the sandbox names a cluster in its files and answers: the bare name when no other cluster has it
+        (single-account fleets read as before), else the key."""
+        name = key.rsplit("/", 1)[-1]
+        return name if sum(k.rsplit("/", 1)[-1] == name for k in dict.keys(self)) == 1 else key
+
+
 def eks_token(region: str) -> str:
     """An EKS bearer token of the sandbox's admin (``system:masters``), valid 15 minutes like a real one: for
     tests and tools that talk to the emulator with the Python client."""
@@ -106,8 +151,8 @@ class Sandbox:
     state_dir: Path
     clock: Clock
     aws: AwsEmulator
-    twins: dict[str, ClusterTwin]
-    servers: dict[str, KubeApiServer]
+    twins: ClusterMap  # ClusterTwin by cluster key (a unique bare name finds it too)
+    servers: ClusterMap  # KubeApiServer by cluster key
     admin: AdminServer
     kubeconfig: Path
     env_file: Path
@@ -117,10 +162,9 @@ class Sandbox:
     rbac_enforced: bool = False
 
     def twin(self, cluster: str) -> ClusterTwin:
-        try:
-            return self.twins[cluster]
-        except KeyError:
-            raise KeyError(f"no cluster {cluster!r} in the sandbox; it has {', '.join(self.twins)}") from None
+        """The twin of ``cluster``: its key, or a bare name only one cluster has (ambiguous: a KeyError)."""
+        twin: ClusterTwin = self.twins[cluster]
+        return twin
 
     def exports(self) -> dict[str, str]:
         """What a process outside the sandbox needs to reach it (see the module docstring of cli.py)."""
@@ -133,6 +177,7 @@ class Sandbox:
             "AWS_SECRET_ACCESS_KEY": "sandbox",
             "AWS_DEFAULT_REGION": region,
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn, sort_keys=True),
+            **self._account_connections(region),
             "KVFLEET_SANDBOX_ADMIN": self.admin.url,
             "KVFLEET_SANDBOX_STATE": str(self.state_dir),
             "KUBECONFIG": str(self.kubeconfig),
@@ -146,6 +191,18 @@ class Sandbox:
             # The stand-in repository is plain http on 127.0.0.1: allowed explicitly, by the same rule as the
             # inventory's allow_insecure_repo (kvfleet refuses an http override without it).
             env["KVFLEET_HELM_REPO_ALLOW_INSECURE"] = "true"
+        return env
+
+    def _account_connections(self, region: str) -> dict[str, str]:
+        """``AIRFLOW_CONN_<AWS_CONN_ID>`` of each account the inventory reaches through its own connection: the
+        shape of ``AIRFLOW_CONN_AWS_DEFAULT``, with that account's static key (``account_key``)."""
+        env = {}
+        for account in self.inventory.accounts:
+            if account.aws_conn_id:
+                key = account_key(account.id)
+                conn = {"conn_type": "aws", "login": key, "password": key,
+                        "extra": {"endpoint_url": self.aws.url, "region_name": region}}
+                env[f"AIRFLOW_CONN_{account.aws_conn_id.upper()}"] = json.dumps(conn, sort_keys=True)
         return env
 
     def ports(self) -> list[int]:
@@ -162,12 +219,14 @@ class Sandbox:
     def describe(self) -> dict[str, Any]:
         """What ports.json records and ``sandbox status`` / the admin ``GET /clusters`` report."""
         clusters = {}
-        for name, twin in self.twins.items():
-            hp = self.aws.hyperpod_cluster(name) or {}
-            clusters[name] = {
+        for key, twin in self.twins.items():
+            hp = self.aws.hyperpod_cluster(twin.name, account=twin.account) or {}
+            clusters[self.twins.label(key)] = {
+                "key": key,
+                "account": twin.account or self.aws.account_id,
                 "region": twin.region,
                 "eks_name": twin.eks_name,
-                "kube_url": self.servers[name].https_url,
+                "kube_url": self.servers[key].https_url,
                 "hyperpod_arn": hp.get("ClusterArn"),
                 "instance_type": twin.gpu_instance_type,
                 "gpu_nodes": len(twin.gpu_nodes),
@@ -213,18 +272,20 @@ def start_sandbox(
     # One delay serves UpdateCluster and the add-on transitions alike; the cluster update is the one stage 1
     # waits on, so its model time is used (60 model s = 1.2 s real at the default scale).
     aws = AwsEmulator(delay_s=settings.cluster_update_delay_s, clock=clock, seed=settings.seed)
-    sandbox = Sandbox(inventory, settings, root, clock, aws, {}, {}, AdminServer(), root / "kubeconfig",
+    sandbox = Sandbox(inventory, settings, root, clock, aws, ClusterMap(), ClusterMap(), AdminServer(),
+                      root / "kubeconfig",
                       root / "env", root / "ports.json", tls=make_tls(),
                       admin_token="sandbox-admin." + uuid.uuid4().hex)
     sandbox.admin.sandbox = sandbox
     try:
         aws.start()
+        _seed_accounts(aws, inventory)
         for index, cluster in enumerate(inventory.clusters):
             _start_cluster(sandbox, cluster, index)
         # What `kvfleet preflight` checks a platform team has done (minus what the settings leave missing).
         seed_prerequisites(aws, inventory.clusters, omit=settings.omit_prerequisites)
         for cluster in inventory.clusters:  # how controllers/kyverno.py starts on each cluster
-            sandbox.twins[cluster.name].services["kyverno_install"] = \
+            sandbox.twins[cluster.key].services["kyverno_install"] = \
                 settings.kyverno if cluster.l2_injection == "kyverno" else "crds"
         for name in controllers if controllers is not None else CONTROLLER_MODULES:
             module = _controller_module(name)
@@ -254,24 +315,85 @@ def _controller_module(name: str) -> Any:
         return None
 
 
-def _authenticator(sandbox: Sandbox) -> Authenticator:
-    """Who may call the emulated clusters: kvfleet's access key with its access entry's groups (or, without
-    k8s/rbac, as an admin), the sandbox's admin; the AWS emulator is the sandbox's STS endpoint."""
-    kvfleet = UserInfo(f"arn:aws:sts::{sandbox.aws.account_id}:assumed-role/kvfleet/kvfleet", ("kvfleet",))
+def _kvfleet_access_entry(sandbox: Sandbox, account: str) -> tuple[str, tuple[str, ...]]:
+    """(role name, Kubernetes groups) of kvfleet's access entry (k8s/rbac/eks-access-entry.json; without k8s/rbac,
+    ``system:masters`` and a warning that RBAC is not enforced). Also sets ``sandbox.rbac_enforced``."""
+    role, groups = "kvfleet", ("kvfleet",)
     entry = RBAC_DIR / "eks-access-entry.json"
     if entry.is_file():
         doc = json.loads(entry.read_text())
         role = str(doc.get("principalArn", "")).rsplit("/", 1)[-1] or "kvfleet"
-        kvfleet = UserInfo(f"arn:aws:sts::{sandbox.aws.account_id}:assumed-role/{role}/kvfleet",
-                           tuple(doc.get("kubernetesGroups") or ()))
+        groups = tuple(doc.get("kubernetesGroups") or ())
     sandbox.rbac_enforced = RBAC_DIR.is_dir() and any(RBAC_DIR.glob("*.yaml"))
     if not sandbox.rbac_enforced:
         log.warning("sandbox: %s not found: kvfleet's identity is mapped to system:masters (RBAC not enforced)",
                     RBAC_DIR)
-        kvfleet = UserInfo(kvfleet.name, ("system:masters",))
-    return Authenticator(identities={KVFLEET_ACCESS_KEY: kvfleet, ADMIN_ACCESS_KEY: ADMIN},
-                         static_tokens={sandbox.admin_token: ADMIN},
-                         sts_origins={sandbox.aws.url.rstrip("/")})
+        groups = ("system:masters",)
+    return role, groups
+
+
+def _authenticator(sandbox: Sandbox, cluster: Cluster) -> Authenticator:
+    """Who may call the emulated cluster, as its EKS access entries decide: the sandbox's admin everywhere; in the
+    base account, kvfleet's base key with its access entry's groups (or, without k8s/rbac, as an admin); in another
+    account, credentials assumed into that account's declared role (the access entry is the role's: any session of
+    it, while unexpired), or that account's static key when it is reached through its own connection. Credentials
+    of another account map to no access entry: 401, as EKS answers an unmapped principal. The AWS emulator is the
+    sandbox's STS endpoint."""
+    account = account_of(cluster)
+    role, groups = _kvfleet_access_entry(sandbox, account or sandbox.aws.account_id)
+    identities = {ADMIN_ACCESS_KEY: ADMIN}
+    if account is None:
+        arn = f"arn:aws:sts::{sandbox.aws.account_id}:assumed-role/{role}/kvfleet"
+        identities[KVFLEET_ACCESS_KEY] = UserInfo(arn, groups)
+    declared = next((a for a in sandbox.inventory.accounts if a.id == account), None)
+    return Authenticator(identities=identities, static_tokens={sandbox.admin_token: ADMIN},
+                         sts_origins={sandbox.aws.url.rstrip("/")},
+                         resolve_key=_account_principals(sandbox.aws, account, declared, groups))
+
+
+def _account_principals(aws: AwsEmulator, account: str | None, declared: Any,
+                        groups: tuple[str, ...]) -> Callable[[str], UserInfo | None] | None:
+    """The EKS access entries of a cluster in ``account`` other than the base one: its declared role's sessions and
+    its static key (``account_key``), each mapped to kvfleet's groups; expired sessions map to nothing."""
+    if account is None or declared is None:
+        return None
+    role_arn, static = declared.role_arn, account_key(account) if declared.aws_conn_id else None
+
+    def resolve(access_key: str) -> UserInfo | None:
+        caller = aws.identities.resolve(access_key)
+        if caller is None or caller.account != account or caller.expired():
+            return None
+        if access_key.startswith(ASSUMED_KEY_PREFIX) and role_arn and caller.role_arn == role_arn:
+            return UserInfo(caller.arn, groups)
+        if static is not None and access_key == static:
+            return UserInfo(caller.arn, groups)
+        return None
+
+    return resolve
+
+
+def _seed_accounts(aws: AwsEmulator, inventory: Inventory) -> None:
+    """What each declared account holds before kvfleet's first run: the role kvfleet assumes (path and name from
+    ``role_arn``), trusting the hub's root for ``sts:AssumeRole`` and ``sts:TagSession`` (with ``sts:ExternalId``
+    when the account declares one) and allowing the account's ``session_duration_s``; the static key of an account
+    reached through its own connection."""
+    import boto3
+
+    for account in inventory.accounts:
+        if account.aws_conn_id:
+            aws.add_account_key(account_key(account.id), account.id)
+        if not account.role_arn:
+            continue
+        path, _, name = account.role_arn.split(":role", 1)[1].rpartition("/")
+        statement: dict[str, Any] = {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{aws.account_id}:root"},
+                                     "Action": ["sts:AssumeRole", "sts:TagSession"]}
+        if account.external_id:
+            statement["Condition"] = {"StringEquals": {"sts:ExternalId": account.external_id}}
+        key = aws.admin_key(account.id)
+        iam = boto3.client("iam", endpoint_url=aws.url, region_name="us-east-1", aws_access_key_id=key,
+                           aws_secret_access_key=key)
+        iam.create_role(RoleName=name, Path=f"{path}/", MaxSessionDuration=max(3600, account.session_duration_s),
+                        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
 
 
 def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) -> None:
@@ -318,7 +440,7 @@ def _bootstrap_policies(sandbox: Sandbox) -> None:
         return
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     for cluster in sandbox.inventory.clusters:
-        store = sandbox.twins[cluster.name].store
+        store = sandbox.twins[cluster.key].store
         if cluster.l2_injection != "kyverno" or store.get(
                 "apiextensions.k8s.io", "customresourcedefinitions", "clusterpolicies.kyverno.io") is None:
             continue
@@ -345,14 +467,16 @@ def _curvine_rbac(namespace: str) -> list[dict[str, Any]]:
 
 def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
     store = KubeStore(cluster.name)
-    server = KubeApiServer(store, "127.0.0.1", 0, tls=sandbox.tls, authenticator=_authenticator(sandbox))
+    account = account_of(cluster)
+    server = KubeApiServer(store, "127.0.0.1", 0, tls=sandbox.tls, authenticator=_authenticator(sandbox, cluster))
     if sandbox.rbac_enforced:
         _bootstrap_rbac(store, sandbox.inventory, cluster)
     server.start()
-    sandbox.servers[cluster.name] = server
+    sandbox.servers[cluster.key] = server
     aws = sandbox.aws
     eks = eks_name_of(cluster.name)
-    aws.add_eks_cluster(eks, cluster.region, server.https_url, ca_pem=sandbox.tls.ca_pem if sandbox.tls else None)
+    aws.add_eks_cluster(eks, cluster.region, server.https_url, ca_pem=sandbox.tls.ca_pem if sandbox.tls else None,
+                        account=account)
     aws.add_hyperpod_cluster(
         cluster.name,
         cluster.region,
@@ -361,12 +485,14 @@ def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
           "InstanceCount": cluster.gpu_nodes.count}],
         # An inventory that declares no NodeRecovery (None) gets what CreateCluster leaves: Automatic.
         node_recovery=cluster.node_recovery or NODE_RECOVERY_DEFAULT,
+        account=account,
     )
-    nodes = [_node(summary, cluster, i) for i, summary in enumerate(aws.hyperpod_nodes(cluster.name))]
+    nodes = [_node(summary, cluster, i) for i, summary in
+             enumerate(aws.hyperpod_nodes(cluster.name, account=account))]
     for node in nodes:
         store.create("", "nodes", node)
     _seed_eks_defaults(store, cluster, len(nodes))
-    sandbox.twins[cluster.name] = ClusterTwin(
+    sandbox.twins[cluster.key] = ClusterTwin(
         name=cluster.name,
         eks_name=eks,
         region=cluster.region,
@@ -377,6 +503,8 @@ def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
         gpu_instance_type=cluster.gpu_nodes.instance_type,
         gpu_nodes=[n["metadata"]["name"] for n in nodes],
         rng=random.Random(sandbox.settings.seed + index),
+        account=account,
+        key=cluster.key,
     )
 
 
@@ -489,11 +617,12 @@ def _workload(
 
 
 def _write_kubeconfig(sandbox: Sandbox) -> None:
-    """One context per cluster, named like the inventory cluster (kubectl --context ml-prod-use1 ...)."""
+    """One context per cluster, named like the inventory cluster (kubectl --context ml-prod-use1 ...); a name that
+    several accounts' clusters have is written as each cluster's key (--context 111111111111/us-east-1/ml-prod)."""
     clusters, users, contexts = [], [], []
     ca = base64.b64encode(sandbox.tls.ca_pem.encode()).decode() if sandbox.tls else None
-    for name in sandbox.twins:
-        server = sandbox.servers[name]
+    for key in sandbox.twins:
+        server, name = sandbox.servers[key], sandbox.twins.label(key)
         entry: dict[str, Any] = {"server": server.https_url if ca else server.url}
         if ca:
             entry["certificate-authority-data"] = ca

@@ -166,6 +166,10 @@ class ClusterTwin:
     services: dict[str, Any] = field(default_factory=dict)
     rng: random.Random = field(default_factory=lambda: random.Random(7))
     controllers: list[Controller] = field(default_factory=list)
+    # The AWS account the cluster is in (its 12-digit id); None: the emulator's base account (the hub). Controllers
+    # ask the AWS emulator about their cluster in this account: two accounts may each have a cluster of one name.
+    account: str | None = None
+    key: str = ""  # the inventory cluster's key, account/region/name (the name alone when built without one)
 
     def curvine_master_running(self) -> bool:
         curvine = self.services.get("curvine")

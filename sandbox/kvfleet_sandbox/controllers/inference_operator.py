@@ -172,14 +172,14 @@ class InferenceOperator:
         # reinstall_as() chooses the chart's.
         self.deployment_name = OPERATOR_HELM_DEPLOYMENT if os.environ.get("KVFLEET_SANDBOX_OPERATOR_INSTALL") == \
             "helm" else OPERATOR_DEPLOYMENT
-        twin.aws.on_addon_transition(self._on_addon)
+        twin.aws.on_addon_transition(self._on_addon, account=twin.account)
         self.store.add_admission(self._admit)
         self.store.subscribe(self._on_event)
         existing = [n for n in (OPERATOR_DEPLOYMENT, OPERATOR_HELM_DEPLOYMENT)
                     if self.store.get("apps", "deployments", n, OPERATOR_NAMESPACE) is not None]
         if existing:
             self.deployment_name = existing[0]
-        if twin.aws.addon_status(twin.eks_name, OPERATOR_ADDON) == "ACTIVE" or existing:
+        if twin.aws.addon_status(twin.eks_name, OPERATOR_ADDON, account=twin.account) == "ACTIVE" or existing:
             self._install()
         twin.services["operator"] = self
         self._loop.start()
@@ -227,7 +227,7 @@ class InferenceOperator:
             return None
         missing = []
         for dep in DEPENDENCIES:
-            status = self.twin.aws.addon_status(eks_name, dep)
+            status = self.twin.aws.addon_status(eks_name, dep, account=self.twin.account)
             if status != "ACTIVE":
                 missing.append(f"{dep} ({status or 'not installed'})")
         if missing:
@@ -395,7 +395,7 @@ class InferenceOperator:
     def _l1_size_gib(self) -> str:
         nodes = [n for n in self.store.list("", "nodes") if n["metadata"]["name"] in self.twin.gpu_nodes]
         memory = _gib(((nodes[0].get("status") or {}).get("capacity") or {}).get("memory")) if nodes else 64.0
-        cluster = self.twin.aws.hyperpod_cluster(self.twin.name) or {}
+        cluster = self.twin.aws.hyperpod_cluster(self.twin.name, account=self.twin.account) or {}
         tiered = cluster.get("TieredStorageConfig") or {}
         percent = tiered.get("InstanceMemoryAllocationPercentage") if tiered.get("Mode") == "Enable" else None
         size = memory * float(percent or 20) / 100

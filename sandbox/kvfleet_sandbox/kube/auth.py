@@ -10,8 +10,10 @@ presigned-URL query parameters, ``Action=GetCallerIdentity``, ``x-k8s-aws-id`` a
 ``X-Amz-Expires`` in 0..900, and ``X-Amz-Date`` at most 15 minutes old. The real verifier then calls the URL and
 maps the returned ARN through the cluster's access entries; the emulator, which checks no signature, maps the
 access key id of ``X-Amz-Credential`` instead (``Authenticator.identities``, set by the sandbox: kvfleet's
-key -> its access entry's groups). In the sandbox the STS endpoint is the AWS emulator itself
-(``AWS_ENDPOINT_URL``), so its origin is accepted next to the real STS hostnames (``sts_origins``).
+key -> its access entry's groups; ``resolve_key`` for keys issued at run time, which the sandbox answers from the
+AWS emulator's STS: the account and role behind the key, and whether it has expired). In the sandbox the STS
+endpoint is the AWS emulator itself (``AWS_ENDPOINT_URL``), so its origin is accepted next to the real STS hostnames
+(``sts_origins``).
 
 ``static_tokens`` serve the sandbox's own admin identity (kubectl users of ``sandbox up``, tests, bootstrap):
 plain bearer tokens like kube-apiserver's ``--token-auth-file``, never EKS-shaped, so they cannot be confused
@@ -35,7 +37,7 @@ import datetime as dt
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -100,6 +102,8 @@ class Authenticator:
     """Maps a request's ``Authorization`` header to a ``UserInfo``, or None (401)."""
 
     identities: dict[str, UserInfo] = field(default_factory=dict)  # AWS access key id -> user
+    # Keys not in ``identities`` (credentials issued at run time: an assumed role's): the user, or None (401).
+    resolve_key: Callable[[str], UserInfo | None] | None = None
     static_tokens: dict[str, UserInfo] = field(default_factory=dict)  # bearer token -> user
     sts_origins: set[str] = field(default_factory=set)  # extra accepted "scheme://host[:port]" of STS
 
@@ -127,9 +131,12 @@ class Authenticator:
         user = self.static_tokens.get(token)
         if user is None:
             try:
-                user = self.identities.get(self.verify_eks_token(token, now))
+                access_key = self.verify_eks_token(token, now)
             except TokenError:
                 return None
+            user = self.identities.get(access_key)
+            if user is None and self.resolve_key is not None:
+                user = self.resolve_key(access_key)
         if user is None:
             return None
         return UserInfo(user.name, tuple(dict.fromkeys((*user.groups, AUTHENTICATED))))

@@ -537,12 +537,16 @@ def test_request_log(emulator: AwsEmulator, sagemaker: Any, eks: Any, fleet: dic
     emulator.reset_request_log()
     sagemaker.describe_cluster(ClusterName=fleet["hp"])
     eks.list_addons(clusterName=fleet["eks"], maxResults=5)
-    assert emulator.request_log == [
+    assert [entry[:3] for entry in emulator.request_log] == [
         ("sagemaker", "DescribeCluster", {"ClusterName": fleet["hp"]}),
         ("eks", "ListAddons", {"clusterName": fleet["eks"], "maxResults": 5}),
     ]
-    service, operation, params = emulator.request_log[0]
+    service, operation, params = emulator.request_log[0][:3]
     assert (service, operation, params) == ("sagemaker", "DescribeCluster", {"ClusterName": fleet["hp"]})
+    # Each entry also says where and by whom: the hub's base identity, in the hub, without session tags.
+    first = emulator.request_log[0]
+    assert (first.account, first.caller_arn, first.session_tags) == (
+        ACCOUNT, f"arn:aws:iam::{ACCOUNT}:user/kvfleet-sandbox", ())
     assert emulator.operations() == ["DescribeCluster", "ListAddons"]
     assert emulator.operations("eks") == ["ListAddons"]
     # What a dry run is checked with: no call that changes anything was sent.

@@ -24,7 +24,7 @@ class AiToolkit:
     def __init__(self, twin: ClusterTwin, wake: Callable[[], None]) -> None:
         self.twin = twin
         self._wake = wake
-        twin.aws.on_tiered_storage(self.on_tiered_storage)
+        twin.aws.on_tiered_storage(self.on_tiered_storage, account=twin.account)
 
     def on_tiered_storage(self, hp_name: str, eks_name: str, cfg: dict[str, Any]) -> None:
         """HyperPod deploys (or removes) the ai-toolkit DaemonSet when tiered storage changes (stage 1)."""

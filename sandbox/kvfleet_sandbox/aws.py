@@ -12,8 +12,13 @@ One endpoint serves every service. The service and region are read from the SigV
 IAM, S3 and SNS are moto's (:class:`MotoServices`): a request whose scope names ``iam``, ``s3`` or ``sns`` is
 handed, rewritten to the service's AWS URL, to moto's own in-process dispatcher (``BotocoreStubber``, the path
 ``mock_aws`` uses), so nothing of those services is written here. moto keeps state per account in process-wide
-dictionaries: the emulator speaks as its ``account_id`` (header ``x-moto-account-id``) and clears that account's
-IAM, S3 and SNS state when the first emulator of the account in the process starts and when the last one stops.
+dictionaries: the emulator speaks as the caller's account (header ``x-moto-account-id``) and clears an account's
+IAM, S3 and SNS state when the first emulator using the account in the process starts and when the last one stops.
+
+Accounts (docs/reference/aws.md#accounts): a request is answered in the account of the principal that signed it
+(:mod:`kvfleet_sandbox.aws_sts`: the hub's base key, an account's static key, or AssumeRole's session keys), and
+SageMaker HyperPod and EKS state is kept per account, so two accounts' ``ml-prod`` coexist. The seeding and
+inspection helpers take ``account`` (None: the emulator's ``account_id``, the hub).
 Two emulators alive at once with the same account therefore share IAM/S3/SNS, as two clients of one AWS account
 do. moto's AWS managed policies (e.g. ``AmazonEBSCSIDriverPolicy``) are loaded, so attaching one works.
 What moto covers for the calls kvfleet makes: ``tests/conformance/facts/moto_coverage.yaml``.

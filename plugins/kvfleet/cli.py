@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -28,6 +28,8 @@ from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.settings import ConfigError, load_settings
 
 if TYPE_CHECKING:
+    from kvfleet.clients.identity import Identity
+    from kvfleet.fleet.inventory import Cluster, Inventory
     from kvfleet.history.repos import HistoryRepos
 
 FLEET_HELP = "the fleet inventory YAML (default: $KVFLEET_FLEET, else fleet.example.yaml)"
@@ -59,6 +61,50 @@ def _int_in(name: str, lo: int, hi: int) -> Any:
         return value
 
     return parse
+
+
+def _matching(name: str, pattern: str, what: str) -> Any:
+    import re
+
+    rule = re.compile(pattern, re.ASCII)
+
+    def parse(raw: str) -> str:
+        if not rule.fullmatch(raw):
+            raise argparse.ArgumentTypeError(f"{name} {raw[:80]!r} is not {what}")
+        return raw
+
+    return parse
+
+
+def _identity_options(parser: argparse.ArgumentParser) -> None:
+    """``--aws-conn-id`` / ``--profile``: the base identity, resolved as the DAGs resolve theirs
+    (``kvfleet.clients.identity``): each cluster's account role is assumed from it."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--aws-conn-id", type=_matching("--aws-conn-id", r"[A-Za-z0-9_.-]{1,250}",
+                                                       "an Airflow connection id (letters, digits, '_', '.', '-')"),
+                       default=None, help="the Airflow AWS connection to act as (the DAGs' aws_default, or the "
+                                          "run's aws_conn_id); default: the environment's AWS credentials")
+    group.add_argument("--profile", type=_matching("--profile", r"[\w+=,.@-]{1,64}", "an AWS profile name"),
+                       default=None, help="an AWS profile (~/.aws/config) to act as, instead of a connection")
+
+
+def _identity(args: argparse.Namespace, command: str) -> Callable[[Inventory, Cluster], Identity]:
+    """Each cluster's identity for a CLI command, from ``--aws-conn-id`` / ``--profile``: a connection that does
+    not exist is a usage error (never a silent fall back to other credentials)."""
+    from kvfleet.clients.identity import identity_for
+
+    conn_id, profile = getattr(args, "aws_conn_id", None), getattr(args, "profile", None)
+    if conn_id:
+        from airflow.sdk.bases.hook import BaseHook
+
+        try:
+            BaseHook.get_connection(conn_id)
+        except Exception as exc:  # AirflowNotFoundException, or a secrets backend that cannot answer
+            raise UsageError(f"--aws-conn-id {conn_id}: no such Airflow connection ({type(exc).__name__}); define "
+                             f"it (AIRFLOW_CONN_{conn_id.upper().replace('.', '_').replace('-', '_')}, or `airflow "
+                             "connections add`), or leave the option out to use the environment's AWS "
+                             "credentials") from None
+    return lambda inv, cl: identity_for(inv, cl, conn_id=conn_id, profile=profile, run=("kvfleet_cli", command))
 
 
 def _float_in(name: str, lo: float, hi: float) -> Any:
@@ -164,7 +210,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.diff:
         from kvfleet.stages.dry_run import print_fleet_diff
 
-        return print_fleet_diff(inv, plan)
+        return print_fleet_diff(inv, plan, identity=_identity(args, "plan"))
     if args.json:
         _json_dump(plan.as_dict())
     else:
@@ -633,7 +679,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from kvfleet.stages import preflight
 
-    return preflight.cmd_preflight(args, out=_out)
+    return preflight.cmd_preflight(args, out=_out, identity=_identity(args, "preflight"))
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -642,9 +688,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from kvfleet.stages.base import StageContext
 
     inv = load_inventory(args.fleet).select(clusters=args.cluster)
+    identity = _identity(args, "advise")
     reports = []
     for cl in inv.clusters:
-        ctx = StageContext(inventory=inv, cluster=cl, aws_conn_id=None, progress=lambda msg: None)
+        ctx = StageContext(inventory=inv, cluster=cl, aws_conn_id=None, identity=identity(inv, cl),
+                           progress=lambda msg: None)
         try:
             reports.append(advise.advise_cluster(ctx, threshold=args.threshold, retention_h=args.retention_hours))
         finally:
@@ -693,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-canary", action="store_true", help="no canary wave")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--diff", action="store_true", help="observe the live fleet and print what would change")
+    _identity_options(pl)
     pl.set_defaults(func=cmd_plan)
 
     pf = sub.add_parser("preflight", help="check each cluster's prerequisites; exit 1 listing what is missing "
@@ -701,6 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--cluster", action="append", help="restrict to a cluster (repeatable)")
     pf.add_argument("--json", action="store_true")
     pf.set_defaults(func=cmd_preflight)
+    _identity_options(pf)
 
     bs = sub.add_parser("bootstrap", help="print the kvfleet-bootstrap bundle of a cluster (the roles, namespaces "
                                           "and Curvine RBAC a cluster admin applies once, before the first rollout)")
@@ -720,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long a prefix stays useful in L2 (1–720 h, default 24)")
     ad.add_argument("--json", action="store_true")
     ad.set_defaults(func=cmd_advise)
+    _identity_options(ad)
 
     a = sub.add_parser("audit", help="query the history store")
     a.add_argument("what", choices=["runs", "rollout", "verifications", "drift", "curvine", "endpoint", "gates",

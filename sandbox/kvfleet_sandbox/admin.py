@@ -13,6 +13,8 @@ JSON API stands in for them. It is sandbox machinery only: product code never ca
   given (operations that name no cluster, e.g. STS, are always included)
   (and ``by_account``: the same operations by the account they were answered in); ``C`` is a cluster's key
   ``account/region/name`` or a bare name only one cluster has
+- ``GET /aws/calls`` → the AWS request log, oldest first: ``{"service", "operation", "account", "caller_arn",
+  "session_tags", "mutating"}`` per call
 - ``POST /reset-requests[?cluster=C]`` → clears the counters (AWS too when no cluster is given)
 - ``POST /aws/credential-lifetime`` with ``{"seconds": N | null}`` → credentials the AWS emulator's AssumeRole issues
   from now on live at most N real seconds (``AwsEmulator.credential_lifetime_s``); null lifts the cap
@@ -188,6 +190,13 @@ class AdminServer:
                 by_account.setdefault(entry.account, []).append(f"{entry.service}:{entry.operation}")
         return {"clusters": clusters, "aws": {"total": len(aws), "operations": aws, "by_account": by_account}}
 
+    def aws_calls(self) -> list[dict[str, Any]]:
+        """The AWS emulator's request log, oldest first: each call with the account it was answered in, the
+        caller's ARN and the session tags of its credentials (parameters left out)."""
+        return [{"service": e.service, "operation": e.operation, "account": e.account, "caller_arn": e.caller_arn,
+                 "session_tags": [list(t) for t in e.session_tags], "mutating": e.mutating}
+                for e in list(self._sb().aws.request_log)]
+
     def credential_lifetime(self, body: dict[str, Any]) -> dict[str, Any]:
         """``{"seconds": N}`` (1..43200) caps the lifetime of credentials the AWS emulator's AssumeRole issues from
         now on (real seconds, so a test can watch them expire); ``{"seconds": null}`` lifts the cap."""
@@ -358,6 +367,8 @@ class AdminServer:
             return self._sb().exports()
         if method == "GET" and path == "/requests":
             return self.requests(cluster)
+        if method == "GET" and path == "/aws/calls":
+            return self.aws_calls()
         if method == "POST" and path == "/reset-requests":
             return self.reset_requests(cluster)
         posted = {"/fault": self.fault, "/aws/credential-lifetime": self.credential_lifetime,

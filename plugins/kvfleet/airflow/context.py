@@ -164,6 +164,7 @@ def cluster_context(cluster: str, *, lobs: Iterable[str] | None = (), clusters: 
                     aws_conn_id: str = "aws_default") -> StageContext:
     """One cluster's stage context inside a running task: the run's identity, its pinned inventory, the history
     store, a SIGTERM handler (waits end promptly), and lease liveness from Airflow."""
+    from kvfleet.clients.identity import identity_for
     from kvfleet.clients.kube import install_sigterm_handler
     from kvfleet.history.repos import HistoryRepos
     from kvfleet.settings import load_settings
@@ -175,8 +176,10 @@ def cluster_context(cluster: str, *, lobs: Iterable[str] | None = (), clusters: 
     cl = inv.cluster(cluster)
     _label_map_index(cl.key)
     install_sigterm_handler()
+    # The session in the cluster's account is named after the run, and tagged with it and the run's LOBs there.
+    identity = identity_for(inv, cl, conn_id=aws_conn_id, run=(info.dag_id, info.run_id))
     return StageContext(inventory=inv, cluster=cl, step_key=info.step_key, actor=info.actor,
-                        dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id,
+                        dry_run=dry_run, history=HistoryRepos.on(), aws_conn_id=aws_conn_id, identity=identity,
                         holder_alive=airflow_run_alive, settings=settings)
 
 

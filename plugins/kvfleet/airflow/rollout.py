@@ -324,16 +324,20 @@ def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], stat
     trigger: Any
     if pending.check is not None:
         ctx.say(f"{pending.what}: waiting in the triggerer")
-        trigger = KubeReadyTrigger(cl.name, cl.region, account=cl.ref.account, check=pending.check,
-                                   args=dict(pending.args or {}),
-                                   aws_conn_id=ctx.aws_conn_id, poll_s=ctx.poll_s, timeout_s=pending.timeout_s,
+        trigger = KubeReadyTrigger(cl.name, cl.region, identity=_identity(ctx), check=pending.check,
+                                   args=dict(pending.args or {}), poll_s=ctx.poll_s, timeout_s=pending.timeout_s,
                                    started_at=since)
     else:
         ctx.say(f"{pending.what}: waiting for {'ACTIVE' if pending.addon else 'InService'} in the triggerer")
-        trigger = ClusterReadyTrigger(cl.name, cl.region, account=cl.ref.account, aws_conn_id=ctx.aws_conn_id,
-                                      addon=pending.addon,
+        trigger = ClusterReadyTrigger(cl.name, cl.region, identity=_identity(ctx), addon=pending.addon,
                                       poll_s=ctx.poll_s, timeout_s=pending.timeout_s, started_at=since)
     _defer(trigger, {**state, "wait": wait, "since": since})
+
+
+def _identity(ctx: StageContext) -> dict[str, Any]:
+    """The identity a trigger reaches the cluster as: the task's own (its JSON, in the trigger's kwargs)."""
+    assert ctx.identity is not None  # set by StageContext
+    return ctx.identity.as_dict()
 
 
 ADDON_MOVING = frozenset({"CREATING", "UPDATING"})
@@ -359,8 +363,8 @@ def _defer_while_addons_move(ctx: StageContext, resume: dict[str, Any], state: d
     wait = f"ready:{addon}"
     since = _waited(resume, wait)
     ctx.say(f"stage 2: EKS add-on {addon} on {eks} is {first[1]}: deferring until it is ready")
-    _defer(ClusterReadyTrigger(cl.name, cl.region, account=cl.ref.account, aws_conn_id=ctx.aws_conn_id, addon=addon,
-                               poll_s=ctx.poll_s, timeout_s=ctx.timeouts.addon_s, started_at=since),
+    _defer(ClusterReadyTrigger(cl.name, cl.region, identity=_identity(ctx), addon=addon, poll_s=ctx.poll_s,
+                               timeout_s=ctx.timeouts.addon_s, started_at=since),
            {**state, "wait": wait, "since": since})
 
 

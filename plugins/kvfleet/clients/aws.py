@@ -39,6 +39,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from kvfleet.clients.identity import Identity
+
 REUSE_S = 300.0
 MAX_CLIENTS = 32
 
@@ -51,18 +53,18 @@ def _configuring_environment() -> tuple[tuple[str, str], ...]:
                         if k == "HOME" or k.startswith(("AWS_", "AIRFLOW_CONN_", "AIRFLOW__SECRETS__"))))
 
 
-def client(service: str, region: str, aws_conn_id: str | None) -> Any:
-    """The boto3 client for ``service`` in ``region`` through the Airflow connection ``aws_conn_id`` (None: boto3's
-    own credential chain), as ``AwsBaseHook(...).conn`` builds it, reused as the module docstring says."""
-    key = (service, region, aws_conn_id, os.getpid(), _configuring_environment())
+def client(service: str, region: str, identity: Identity | str | None) -> Any:
+    """The boto3 client for ``service`` in ``region`` as ``identity`` (``kvfleet.clients.identity``; a connection id
+    or None stands for the base identity alone: that Airflow connection, or boto3's own chain), as
+    ``AwsBaseHook(...).conn`` builds it, reused as the module docstring says."""
+    who = identity if isinstance(identity, Identity) else Identity(conn_id=identity)
+    key = (service, region, who, os.getpid(), _configuring_environment())
     now = time.monotonic()
     with _lock:
         hit = _clients.get(key)
         if hit is not None and now - hit[0] < REUSE_S:
             return hit[1]
-    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-
-    built = AwsBaseHook(aws_conn_id=aws_conn_id, client_type=service, region_name=region).conn
+    built = _build(service, region, who)
     if service == "sts":
         with_eks_cluster_header(built)  # before another thread can use it (the module docstring)
     with _lock:
@@ -72,6 +74,90 @@ def client(service: str, region: str, aws_conn_id: str | None) -> Any:
             del _clients[min(_clients, key=lambda k: _clients[k][0])]
         _clients[key] = (now, built)
     return built
+
+
+def _build(service: str, region: str, who: Identity) -> Any:
+    """The base identity's client, through the AWS hook (its connection, or boto3's chain: ``profile`` when set);
+    for a role, a client whose credentials AssumeRole refreshes (``_assumed``), at the connection's endpoint."""
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    hook = AwsBaseHook(aws_conn_id=who.conn_id, client_type=service, region_name=region)
+    if who.role_arn is None and who.profile is None:
+        return hook.conn
+    import boto3
+
+    from kvfleet.clients.aws_session import share_loader
+
+    base = hook.get_session(region_name=region) if who.conn_id else share_loader(
+        boto3.session.Session(profile_name=who.profile, region_name=region))
+    endpoint = hook.conn_config.get_service_endpoint_url(service_name=service)
+    if who.role_arn is None:
+        return base.client(service, endpoint_url=endpoint, config=hook.config)
+    return _assumed(base, region, who, hook).client(service, endpoint_url=endpoint, config=hook.config)
+
+
+_assumed_lock = threading.Lock()
+_assumed_sessions: dict[tuple[Any, ...], Any] = {}
+
+
+def _assumed(base: Any, region: str, who: Identity, hook: Any) -> Any:
+    """A boto3 session whose credentials are ``who``'s role, assumed from ``base`` (a boto3 session of the base
+    identity) and assumed again by botocore before they expire (``DeferredRefreshableCredentials``: the first
+    AssumeRole happens at the first call). One per identity, region and process, so a HyperPod client's SageMaker,
+    EKS and STS clients share one session (and boto3 registers its client customizations on it once). A refused
+    AssumeRole is a PermanentError naming the role, the base identity and what the role's trust policy must
+    allow."""
+    import boto3
+    import botocore.session
+    from botocore.credentials import CredentialProvider, DeferredRefreshableCredentials
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from kvfleet.clients.aws_session import share_loader
+    from kvfleet.errors import PermanentError, TemporaryError
+
+    key = (who, region, os.getpid(), _configuring_environment())
+    with _assumed_lock:
+        if key in _assumed_sessions:
+            return _assumed_sessions[key]
+    sts = base.client("sts", endpoint_url=hook.conn_config.get_service_endpoint_url(
+        service_name="sts", sts_connection_assume=True), config=hook.config)
+
+    def refresh() -> dict[str, Any]:
+        try:
+            found = sts.assume_role(**who.assume_role_args())["Credentials"]
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            code, status = err.get("Code", "?"), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            text = (f"AssumeRole {who.role_arn} (account {who.account}, session {who.session_name}) from "
+                    f"{who.base()}: AWS {code}: {err.get('Message', exc)}")
+            if code in ("AccessDenied", "AccessDeniedException"):
+                raise PermanentError(text + "; the role's trust policy must allow the base identity sts:AssumeRole"
+                                     + (" and sts:TagSession" if who.tags else "")
+                                     + (" with the account's external id (sts:ExternalId)" if who.external_id
+                                        else "")) from None
+            if status >= 500 or code in ("Throttling", "ThrottlingException", "RequestLimitExceeded"):
+                raise TemporaryError(text, delay=15) from None
+            raise PermanentError(text) from None
+        except BotoCoreError as exc:
+            raise TemporaryError(f"AssumeRole {who.role_arn}: {exc}", delay=15) from None
+        return {"access_key": found["AccessKeyId"], "secret_key": found["SecretAccessKey"],
+                "token": found["SessionToken"], "expiry_time": found["Expiration"].isoformat()}
+
+    credentials = DeferredRefreshableCredentials(refresh_using=refresh, method="assume-role")
+
+    class Assumed(CredentialProvider):  # type: ignore[misc]
+        METHOD = CANONICAL_NAME = "kvfleet-assume-role"
+
+        def load(self) -> Any:
+            return credentials
+
+    core = botocore.session.Session()
+    core.get_component("credential_provider").insert_before("env", Assumed())
+    session = share_loader(boto3.session.Session(botocore_session=core, region_name=region))
+    with _assumed_lock:
+        while len(_assumed_sessions) >= MAX_CLIENTS:  # one per run and cluster: the oldest goes first
+            del _assumed_sessions[next(iter(_assumed_sessions))]
+        return _assumed_sessions.setdefault(key, session)
 
 
 # The EKS cluster a presigned GetCallerIdentity is being made for (``kube.eks_token``), per thread and task.
@@ -109,3 +195,5 @@ def forget() -> None:
     """Drop every reused client (the next ``client`` call builds afresh)."""
     with _lock:
         _clients.clear()
+    with _assumed_lock:
+        _assumed_sessions.clear()

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 from botocore.exceptions import ClientError
 
 from kvfleet.clients.hyperpod import classify
+from kvfleet.clients.identity import Identity
 
 # Read-only operations this module calls (for the RBAC/IAM derivation and the "changes nothing" tests).
 READ_OPS = frozenset({"GetRole", "ListAttachedRolePolicies", "GetPolicy", "GetPolicyVersion", "ListRolePolicies",
@@ -111,12 +112,12 @@ class Role:
 class AwsPrereqsClient:
     """IAM (global) and S3 for one region, read-only."""
 
-    def __init__(self, region: str, aws_conn_id: str | None = "aws_default") -> None:
+    def __init__(self, region: str, identity: Identity | str | None = "aws_default") -> None:
         from kvfleet.clients import aws
 
         self.region = region
-        self.iam = aws.client("iam", region, aws_conn_id)
-        self.s3 = aws.client("s3", region, aws_conn_id)
+        self.iam = aws.client("iam", region, identity)
+        self.s3 = aws.client("s3", region, identity)
 
     # ---- IAM ---------------------------------------------------------------------------------------------
     def get_role(self, name: str) -> Role | None:

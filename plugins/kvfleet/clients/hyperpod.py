@@ -21,8 +21,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from kvfleet.clients import aws, waiters
+from kvfleet.clients.identity import Identity
 from kvfleet.errors import ConvergenceTimeout, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
+from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,12 @@ def validate_tiered_storage(mode: str, percent: int | None) -> None:
 class HyperPodClient:
     """SageMaker (HyperPod) and EKS for one region."""
 
-    def __init__(self, region: str, aws_conn_id: str | None = "aws_default") -> None:
+    def __init__(self, region: str, identity: Identity | str | None = "aws_default") -> None:
         self.region = region
-        self.sagemaker = aws.client("sagemaker", region, aws_conn_id)
-        self.eks = aws.client("eks", region, aws_conn_id)
-        self.sts = aws.client("sts", region, aws_conn_id)
+        self.identity = identity if isinstance(identity, Identity) else Identity(conn_id=identity)
+        self.sagemaker = aws.client("sagemaker", region, self.identity)
+        self.eks = aws.client("eks", region, self.identity)
+        self.sts = aws.client("sts", region, self.identity)
 
     # ---- HyperPod -----------------------------------------------------------------------------------------
     def _describe_cluster_raw(self, name: str) -> dict[str, Any]:
@@ -258,6 +261,25 @@ class HyperPodClient:
             return dict(self.sts.get_caller_identity())
         except ClientError as exc:
             raise classify(exc, "GetCallerIdentity") from exc
+
+    def account_problem(self, name: str) -> str | None:
+        """The account guard, read-only: why acting on HyperPod cluster ``name`` as this client would reach another
+        account than the inventory's (``identity.account``; ``default``: the caller's own, whatever it is), or
+        None. Both must agree with it: GetCallerIdentity's account, and the account in the cluster's ARN. A
+        cluster that does not exist is left to the stages (they say it is not found)."""
+        caller = self.caller_identity()
+        acting, who = str(caller.get("Account", "")), str(caller.get("Arn", "?"))
+        expected = acting if self.identity.account == DEFAULT_ACCOUNT else self.identity.account
+        if acting != expected:
+            return (f"the credentials ({self.identity.describe()}) act as {who} in account {acting}, but the "
+                    f"inventory puts cluster {name} in account {expected}: fix the account's role_arn or "
+                    "aws_conn_id (or the run's aws_conn_id); nothing was changed")
+        cluster = self.describe_cluster(name)
+        owner = cluster.arn.split(":")[4] if cluster is not None and cluster.arn.count(":") >= 5 else expected
+        if owner != expected:
+            return (f"HyperPod cluster {name} ({cluster.arn if cluster else '?'}) is in account {owner}, not the "
+                    f"inventory's {expected} that the credentials act in ({who}); nothing was changed")
+        return None
 
 
 def _cluster_of(raw: Mapping[str, Any], name: str) -> HyperPodCluster:

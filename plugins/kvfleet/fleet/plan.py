@@ -197,8 +197,9 @@ class Plan:
         }
 
     def waves_of(self, cluster: str) -> tuple[Wave, ...]:
-        for c in self.clusters:
-            if c.cluster == cluster:
+        """The waves of the cluster ``cluster`` names: its key, else its name."""
+        for c in sorted(self.clusters, key=lambda c: c.key != cluster):
+            if cluster in (c.key, c.cluster):
                 return c.waves
         return ()
 

@@ -28,6 +28,7 @@ from kvfleet.settings import Settings, load_settings
 if TYPE_CHECKING:  # imported when first used (a dry run that only needs AWS never loads the Kubernetes client)
     from kvfleet.clients.helm import Helm
     from kvfleet.clients.hyperpod import HyperPodClient
+    from kvfleet.clients.identity import Identity
     from kvfleet.clients.kube import ClusterAccess
 
 log = logging.getLogger("kvfleet")
@@ -127,6 +128,9 @@ class StageContext:
     dry_run: bool = False
     history: HistoryRepos | None = None
     aws_conn_id: str | None = "aws_default"
+    # Who kvfleet acts as on the cluster (``kvfleet.clients.identity``); None: built from the inventory, the
+    # cluster and ``aws_conn_id`` (no run: the session is not named after one).
+    identity: Identity | None = None
     # Every KVFLEET_* setting, read when the context is built (``kvfleet.settings``).
     settings: Settings = field(default_factory=load_settings)
     timeouts: Timeouts = FROM_SETTINGS
@@ -142,6 +146,10 @@ class StageContext:
     memo: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.identity is None:
+            from kvfleet.clients.identity import identity_for
+
+            self.identity = identity_for(self.inventory, self.cluster, conn_id=self.aws_conn_id)
         if self.timeouts is FROM_SETTINGS:
             self.timeouts = Timeouts.from_settings(self.settings)
 
@@ -152,15 +160,25 @@ class StageContext:
 
     @cached_property
     def hyperpod(self) -> HyperPodClient:
+        """The cluster's HyperPod client, once the account guard passed (``HyperPodClient.account_problem``): every
+        change a stage makes, to AWS, Kubernetes or helm, goes through this client or the access built from it,
+        so none is made in another account. A refusal is recorded (``account_guard``) and is a PermanentError."""
         from kvfleet.clients.factory import hyperpod_for
+        from kvfleet.errors import PermanentError
 
-        return hyperpod_for(self.cluster.ref, self.aws_conn_id)
+        client = hyperpod_for(self.cluster.ref, self.identity)
+        problem = client.account_problem(self.cluster.name)
+        if problem is not None:
+            self.record("account_guard", "preflight", Status.REFUSED, reason=problem,
+                        identity=client.identity.describe())
+            raise PermanentError(f"account guard: {problem}")
+        return client
 
     @cached_property
     def kube(self) -> ClusterAccess:
         from kvfleet.clients.factory import kube_for
 
-        return kube_for(self.cluster.ref, self.aws_conn_id, hyperpod=self.hyperpod)
+        return kube_for(self.cluster.ref, self.identity, hyperpod=self.hyperpod)
 
     @cached_property
     def helm(self) -> Helm:

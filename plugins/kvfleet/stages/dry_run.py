@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvfleet.fleet.actions import EQUIVALENT_MARK, Action
 from kvfleet.fleet.inventory import Inventory
 from kvfleet.fleet.plan import Plan
 from kvfleet.stages import addons, curvine, endpoints, executor, tiered_storage
 from kvfleet.stages.base import Outcome, StageContext
+
+if TYPE_CHECKING:
+    from kvfleet.clients.identity import Identity
+    from kvfleet.fleet.inventory import Cluster
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,15 @@ def _notes_and_refusals(cluster: str, outcomes: list[Outcome]) -> tuple[list[tup
 
 
 def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str | None = None,
-                    holder: str = "dry-run") -> ClusterDiff:
+                    holder: str = "dry-run", identity: Identity | None = None) -> ClusterDiff:
     """Run every stage of one cluster in dry-run mode against the live cluster; nothing is changed. ``holder``:
-    who the operator pause would be recorded for (a rollout's dry run passes its run key)."""
-    ctx = StageContext(inventory=inv, cluster=inv.cluster(cluster), dry_run=True, aws_conn_id=aws_conn_id,
-                       progress=lambda msg: None)
+    who the operator pause would be recorded for (a rollout's dry run passes its run key); ``identity``: who to
+    act as (else the base identity ``aws_conn_id`` and the cluster's account role)."""
+    cl = inv.cluster(cluster)
+    ctx = StageContext(inventory=inv, cluster=cl, dry_run=True, aws_conn_id=aws_conn_id,
+                       identity=identity, progress=lambda msg: None)
+    # shown by its name, unless the inventory has several clusters of that name (then by its key)
+    cluster = cl.name if [c.name for c in inv.clusters].count(cl.name) == 1 else cl.key
     notes: list[tuple[str, str]] = []
     refusals: list[Refusal] = []
     try:
@@ -74,7 +83,7 @@ def observe_cluster(inv: Inventory, plan: Plan, cluster: str, aws_conn_id: str |
         if any(p.stage == addons.STAGE for p in ctx.planned):
             notes.append((cluster, "then stage 4 on every endpoint of the plan (the operator is not there yet)"))
         else:
-            for wave in plan.waves_of(cluster):
+            for wave in plan.waves_of(cl.key):
                 more_notes, more_refusals = _notes_and_refusals(
                     cluster, endpoints.reconcile_wave(ctx, list(wave.endpoints), holder=holder))
                 notes += more_notes
@@ -104,8 +113,10 @@ def _print_action(cluster: str, a: Action, out: Any) -> None:
         print(f"    {line}", file=out)
 
 
-def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
-    """Print every cluster's planned changes; 0, or 2 when the plan holds a change the rollout would refuse."""
+def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout,
+                     identity: Callable[[Inventory, Cluster], Identity] | None = None) -> int:
+    """Print every cluster's planned changes; 0, or 2 when the plan holds a change the rollout would refuse.
+    ``identity``: who to act as on each cluster (else the environment's credentials and its account's role)."""
     logging.getLogger("kvfleet").setLevel(logging.WARNING)
     total = 0
     refusals: list[Refusal] = []
@@ -113,7 +124,8 @@ def print_fleet_diff(inv: Inventory, plan: Plan, out: Any = sys.stdout) -> int:
           "make (it calls the Kubernetes and AWS APIs, not kubectl or aws; its helm commands pass a values file "
           "it writes, named here by its digest).", file=out)
     for cp in plan.clusters:
-        d = observe_cluster(inv, plan, cp.cluster)
+        cl = inv.cluster(cp.key)
+        d = observe_cluster(inv, plan, cp.key, identity=identity(inv, cl) if identity is not None else None)
         total += print_cluster_diff(d, out)
         refusals += d.refusals
     print(f"\n{total} change(s) in total; nothing was changed (dry run)", file=out)

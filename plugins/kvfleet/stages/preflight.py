@@ -40,7 +40,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import HTTPClientError
@@ -50,6 +50,10 @@ from kvfleet.clients.kube import get_or_none
 from kvfleet.errors import KvfleetError, PermanentError, TemporaryError
 from kvfleet.fleet import constants as C
 from kvfleet.stages.base import StageContext
+
+if TYPE_CHECKING:
+    from kvfleet.clients.identity import Identity
+    from kvfleet.fleet.inventory import Cluster, Inventory
 
 STAGE = "preflight"
 EBS_CSI_ADDON = "aws-ebs-csi-driver"
@@ -108,7 +112,7 @@ class _Checker:
         if "aws_prereqs" not in self.ctx.memo:
             from kvfleet.clients.aws_prereqs import AwsPrereqsClient
 
-            self.ctx.memo["aws_prereqs"] = AwsPrereqsClient(self.region, self.ctx.aws_conn_id)
+            self.ctx.memo["aws_prereqs"] = AwsPrereqsClient(self.region, self.ctx.identity)
         return self.ctx.memo["aws_prereqs"]
 
     def add(self, check: str, what: str, fix: str, severity: str = "error") -> None:
@@ -444,9 +448,11 @@ def refuse_if_missing(ctx: StageContext) -> list[Problem]:
     return problems
 
 
-def cmd_preflight(args: Any, out: Callable[[str], None] = print) -> int:
-    """``kvfleet preflight [--fleet F] [--cluster C ...] [--json]``; exit 0 ready, 1 something missing
-    (bad input: the inventory loader's own errors, exit 2 in the CLI's dispatcher)."""
+def cmd_preflight(args: Any, out: Callable[[str], None] = print,
+                  identity: Callable[[Inventory, Cluster], Identity] | None = None) -> int:
+    """``kvfleet preflight [--fleet F] [--cluster C ...] [--json] [--aws-conn-id X | --profile P]``; exit 0 ready,
+    1 something missing (bad input: the inventory loader's own errors, exit 2 in the CLI's dispatcher).
+    ``identity``: who to act as on each cluster (else ``args.aws_conn_id`` and the cluster's account role)."""
     from kvfleet.fleet.inventory import load_inventory
 
     clusters = getattr(args, "cluster", None)
@@ -456,7 +462,7 @@ def cmd_preflight(args: Any, out: Callable[[str], None] = print) -> int:
     problems: list[Problem] = []
     for cl in inv.clusters:
         ctx = StageContext(inventory=inv, cluster=cl, aws_conn_id=getattr(args, "aws_conn_id", None),
-                           progress=lambda msg: None)
+                           identity=identity(inv, cl) if identity is not None else None, progress=lambda msg: None)
         try:
             problems.extend(check(ctx))
         finally:

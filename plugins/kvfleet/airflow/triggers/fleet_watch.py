@@ -20,7 +20,11 @@ from kvfleet.airflow.triggers.events import ERROR, classpath, event
 
 if TYPE_CHECKING:
     from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
+    from kvfleet.clients.identity import Identity
     from kvfleet.fleet.inventory import Cluster
+
+# The watch belongs to no DAG run: its sessions in the clusters' accounts are named after the watch itself.
+WATCH_RUN = ("kvfleet_drift_watch", "watch")
 
 
 def inventory_path(fleet: str) -> Path:
@@ -41,6 +45,16 @@ def watched_clusters(fleet: str) -> list[Cluster]:
     from kvfleet.fleet.inventory import load_inventory
 
     return load_inventory(inventory_path(fleet)).clusters
+
+
+def watched(fleet: str, conn_id: str | None) -> list[tuple[Cluster, Identity]]:
+    """``watched_clusters``, each with the identity the watch reaches it as: its account's role assumed from the
+    base identity ``conn_id``, in a session named after the watch (it belongs to no run)."""
+    from kvfleet.clients.identity import identity_for
+    from kvfleet.fleet.inventory import load_inventory
+
+    inv = load_inventory(inventory_path(fleet))
+    return [(c, identity_for(inv, c, conn_id=conn_id, run=WATCH_RUN)) for c in inv.clusters]
 
 
 def _payloads(events: Mapping[Any, Any] | None) -> Iterator[Mapping[str, Any]]:
@@ -148,7 +162,7 @@ class FleetWatchTrigger(BaseEventTrigger):
     def _delay(self, failures: int) -> float:
         return float(min(self.RETRY_MAX_S, self.RETRY_BASE_S * 2 ** min(failures - 1, 20)))
 
-    async def _clusters(self, found: list[Cluster]) -> AsyncIterator[TriggerEvent]:
+    async def _clusters(self, found: list[tuple[Cluster, Identity]]) -> AsyncIterator[TriggerEvent]:
         """Read the inventory until it is valid, its clusters into ``found``; yield an ``error`` event for each
         new set of problems meanwhile."""
         from kvfleet.errors import InventoryError
@@ -157,7 +171,7 @@ class FleetWatchTrigger(BaseEventTrigger):
         while True:
             self.inventory_reads += 1
             try:
-                found.extend(await asyncio.to_thread(watched_clusters, self.fleet))
+                found.extend(await asyncio.to_thread(watched, self.fleet, self.aws_conn_id))
                 return
             except InventoryError as exc:
                 message = f"the drift watch cannot read the inventory {self.fleet}: {exc}"
@@ -170,13 +184,13 @@ class FleetWatchTrigger(BaseEventTrigger):
                                      self.fleet, len(exc.problems))
             await asyncio.sleep(self._delay(self.inventory_reads))
 
-    def _children(self, clusters: list[Cluster]) -> None:
+    def _children(self, clusters: list[tuple[Cluster, Identity]]) -> None:
         from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
 
         store = getattr(self, "asset_state_store", None)
-        for cluster in clusters:
-            child = KubeWatchTrigger(cluster.name, cluster.region, aws_conn_id=self.aws_conn_id,
-                                     account=cluster.ref.account, curvine_namespace=cluster.curvine.namespace,
+        for cluster, identity in clusters:
+            child = KubeWatchTrigger(cluster.name, cluster.region, identity=identity.as_dict(),
+                                     curvine_namespace=cluster.curvine.namespace,
                                      quiet_s=self.quiet_s, max_burst_s=self.max_burst_s,
                                      watch_timeout_s=self.watch_timeout_s)
             # Its state and its events name the cluster by its key: two accounts' ml-prod stay apart (a watermark
@@ -185,7 +199,7 @@ class FleetWatchTrigger(BaseEventTrigger):
             self.children.append(child)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        clusters: list[Cluster] = []
+        clusters: list[tuple[Cluster, Identity]] = []
         async for failure in self._clusters(clusters):
             yield failure
         self._children(clusters)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from kvfleet.airflow.triggers.events import CHANGED, ERROR, classpath, event
+from kvfleet.clients.identity import Identity
 from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ClusterRef
 from kvfleet.fleet.constants import IEC_GROUP, IEC_PLURAL, IEC_VERSION
 from kvfleet.fleet.watch_rules import WATCHED, Burst, Seen, Watched, judge, resync
@@ -191,13 +192,16 @@ class KubeWatchTrigger(BaseEventTrigger):
     (or from ``resource_versions`` passed in). A resumed watch compares replayed versions with a fresh list, so a
     change made while no triggerer ran still fires."""
 
-    def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
+    def __init__(self, cluster: str, region: str, *, identity: Mapping[str, Any] | None = None,
                  curvine_namespace: str = "curvine", quiet_s: float = 15.0, max_burst_s: float = 120.0,
                  watch_timeout_s: int = 300, resource_versions: Mapping[str, str] | None = None,
-                 account: str = DEFAULT_ACCOUNT) -> None:
+                 aws_conn_id: str | None = "aws_default", account: str = DEFAULT_ACCOUNT) -> None:
+        """``identity``: who the watch reaches the cluster as (``Identity.as_dict``); ``aws_conn_id`` and
+        ``account`` are read only without it (a trigger serialized before the identity was passed)."""
         super().__init__()  # type: ignore[no-untyped-call]
-        self.cluster, self.region, self.aws_conn_id = cluster, region, aws_conn_id
-        self.ref = ClusterRef(account, region, cluster)
+        self.cluster, self.region = cluster, region
+        self.identity = Identity.from_dict(identity) if identity else Identity(account=account, conn_id=aws_conn_id)
+        self.ref = ClusterRef(self.identity.account, region, cluster)
         self.curvine_namespace = curvine_namespace
         self.quiet_s, self.max_burst_s, self.watch_timeout_s = float(quiet_s), float(max_burst_s), watch_timeout_s
         self.resource_versions: dict[str, str] = dict(resource_versions or {})
@@ -205,11 +209,11 @@ class KubeWatchTrigger(BaseEventTrigger):
         self._access: Any = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
+        return classpath(self), {"cluster": self.cluster, "region": self.region, "identity": self.identity.as_dict(),
                                  "curvine_namespace": self.curvine_namespace, "quiet_s": self.quiet_s,
                                  "max_burst_s": self.max_burst_s,
                                  "watch_timeout_s": self.watch_timeout_s,
-                                 "resource_versions": dict(self.resource_versions), "account": self.ref.account}
+                                 "resource_versions": dict(self.resource_versions)}
 
     def ready(self) -> bool:
         """Every stream listed (or resumed) and watching: a change from now on is seen."""
@@ -226,7 +230,7 @@ class KubeWatchTrigger(BaseEventTrigger):
     def _connect(self) -> Any:
         from kvfleet.clients.factory import kube_for
 
-        return kube_for(self.ref, self.aws_conn_id)
+        return kube_for(self.ref, self.identity)
 
     async def _saved_versions(self) -> dict[str, str]:
         store = getattr(self, "asset_state_store", None)

@@ -17,6 +17,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from kvfleet.airflow.triggers.events import ERROR, SUCCESS, classpath, event
+from kvfleet.clients.identity import Identity
 from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT, ClusterRef
 
 
@@ -39,26 +40,30 @@ class ClusterReadyTrigger(BaseTrigger):
     failure states), and the trigger polls as the amazon provider's ``AwsBaseWaiterTrigger`` does (sleep between
     attempts, one event)."""
 
-    def __init__(self, cluster: str, region: str, *, aws_conn_id: str | None = "aws_default",
+    def __init__(self, cluster: str, region: str, *, identity: Mapping[str, Any] | None = None,
                  addon: str | None = None, poll_s: float = 10.0, timeout_s: float | None = None,
-                 started_at: float | None = None, account: str = DEFAULT_ACCOUNT) -> None:
+                 started_at: float | None = None, aws_conn_id: str | None = "aws_default",
+                 account: str = DEFAULT_ACCOUNT) -> None:
+        """``identity``: who the task reached the cluster as (``Identity.as_dict``); ``aws_conn_id`` and ``account``
+        are read only without it (a trigger a task deferred on before the identity was passed)."""
         super().__init__()  # type: ignore[no-untyped-call]
-        self.cluster, self.region, self.aws_conn_id, self.addon = cluster, region, aws_conn_id, addon
-        self.ref = ClusterRef(account, region, cluster)
+        self.cluster, self.region, self.addon = cluster, region, addon
+        self.identity = Identity.from_dict(identity) if identity else Identity(account=account, conn_id=aws_conn_id)
+        self.ref = ClusterRef(self.identity.account, region, cluster)
         self.poll_s, self.timeout_s = float(poll_s), timeout_s
         self.started_at = float(started_at) if started_at is not None else time.time()
         self._client: Any = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return classpath(self), {"cluster": self.cluster, "region": self.region, "aws_conn_id": self.aws_conn_id,
+        return classpath(self), {"cluster": self.cluster, "region": self.region, "identity": self.identity.as_dict(),
                                  "addon": self.addon, "poll_s": self.poll_s, "timeout_s": self.timeout_s,
-                                 "started_at": self.started_at, "account": self.ref.account}
+                                 "started_at": self.started_at}
 
     def _hyperpod(self) -> Any:
         if self._client is None:
             from kvfleet.clients.factory import hyperpod_for
 
-            self._client = hyperpod_for(self.ref, self.aws_conn_id)
+            self._client = hyperpod_for(self.ref, self.identity)
         return self._client
 
     def _check(self) -> tuple[str | None, str]:
@@ -115,10 +120,11 @@ class KubeReadyTrigger(ClusterReadyTrigger):
     that reports no CA, a refused request) is an ``error`` event."""
 
     def __init__(self, cluster: str, region: str, *, check: str, args: Mapping[str, Any] | None = None,
-                 aws_conn_id: str | None = "aws_default", poll_s: float = 10.0, timeout_s: float | None = None,
-                 started_at: float | None = None, account: str = DEFAULT_ACCOUNT) -> None:
-        super().__init__(cluster, region, aws_conn_id=aws_conn_id, poll_s=poll_s, timeout_s=timeout_s,
-                         started_at=started_at, account=account)
+                 identity: Mapping[str, Any] | None = None, poll_s: float = 10.0, timeout_s: float | None = None,
+                 started_at: float | None = None, aws_conn_id: str | None = "aws_default",
+                 account: str = DEFAULT_ACCOUNT) -> None:
+        super().__init__(cluster, region, identity=identity, poll_s=poll_s, timeout_s=timeout_s,
+                         started_at=started_at, aws_conn_id=aws_conn_id, account=account)
         self.check, self.args = check, dict(args or {})
         self._access: Any = None
         self._ended = False
@@ -133,7 +139,7 @@ class KubeReadyTrigger(ClusterReadyTrigger):
         from kvfleet.stages import readiness as checks
 
         if self._access is None:
-            access = kube_for(self.ref, self.aws_conn_id, hyperpod=self._hyperpod())
+            access = kube_for(self.ref, self.identity, hyperpod=self._hyperpod())
             if self._ended:  # cancelled while this thread was connecting: nobody else will close it
                 access.close()
                 return None, "cancelled"

@@ -1,0 +1,96 @@
+"""Each cluster reached with its own identity (``kvfleet.clients.identity``, ``kvfleet.clients.aws``): on the twin
+started with tests/fleets/multi-account.yaml (kvfleet_sandbox keeps its state per account), stages 1-3 converge
+both ``ml-prod`` clusters, each through its account's role assumed from the hub's base identity, with the session
+named after the run and tagged with it and the LOB; ml-eval through its account's own connection. A role the hub
+cannot assume is refused before any change, naming the role and what its trust policy must allow."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twinenv import use_twin
+
+from kvfleet.clients.identity import Identity, identity_for
+from kvfleet.errors import PermanentError
+from kvfleet.fleet.inventory import load_inventory
+from kvfleet.history.keys import StepKey
+from kvfleet.stages import addons, curvine, tiered_storage
+from kvfleet.stages.base import StageContext, Timeouts
+
+pytestmark = pytest.mark.integration
+
+FLEET = Path(__file__).resolve().parents[2] / "fleets" / "multi-account.yaml"
+HUB, RETAIL, PAYMENTS, SHARED = "123456789012", "111111111111", "222222222222", "333333333333"
+RUN = ("kvfleet_rollout", "manual__accounts")
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from kvfleet_sandbox.runtime import start_sandbox
+    from kvfleet_sandbox.twin import SandboxSettings
+
+    sandbox = start_sandbox(FLEET, tmp_path_factory.mktemp("accounts"), SandboxSettings(time_scale=0.005))
+    try:
+        yield sandbox
+    finally:
+        sandbox.stop()
+
+
+def _ctx(inv: Any, key: str, identity: Identity | None = None, **kw: Any) -> StageContext:
+    cl = inv.cluster(key)
+    return StageContext(inventory=inv, cluster=cl, aws_conn_id=None,
+                        identity=identity or identity_for(inv, cl, conn_id=None, run=RUN),
+                        timeouts=Timeouts(cluster_update_s=120, addon_s=120, pods_s=120, pvc_s=60), **kw)
+
+
+def test_each_cluster_converges_as_its_account(twin: Any, monkeypatch: pytest.MonkeyPatch, history: Any) -> None:
+    use_twin(twin, monkeypatch)
+    inv = load_inventory(FLEET)
+    history.runs.start("kvfleet_rollout/manual__accounts", dag_id=RUN[0], run_id=RUN[1], trigger="test",
+                       triggered_by=None, params={})
+    for cluster in inv.clusters:
+        ctx = _ctx(inv, cluster.key, history=history, step_key=StepKey("kvfleet_rollout/manual__accounts", "s"))
+        try:
+            assert [s.reconcile(ctx).outcome for s in (tiered_storage, addons, curvine)] == ["changed"] * 3, \
+                cluster.key
+        finally:
+            ctx.close()
+    # Every change was made in the cluster's own account, as its role, in a session named after the run and
+    # tagged with it and the cluster's LOB; none in the hub's account.
+    for account, role, lob in ((RETAIL, "kvfleet-operator", "retail"), (PAYMENTS, "kvfleet-operator", "payments")):
+        changes = twin.aws.calls(account=account, mutating=True)
+        assert changes, account
+        assert {c.caller_arn for c in changes} == {
+            f"arn:aws:sts::{account}:assumed-role/{role}/kvfleet-rollout-manual__accounts"}
+        assert {c.session_tags for c in changes} == {(("run", "kvfleet_rollout/manual__accounts"), ("lob", lob))}
+    assert {c.caller_arn.split(":")[4] for c in twin.aws.calls(account=SHARED, mutating=True)} == {SHARED}
+    assert twin.aws.calls(account=HUB, mutating=True) == []
+    hp = {k: twin.aws.hyperpod_cluster("ml-prod", account=a) for k, a in (("retail", RETAIL), ("pay", PAYMENTS))}
+    assert {k: v["TieredStorageConfig"]["Mode"] for k, v in hp.items()} == {"retail": "Enable", "pay": "Enable"}
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"external_id": "wrong"}, "with the account's external id (sts:ExternalId)"),
+    ({"role_arn": f"arn:aws:iam::{RETAIL}:role/not-trusted"}, "must allow the base identity sts:AssumeRole"),
+])
+def test_a_role_the_hub_cannot_assume_is_refused_before_any_change(
+        twin: Any, monkeypatch: pytest.MonkeyPatch, change: dict[str, str], said: str) -> None:
+    use_twin(twin, monkeypatch)
+    inv = load_inventory(FLEET)
+    key = f"{RETAIL}/us-east-1/ml-prod"
+    base = identity_for(inv, inv.cluster(key), conn_id=None, run=RUN)
+    wrong = Identity(**{**base.__dict__, **change})
+    twin.aws.reset_request_log()
+    ctx = _ctx(inv, key, wrong)
+    try:
+        with pytest.raises(PermanentError) as err:
+            tiered_storage.reconcile(ctx)
+    finally:
+        ctx.close()
+    text = str(err.value)
+    assert f"AssumeRole {wrong.role_arn} (account {RETAIL}" in text and "AWS AccessDenied" in text and said in text
+    assert [c.operation for c in twin.aws.request_log] == ["AssumeRole"]
+    assert twin.aws.calls(mutating=True) == []

@@ -36,6 +36,7 @@ import contextvars
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,11 +94,24 @@ def _build(service: str, region: str, who: Identity) -> Any:
     endpoint = hook.conn_config.get_service_endpoint_url(service_name=service)
     if who.role_arn is None:
         return base.client(service, endpoint_url=endpoint, config=hook.config)
-    return _assumed(base, region, who, hook).client(service, endpoint_url=endpoint, config=hook.config)
+    session = _assumed(base, region, who, hook)
+    built = session.client(service, endpoint_url=endpoint, config=hook.config)
+    _expiries[built] = _expiries[session]
+    return built
 
 
 _assumed_lock = threading.Lock()
 _assumed_sessions: dict[tuple[Any, ...], Any] = {}
+# The expiry of the credentials an assumed session's clients last signed with (``expires_at``).
+_expiries: weakref.WeakKeyDictionary[Any, list[float]] = weakref.WeakKeyDictionary()
+
+
+def expires_at(client: Any) -> float | None:
+    """When the credentials ``client`` last signed with expire (epoch seconds), for a client of an assumed role;
+    None for the base identity's (whose expiry botocore keeps to itself, or which never expire). An EKS token made
+    with the client is worth no more than them (``kube.ClusterAccess``)."""
+    holder = _expiries.get(client)
+    return holder[0] or None if holder is not None else None
 
 
 def _assumed(base: Any, region: str, who: Identity, hook: Any) -> Any:
@@ -121,10 +135,12 @@ def _assumed(base: Any, region: str, who: Identity, hook: Any) -> Any:
             return _assumed_sessions[key]
     sts = base.client("sts", endpoint_url=hook.conn_config.get_service_endpoint_url(
         service_name="sts", sts_connection_assume=True), config=hook.config)
+    expires = [0.0]  # when the credentials last assumed expire (epoch seconds): ``expires_at``
 
     def refresh() -> dict[str, Any]:
         try:
             found = sts.assume_role(**who.assume_role_args())["Credentials"]
+            expires[0] = found["Expiration"].timestamp()
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code, status = err.get("Code", "?"), exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -154,6 +170,7 @@ def _assumed(base: Any, region: str, who: Identity, hook: Any) -> Any:
     core = botocore.session.Session()
     core.get_component("credential_provider").insert_before("env", Assumed())
     session = share_loader(boto3.session.Session(botocore_session=core, region_name=region))
+    _expiries[session] = expires
     with _assumed_lock:
         while len(_assumed_sessions) >= MAX_CLIENTS:  # one per run and cluster: the oldest goes first
             del _assumed_sessions[next(iter(_assumed_sessions))]

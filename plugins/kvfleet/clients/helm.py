@@ -205,15 +205,18 @@ class Helm:
         return [helm_binary(), *args]
 
     def run(self, *args: str, what: str) -> str:
-        kubeconfig = self.access.write_kubeconfig(self._home)
-        argv = [helm_binary(), *args, "--kubeconfig", str(kubeconfig)]
-        log.info("$ %s", render(argv))
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=self._env(), timeout=self.timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise TemporaryError(f"{what}: helm timed out after {self.timeout_s:.0f}s") from exc
-        finally:
-            kubeconfig.unlink(missing_ok=True)
+        # The token reaches helm through a file renewed while it runs (``ClusterAccess.fresh_credential``): an
+        # upgrade that outlasts the token, or the assumed role's credentials, keeps going.
+        with self.access.fresh_credential(self._home) as credential:
+            kubeconfig = self.access.write_kubeconfig(self._home, credential_file=credential)
+            argv = [helm_binary(), *args, "--kubeconfig", str(kubeconfig)]
+            log.info("$ %s", render(argv))
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, env=self._env(), timeout=self.timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                raise TemporaryError(f"{what}: helm timed out after {self.timeout_s:.0f}s") from exc
+            finally:
+                kubeconfig.unlink(missing_ok=True)
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip()
             raise classify(err, f"{what}: {render(argv)} failed: {err}")

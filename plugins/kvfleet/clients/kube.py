@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,10 @@ from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, Tem
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 TOKEN_TTL_S = 14 * 60  # EKS tokens live 15 minutes; refresh a minute early
+# The exec credential plugin API helm and kubectl read a renewed token through (k8s.io/client-go
+# plugin/pkg/client/auth/exec; v1 asks for interactiveMode); CREDENTIAL_CHECK_S: how often it is looked at.
+EXEC_API = "client.authentication.k8s.io/v1"
+CREDENTIAL_CHECK_S = 1.0
 
 
 def eks_token(sts_client: Any, eks_cluster_name: str) -> str:
@@ -135,13 +140,16 @@ class ClusterAccess:
     (``cluster_ca``: no CA, no access)."""
 
     def __init__(self, *, eks_name: str, endpoint: str, ca_data: str | None, token_source: Callable[[], str],
-                 what: str | None = None) -> None:
+                 what: str | None = None, expiry_source: Callable[[], float | None] | None = None) -> None:
+        """``expiry_source``: when the credentials the last token was signed with expire (epoch seconds; None:
+        unknown), which bounds the token's life (``token``)."""
         pem = cluster_ca(what or f"EKS cluster {eks_name}", endpoint, ca_data)
         self.eks_name = eks_name
         self.endpoint = endpoint
         self._token_source = token_source
+        self._expiry_source = expiry_source
         self._token = ""
-        self._token_at = 0.0
+        self._token_until = 0.0  # epoch seconds
         self._lock = threading.Lock()
         fd, self._ca_file = tempfile.mkstemp(prefix="kvfleet-ca-", suffix=".pem")
         with os.fdopen(fd, "wb") as fh:
@@ -185,33 +193,100 @@ class ClusterAccess:
         return cls(eks_name=eks_name, endpoint=endpoint,
                    ca_data=(eks.get("certificateAuthority") or {}).get("data"),
                    token_source=lambda: eks_token(hyperpod.sts, eks_name),
+                   expiry_source=lambda: aws.expires_at(hyperpod.sts),
                    what=f"HyperPod cluster {cluster_name} (EKS cluster {eks_name})")
 
     def token(self) -> str:
+        """The EKS token, made again a minute before its 15 minutes are up, or before the credentials it was
+        signed with expire (an assumed role's: the last quarter of what they had left, at most a minute early)."""
+        return self.token_until()[0]
+
+    def token_until(self, ahead_s: float = 0.0) -> tuple[str, float]:
+        """(the token, until when it is used: epoch seconds); renewed already when that is less than ``ahead_s``
+        away."""
         with self._lock:
-            if not self._token or time.monotonic() - self._token_at > TOKEN_TTL_S:
+            now = time.time()
+            if not self._token or now + ahead_s >= self._token_until:
                 self._token = self._token_source()
-                self._token_at = time.monotonic()
-            return self._token
+                until = now + TOKEN_TTL_S
+                expires = self._expiry_source() if self._expiry_source is not None else None
+                if expires is not None:
+                    left = max(0.0, expires - now)
+                    until = min(until, now + left - min(60.0, left / 4))
+                self._token_until = until
+            return self._token, self._token_until
 
     def _refresh(self, cfg: k8s.Configuration) -> None:
         cfg.api_key = {"BearerToken": self.token()}
 
-    def kubeconfig(self) -> dict[str, Any]:
+    def kubeconfig(self, credential_file: str | Path | None = None) -> dict[str, Any]:
+        """The kubeconfig of this access: the current token, or with ``credential_file`` an exec credential plugin
+        that reads the token from that file (``write_credential``), so a long helm or kubectl command picks up
+        the token renewed meanwhile (client-go runs the plugin again when the credential's
+        ``expirationTimestamp`` passes, or on a 401)."""
         cluster: dict[str, Any] = {"server": self.endpoint, "certificate-authority-data": self.ca_data}
+        user: dict[str, Any] = {"token": self.token()} if credential_file is None else {"exec": {
+            "apiVersion": EXEC_API, "command": "cat", "args": [str(credential_file)], "interactiveMode": "Never"}}
         return {
             "apiVersion": "v1", "kind": "Config", "current-context": self.eks_name,
             "clusters": [{"name": self.eks_name, "cluster": cluster}],
-            "users": [{"name": "kvfleet", "user": {"token": self.token()}}],
+            "users": [{"name": "kvfleet", "user": user}],
             "contexts": [{"name": self.eks_name, "context": {"cluster": self.eks_name, "user": "kvfleet"}}],
         }
 
-    def write_kubeconfig(self, directory: str | Path | None = None) -> Path:
+    def write_kubeconfig(self, directory: str | Path | None = None,
+                         credential_file: str | Path | None = None) -> Path:
         """A private kubeconfig file (0600) for helm/kubectl; the caller deletes it."""
         fd, path = tempfile.mkstemp(prefix=f"kubeconfig-{self.eks_name}-", dir=directory)
         with os.fdopen(fd, "w") as fh:
-            yaml.safe_dump(self.kubeconfig(), fh)
+            yaml.safe_dump(self.kubeconfig(credential_file), fh)
         return Path(path)
+
+    def write_credential(self, path: str | Path) -> str:
+        """Write the current token as an ExecCredential (0600, replaced atomically) to ``path``; the token."""
+        token, until = self.token_until()
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+        body = json.dumps({"apiVersion": EXEC_API, "kind": "ExecCredential",
+                           "status": {"token": token, "expirationTimestamp": expires}})
+        fd, tmp = tempfile.mkstemp(prefix=".credential-", dir=str(Path(path).parent))
+        with os.fdopen(fd, "w") as fh:
+            fh.write(body)
+        os.replace(tmp, path)
+        return token
+
+    @contextlib.contextmanager
+    def fresh_credential(self, directory: str | Path) -> Iterator[Path]:
+        """An ExecCredential file in ``directory`` kept current while the block runs (a thread writes the renewed
+        token as soon as ``token`` renews it), removed afterwards: what ``kubeconfig(credential_file)`` reads."""
+        fd, name = tempfile.mkstemp(prefix=f"credential-{self.eks_name}-", dir=str(directory))
+        os.close(fd)
+        path = Path(name)
+        stop = threading.Event()
+        last = self.write_credential(path)
+
+        def keep() -> None:
+            # Renewed ahead of its time (a third of the token's life, at most two looks), and looked at more often
+            # as that nears, so the file never holds a token whose time has passed, however short the
+            # credentials' life.
+            nonlocal last
+            life = max(0.05, self._token_until - time.time())
+            while not stop.wait(max(0.05, min(CREDENTIAL_CHECK_S, (self._token_until - time.time()) / 3))):
+                try:
+                    token, until = self.token_until(min(2 * CREDENTIAL_CHECK_S, life / 3))
+                    if token != last:
+                        life = max(0.05, until - time.time())
+                        last = self.write_credential(path)
+                except Exception as exc:  # the command then fails on its own 401, naming it; never silently
+                    log.warning("renewing the EKS token of %s for helm failed: %s", self.eks_name, exc)
+
+        thread = threading.Thread(target=keep, name=f"kvfleet-credential-{self.eks_name}", daemon=True)
+        thread.start()
+        try:
+            yield path
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            path.unlink(missing_ok=True)
 
     # ---- pod proxy (vLLM API, Curvine master API) ---------------------------------------------------------
     def proxy_path(self, namespace: str, pod: str, port: int, path: str) -> str:

@@ -6,6 +6,7 @@ cannot assume is refused before any change, naming the role and what its trust p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,38 @@ def test_a_role_the_hub_cannot_assume_is_refused_before_any_change(
     assert f"AssumeRole {wrong.role_arn} (account {RETAIL}" in text and "AWS AccessDenied" in text and said in text
     assert [c.operation for c in twin.aws.request_log] == ["AssumeRole"]
     assert twin.aws.calls(mutating=True) == []
+
+
+def test_a_curvine_upgrade_outlasts_its_credentials(twin: Any, monkeypatch: pytest.MonkeyPatch, history: Any) -> None:
+    """Credentials that expire every 2 seconds (the twin's AssumeRole, capped): the upgrade still completes, its
+    Kubernetes calls and its helm commands on tokens renewed as the credentials were assumed again."""
+    from kvfleet.stages import curvine_upgrade as up
+
+    use_twin(twin, monkeypatch)
+    inv = load_inventory(FLEET)
+    key = f"{RETAIL}/us-east-1/ml-prod"
+    history.runs.start("kvfleet_curvine_upgrade/expiring", dag_id="kvfleet_curvine_upgrade", run_id="expiring",
+                       trigger="test", triggered_by=None, params={})
+    twin.aws.credential_lifetime_s = 2
+    twin.servers[key].latency_s = 0.05  # every Kubernetes call slower, so the upgrade outlasts its credentials
+    try:
+        twin.aws.reset_request_log()
+        ctx = _ctx(inv, key, identity=identity_for(inv, inv.cluster(key), conn_id=None,
+                                                   run=("kvfleet_curvine_upgrade", "expiring")),
+                   history=history, step_key=StepKey("kvfleet_curvine_upgrade/expiring", "upgrade"))
+        started = time.time()
+        try:
+            out = up.upgrade(ctx, up.UpgradeRequest(version="0.3.3-alpha", timeout_s=120),
+                             holder="kvfleet_curvine_upgrade/expiring")
+        finally:
+            ctx.close()
+        took = time.time() - started
+    finally:
+        twin.aws.credential_lifetime_s = None
+        twin.servers[key].latency_s = 0.0
+    assert out.outcome == "changed", out.detail
+    assert out.detail["to_revision"] == out.detail["from_revision"] + 1
+    assumed = [c for c in twin.aws.request_log if c.operation == "AssumeRole"]
+    # the precondition of the test, not a timing: the upgrade outlasted several lifetimes of its credentials
+    assert took > 2 * 2, took
+    assert len(assumed) >= 3, len(assumed)

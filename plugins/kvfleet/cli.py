@@ -82,8 +82,8 @@ def _identity_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--aws-conn-id", type=_matching("--aws-conn-id", r"[A-Za-z0-9_.-]{1,250}",
                                                        "an Airflow connection id (letters, digits, '_', '.', '-')"),
-                       default=None, help="the Airflow AWS connection to act as (the DAGs' aws_default, or the "
-                                          "run's aws_conn_id); default: the environment's AWS credentials")
+                       default=None, help="the Airflow AWS connection to act as, as a run's aws_conn_id (default: "
+                                          "aws_default, as the DAGs; without it, the environment's credentials)")
     group.add_argument("--profile", type=_matching("--profile", r"[\w+=,.@-]{1,64}", "an AWS profile name"),
                        default=None, help="an AWS profile (~/.aws/config) to act as, instead of a connection")
 
@@ -94,7 +94,19 @@ def _identity(args: argparse.Namespace, command: str) -> Callable[[Inventory, Cl
     from kvfleet.clients.identity import identity_for
 
     conn_id, profile = getattr(args, "aws_conn_id", None), getattr(args, "profile", None)
-    if conn_id:
+    if profile:
+        import boto3
+        from botocore.exceptions import ProfileNotFound
+
+        try:
+            boto3.session.Session(profile_name=profile)
+        except ProfileNotFound:
+            raise UsageError(f"--profile {profile}: no such AWS profile in the AWS config files (~/.aws/config, "
+                             "~/.aws/credentials, or AWS_CONFIG_FILE); name one of them, or use "
+                             "--aws-conn-id") from None
+    elif not conn_id:
+        conn_id = "aws_default"  # the DAGs' base identity (without that connection: the environment's credentials)
+    if conn_id and conn_id != "aws_default":
         from airflow.sdk.bases.hook import BaseHook
 
         try:
@@ -102,8 +114,8 @@ def _identity(args: argparse.Namespace, command: str) -> Callable[[Inventory, Cl
         except Exception as exc:  # AirflowNotFoundException, or a secrets backend that cannot answer
             raise UsageError(f"--aws-conn-id {conn_id}: no such Airflow connection ({type(exc).__name__}); define "
                              f"it (AIRFLOW_CONN_{conn_id.upper().replace('.', '_').replace('-', '_')}, or `airflow "
-                             "connections add`), or leave the option out to use the environment's AWS "
-                             "credentials") from None
+                             "connections add`), or leave the option out for aws_default (without it, the "
+                             "environment's AWS credentials)") from None
     return lambda inv, cl: identity_for(inv, cl, conn_id=conn_id, profile=profile, run=("kvfleet_cli", command))
 
 

@@ -34,6 +34,7 @@ import re
 import secrets
 import string
 import threading
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,8 +55,13 @@ DURATION_RANGE = (900, 43200)
 MAX_TAGS = 50
 TAG_KEY_LEN = (1, 128)
 TAG_VALUE_LEN = (0, 256)
-# \p{L}\p{Z}\p{N}_.:/=+\-@ of tagKeyType/tagValueType: letters and digits (\w less "_", added back), separators.
-TAG_TEXT = re.compile(r"[\w\s_.:/=+\-@]*")
+# \p{L}\p{Z}\p{N}_.:/=+\-@ of tagKeyType/tagValueType: Unicode letters, separators and numbers (never a control
+# character: \s would let a tab or a newline through), and six punctuation marks.
+TAG_PUNCTUATION = "_.:/=+-@"
+
+
+def tag_text_ok(text: str) -> bool:
+    return all(ch in TAG_PUNCTUATION or unicodedata.category(ch)[0] in "LZN" for ch in text)
 ACCESS_DENIED = "User: {caller} is not authorized to perform: sts:AssumeRole on resource: {role}"
 TOO_LONG = "The requested DurationSeconds exceeds the MaxSessionDuration set for this role."
 CHAINED_TOO_LONG = "The requested DurationSeconds exceeds the 1 hour session limit for roles assumed by role chaining."
@@ -222,7 +228,7 @@ def check_input(session: str, duration: int, tags: list[tuple[str, str]]) -> Non
         problems += _length_problems(key, f"tags.{index}.member.key", TAG_KEY_LEN)
         problems += _length_problems(value, f"tags.{index}.member.value", TAG_VALUE_LEN)
         for text, where in ((key, "key"), (value, "value")):
-            if not TAG_TEXT.fullmatch(text):
+            if not tag_text_ok(text):
                 problems.append(_violation(text, f"tags.{index}.member.{where}", "Member must satisfy regular "
                                            r"expression pattern: [\p{L}\p{Z}\p{N}_.:/=+\-@]*"))
     if problems:

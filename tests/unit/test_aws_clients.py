@@ -125,3 +125,18 @@ def test_a_reused_sts_client_has_the_cluster_header_hook_before_it_is_shared() -
     with aws.signing_for_eks("cluster-b"):  # not through eks_token: the hook is there already
         url = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60, HttpMethod="GET")
     assert EKS_CLUSTER_HEADER in parse_qs(urlsplit(url).query)["X-Amz-SignedHeaders"][0].split(";")
+
+
+def test_botocore_s_refresh_windows_are_the_attributes_kvfleet_scales() -> None:
+    """kvfleet.clients.aws._assumed sets RefreshableCredentials' refresh windows on a DeferredRefreshableCredentials
+    (which does not pass advisory_timeout / mandatory_timeout on): the attributes those arguments set, in the
+    botocore it was written against."""
+    import botocore
+    from botocore.credentials import DeferredRefreshableCredentials, RefreshableCredentials
+
+    assert botocore.__version__ == "1.44.8"
+    made = RefreshableCredentials("a", "b", None, None, lambda: {}, "m", advisory_timeout=11, mandatory_timeout=7)
+    assert (made._advisory_refresh_timeout, made._mandatory_refresh_timeout) == (11, 7)
+    deferred = DeferredRefreshableCredentials(refresh_using=lambda: {}, method="m")
+    deferred._advisory_refresh_timeout, deferred._mandatory_refresh_timeout = 225, 150
+    assert deferred.refresh_needed(deferred._advisory_refresh_timeout)  # no credentials yet: fetched at first use

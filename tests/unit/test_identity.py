@@ -16,7 +16,16 @@ from kvfleet.fleet.inventory import load_inventory
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "multi-account.yaml"
 # STS: RoleSessionName 2..64 of [\w+=,.@-]; a tag value 0..256 of [\p{L}\p{Z}\p{N}_.:/=+\-@] (botocore's sts model).
 SESSION_NAME = re.compile(r"[\w+=,.@-]{2,64}", re.ASCII)
-TAG_VALUE = re.compile(r"[\w\s.:/=+\-@]{0,256}")
+
+
+def _sts_tag_value(value: str) -> bool:
+    """STS's tagValueType: 0..256 of [\\p{L}\\p{Z}\\p{N}_.:/=+\\-@] (written apart from kvfleet's own check)."""
+    import unicodedata
+
+    return len(value) <= 256 and all(c in "_.:/=+-@" or unicodedata.category(c) in {
+        "Lu", "Ll", "Lt", "Lm", "Lo", "Zs", "Zl", "Zp", "Nd", "Nl", "No"} for c in value)
+
+
 RUN = ("kvfleet_rollout", "manual__2026-12-07T13:50:25.123456+00:00")
 
 
@@ -51,6 +60,8 @@ def test_a_fleet_without_accounts_acts_as_the_base_identity(example_fleet: Path)
 
 @pytest.mark.parametrize("dag,run", [
     ("kvfleet_rollout", "manual__2026-12-07T13:50:25+00:00"),
+    ("kvfleet_rollout", "manual__nightly\n"),  # Airflow's run id pattern ends in $, which a final newline passes
+    ("a", ""),
     ("kvfleet_drift_check", "scheduled__" + "x" * 200),
     ("d", "a b/c:d*e?f\u00e9"),
     ("kvfleet_curvine_upgrade", "🚀" * 80),
@@ -64,9 +75,10 @@ def test_a_session_name_keeps_to_sts_rules_and_never_collides_when_cut(dag: str,
 
 
 def test_a_tag_value_keeps_to_sts_rules() -> None:
-    for text in ("kvfleet_rollout/manual__2026-12-07T13:50:25+00:00", "a*b?c#d", "é" * 300, "x" * 1000):
+    for text in ("kvfleet_rollout/manual__2026-12-07T13:50:25+00:00", "a*b?c#d", "é" * 300, "x" * 1000,
+                 "manual__nightly\n", "manual__a\tb", "x\x1cy", "a\u2028b"):
         value = tag_value(text)
-        assert TAG_VALUE.fullmatch(value), value
+        assert _sts_tag_value(value), value
     assert tag_value("retail+payments") == "retail+payments"
     assert tag_value("x" * 1000) != tag_value("x" * 999)
 
@@ -101,3 +113,52 @@ def test_the_cli_refuses_an_identity_it_cannot_use_before_any_call(
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and said in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", [["preflight"], ["plan", "--diff"], ["advise"]])
+def test_a_profile_that_does_not_exist_is_a_usage_error(command: list[str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for --aws-conn-id (exit 2, naming it, before any call): --profile naming no profile."""
+    from kvfleet import cli
+
+    (tmp_path / "config").write_text("[profile ops]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    try:
+        code = cli.main([*command, "--profile", "nosuch", "--fleet", str(FLEET)])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--profile nosuch: no such AWS profile" in err, (code, err)
+
+
+def test_the_cli_without_options_acts_as_the_dags_base_identity() -> None:
+    """One resolution: without --aws-conn-id or --profile the CLI's base identity is the DAGs' (aws_default), so a
+    `plan --diff` observes as the identity the rollout applies with."""
+    import argparse
+
+    from kvfleet import cli
+
+    inv = load_inventory(FLEET)
+    for cluster in inv.clusters:
+        mine = cli._identity(argparse.Namespace(aws_conn_id=None, profile=None), "plan")(inv, cluster)
+        dags = identity_for(inv, cluster, run=("kvfleet_cli", "plan"))
+        assert mine == dags
+
+
+def test_a_trigger_deferred_before_the_identity_was_passed_resumes_as_its_connection() -> None:
+    """Trigger kwargs written before the identity travelled (aws_conn_id + account) still name who to act as, and
+    survive another serialisation; the identity round-trips as JSON."""
+    from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
+    from kvfleet.airflow.triggers.readiness import KubeReadyTrigger
+
+    who = Identity(account="111111111111", conn_id=None, role_arn="arn:aws:iam::111111111111:role/r",
+                   tags=(("run", "a/b"),))
+    assert Identity.from_dict(who.as_dict()) == who
+    old = KubeReadyTrigger("ml-prod", "us-east-1", check="pods", aws_conn_id="aws_retail", account="111111111111")
+    assert old.identity == Identity(account="111111111111", conn_id="aws_retail")
+    assert KubeReadyTrigger(**old.serialize()[1]).identity == old.identity
+    watch = KubeWatchTrigger("ml-prod", "us-east-1", aws_conn_id=None, account="111111111111")
+    assert KubeWatchTrigger(**watch.serialize()[1]).identity == watch.identity

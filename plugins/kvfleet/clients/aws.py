@@ -43,6 +43,7 @@ from typing import Any
 from kvfleet.clients.identity import Identity
 
 REUSE_S = 300.0
+BASE_CONN_ID = "aws_default"  # the base identity's connection; missing, the environment's credentials stand in
 MAX_CLIENTS = 32
 
 _lock = threading.Lock()
@@ -82,6 +83,8 @@ def _build(service: str, region: str, who: Identity) -> Any:
     for a role, a client whose credentials AssumeRole refreshes (``_assumed``), at the connection's endpoint."""
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
+    if who.conn_id and who.conn_id != BASE_CONN_ID:
+        _require_connection(who)
     hook = AwsBaseHook(aws_conn_id=who.conn_id, client_type=service, region_name=region)
     if who.role_arn is None and who.profile is None:
         return hook.conn
@@ -98,6 +101,23 @@ def _build(service: str, region: str, who: Identity) -> Any:
     built = session.client(service, endpoint_url=endpoint, config=hook.config)
     _expiries[built] = _expiries[session]
     return built
+
+
+def _require_connection(who: Identity) -> None:
+    """A connection named for an account or a run must exist: the AWS hook would fall back to the environment's
+    credentials without it (only ``aws_default`` may be missing: then the environment's credentials are the base
+    identity, as the Amazon provider documents)."""
+    from airflow.sdk.bases.hook import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from kvfleet.errors import PermanentError
+
+    try:
+        BaseHook.get_connection(str(who.conn_id))
+    except AirflowNotFoundException:
+        raise PermanentError(f"the Airflow connection {who.conn_id} (account {who.account}) does not exist: define "
+                             "it, or fix the inventory's accounts[].aws_conn_id or the run's aws_conn_id; nothing "
+                             "was called with other credentials") from None
 
 
 _assumed_lock = threading.Lock()
@@ -160,6 +180,13 @@ def _assumed(base: Any, region: str, who: Identity, hook: Any) -> Any:
                 "token": found["SessionToken"], "expiry_time": found["Expiration"].isoformat()}
 
     credentials = DeferredRefreshableCredentials(refresh_using=refresh, method="assume-role")
+    # botocore assumes again 15 minutes before the credentials expire and insists at 10: for a 900 s session that
+    # is before every call. Scaled to the session's length instead (a quarter and a sixth of it, never later than
+    # botocore's own). RefreshableCredentials takes them as its advisory_timeout / mandatory_timeout arguments;
+    # DeferredRefreshableCredentials does not pass them on, so they are set as the attributes those arguments set
+    # (botocore 1.44.8, botocore/credentials.py; tests/unit/test_aws_clients.py pins both names).
+    credentials._advisory_refresh_timeout = min(15 * 60, who.duration_s // 4)
+    credentials._mandatory_refresh_timeout = min(10 * 60, who.duration_s // 6)
 
     class Assumed(CredentialProvider):  # type: ignore[misc]
         METHOD = CANONICAL_NAME = "kvfleet-assume-role"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -33,7 +34,13 @@ if TYPE_CHECKING:
 SESSION_NAME_MAX: Final = 64
 _SESSION_NAME_BAD = re.compile(r"[^\w+=,.@-]", re.ASCII)
 TAG_VALUE_MAX: Final = 256
-_TAG_VALUE_BAD = re.compile(r"[^\w\s.:/=+\-@]")  # \w and \s: letters, digits, '_' and separators (Unicode)
+TAG_PUNCTUATION: Final = "_.:/=+-@"
+
+
+def tag_char(ch: str) -> bool:
+    r"""Whether STS takes ``ch`` in a tag: ``\p{L}\p{Z}\p{N}`` (a letter, a separator, a number: never a control
+    character such as a tab or a newline) or one of ``_.:/=+-@``."""
+    return ch in TAG_PUNCTUATION or unicodedata.category(ch)[0] in "LZN"
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def session_name(dag_id: str, run_id: str) -> str:
 
 def tag_value(text: str) -> str:
     """``text`` as a session tag's value (the module docstring)."""
-    value = _TAG_VALUE_BAD.sub("_", text)
+    value = "".join(ch if tag_char(ch) else "_" for ch in text)
     if len(value) > TAG_VALUE_MAX:
         digest = hashlib.sha256(text.encode()).hexdigest()[:10]
         value = f"{value[:TAG_VALUE_MAX - len(digest) - 1]}-{digest}"

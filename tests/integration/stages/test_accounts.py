@@ -130,3 +130,69 @@ def test_a_curvine_upgrade_outlasts_its_credentials(twin: Any, monkeypatch: pyte
     # the precondition of the test, not a timing: the upgrade outlasted several lifetimes of its credentials
     assert took > 2 * 2, took
     assert len(assumed) >= 3, len(assumed)
+
+
+def test_a_900s_session_is_assumed_once_not_before_every_call(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shortest session STS allows is reused until near its end (botocore's own refresh windows, 15 and 10
+    minutes, would assume it again before every call)."""
+    from kvfleet.clients import aws
+    from kvfleet.clients.factory import hyperpod_for
+
+    use_twin(twin, monkeypatch)
+    aws.forget()
+    inv = load_inventory(FLEET)
+    cl = inv.cluster(f"{RETAIL}/us-east-1/ml-prod")
+    who = Identity(**{**identity_for(inv, cl, conn_id=None, run=RUN).__dict__, "duration_s": 900})
+    twin.aws.reset_request_log()
+    hp = hyperpod_for(cl.ref, who)
+    for _ in range(5):
+        assert hp.describe_cluster("ml-prod") is not None
+    ops = [c.operation for c in twin.aws.request_log]
+    assert ops.count("AssumeRole") == 1 and ops.count("DescribeCluster") == 5, ops
+
+
+def test_an_old_trigger_resumes_in_its_account(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trigger kwargs serialized before the identity travelled (aws_conn_id + account) act as that connection."""
+    from kvfleet.airflow.triggers.readiness import ClusterReadyTrigger
+
+    use_twin(twin, monkeypatch)
+    old = {"cluster": "ml-eval", "region": "us-west-2", "aws_conn_id": "aws_shared_services", "addon": None,
+           "poll_s": 0.1, "timeout_s": 30.0, "started_at": time.time(), "account": SHARED}
+    trigger = ClusterReadyTrigger(**old)
+    assert trigger.identity == Identity(account=SHARED, conn_id="aws_shared_services")
+    assert trigger._hyperpod().caller_identity()["Account"] == SHARED
+
+
+def test_the_dry_run_is_guarded_too(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan --diff`'s path: a role of another account than the cluster's is refused by the guard."""
+    use_twin(twin, monkeypatch)
+    inv = load_inventory(FLEET)
+    cl = inv.cluster(f"{RETAIL}/us-east-1/ml-prod")
+    good = identity_for(inv, cl, conn_id=None, run=RUN)
+    pay = identity_for(inv, inv.cluster(f"{PAYMENTS}/us-east-1/ml-prod"), conn_id=None, run=RUN)
+    wrong = Identity(**{**good.__dict__, "role_arn": pay.role_arn, "external_id": None, "duration_s": 1800})
+    twin.aws.reset_request_log()
+    ctx = StageContext(inventory=inv, cluster=cl, aws_conn_id=None, identity=wrong, dry_run=True)
+    try:
+        with pytest.raises(PermanentError, match=f"in account {PAYMENTS}, but the inventory puts cluster ml-prod in "
+                                                 f"account {RETAIL}"):
+            tiered_storage.reconcile(ctx)
+    finally:
+        ctx.close()
+    assert twin.aws.calls(mutating=True) == []
+
+
+def test_an_account_connection_that_does_not_exist_is_refused(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The account's own aws_conn_id, undefined: refused naming it, never a fall back to the hub's credentials."""
+    use_twin(twin, monkeypatch)
+    monkeypatch.delenv("AIRFLOW_CONN_AWS_SHARED_SERVICES")
+    inv = load_inventory(FLEET)
+    twin.aws.reset_request_log()
+    ctx = _ctx(inv, f"{SHARED}/us-west-2/ml-eval")
+    try:
+        with pytest.raises(PermanentError, match="the Airflow connection aws_shared_services .account 333333333333. "
+                                                 "does not exist"):
+            tiered_storage.reconcile(ctx)
+    finally:
+        ctx.close()
+    assert twin.aws.request_log == []

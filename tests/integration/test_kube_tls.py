@@ -91,3 +91,89 @@ def test_the_clusters_ca_verifies_the_server_and_another_ca_is_a_permanent_error
             call(stranger.core.list_namespace, what="list namespaces", _request_timeout=10)
     finally:
         stranger.close()
+
+
+class _ConnectProxy:
+    """An HTTP CONNECT proxy on 127.0.0.1 that counts the tunnels it opens and relays their bytes."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.tunnels: list[str] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import threading
+
+        self._sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
+
+    def _tunnel(self, conn: Any) -> None:
+        import select
+        import socket
+
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(4096)
+            if not chunk:
+                conn.close()
+                return
+            head += chunk
+        target = head.split(b" ")[1].decode()
+        self.tunnels.append(target)
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        pair = {conn: upstream, upstream: conn}
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select(list(pair), [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    pair[s].sendall(data)
+        finally:
+            conn.close()
+            upstream.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("no_proxy", [None, "127.0.0.1"])
+def test_the_kubernetes_client_takes_the_proxy_helm_and_kubectl_take(
+        served: tuple[KubeApiServer, Any], monkeypatch: pytest.MonkeyPatch, no_proxy: str | None) -> None:
+    """HTTPS_PROXY for an https API server, NO_PROXY honoured, HTTP_PROXY not used (Go's ProxyFromEnvironment,
+    which helm and kubectl follow); the Kubernetes Python client on its own would take HTTP_PROXY."""
+    server, material = served
+    proxy = _ConnectProxy()
+    try:
+        for name in ("https_proxy", "http_proxy", "no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens: taking it would fail the call
+        if no_proxy:
+            monkeypatch.setenv("NO_PROXY", no_proxy)
+        access = ClusterAccess(eks_name="eks-prod", endpoint=server.https_url, ca_data=_b64(material.ca_pem),
+                               token_source=lambda: TOKEN)
+        try:
+            call(access.core.list_namespace, what="list namespaces")
+        finally:
+            access.close()
+        port = server.https_url.rsplit(":", 1)[1]
+        assert proxy.tunnels == ([] if no_proxy else [f"127.0.0.1:{port}"])
+    finally:
+        proxy.stop()

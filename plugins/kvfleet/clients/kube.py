@@ -135,6 +135,17 @@ def cluster_ca(what: str, endpoint: str, ca_data: str | None) -> bytes:
     return pem
 
 
+def https_proxy() -> tuple[str | None, str | None]:
+    """(the proxy, the hosts that bypass it) for an https API server, as helm and kubectl choose them (Go's
+    ``net/http.ProxyFromEnvironment``, golang.org/x/net/http/httpproxy ``FromEnvironment``: ``HTTPS_PROXY`` then
+    ``https_proxy``, ``NO_PROXY`` then ``no_proxy``; ``HTTP_PROXY`` is for http:// URLs only). The Kubernetes
+    Python client's own reading of the environment lets ``HTTP_PROXY`` and the lowercase names win (kubernetes
+    36.0.3, ``client/configuration.py``), so kvfleet sets both explicitly: the three agree."""
+    env = os.environ
+    return (env.get("HTTPS_PROXY") or env.get("https_proxy") or None,
+            env.get("NO_PROXY") or env.get("no_proxy") or None)
+
+
 class ClusterAccess:
     """Clients for one EKS cluster, with a self-refreshing EKS token, over TLS verified with the cluster's CA
     (``cluster_ca``: no CA, no access)."""
@@ -159,6 +170,7 @@ class ClusterAccess:
         cfg.host = endpoint
         cfg.verify_ssl = True
         cfg.ssl_ca_cert = self._ca_file
+        cfg.proxy, cfg.no_proxy = https_proxy()
         # kubernetes 36 reads the key and its prefix under "BearerToken" (the old "authorization" key loses
         # its prefix there).
         try:

@@ -196,3 +196,31 @@ def test_an_account_connection_that_does_not_exist_is_refused(twin: Any, monkeyp
     finally:
         ctx.close()
     assert twin.aws.request_log == []
+
+
+def test_the_drift_watch_reaches_each_cluster_as_its_account(twin: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drift watch belongs to no run: each of its per-cluster watches reaches its cluster's Kubernetes API as
+    the account's role (or the account's own connection), in a session named after the watch."""
+    from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger, watched
+    from kvfleet.clients.factory import kube_for
+    from kvfleet.clients.kube import call
+
+    use_twin(twin, monkeypatch)
+    found = watched(str(FLEET), "aws_default")
+    trigger = FleetWatchTrigger(str(FLEET), aws_conn_id="aws_default")
+    trigger._children(found)
+    assert [(c.ref.key, c.identity.role_arn or c.identity.conn_id) for c in trigger.children] == [
+        (f"{RETAIL}/us-east-1/ml-prod", f"arn:aws:iam::{RETAIL}:role/kvfleet-operator"),
+        (f"{PAYMENTS}/us-east-1/ml-prod", f"arn:aws:iam::{PAYMENTS}:role/platform/kvfleet-operator"),
+        (f"{SHARED}/us-west-2/ml-eval", "aws_shared_services")]
+    twin.aws.reset_request_log()
+    for child in trigger.children:
+        access = kube_for(child.ref, child.identity)
+        try:
+            assert call(access.core.read_namespace, "kube-system", what="read kube-system").metadata.name
+        finally:
+            access.close()
+    callers = {(c.account, c.caller_arn.split(":")[4], c.caller_arn.split(":", 5)[5])
+               for c in twin.aws.request_log if c.operation == "DescribeCluster"}
+    assert {(a, owner) for a, owner, _ in callers} == {(RETAIL, RETAIL), (PAYMENTS, PAYMENTS), (SHARED, SHARED)}
+    assert {who for a, _, who in callers if a != SHARED} == {"assumed-role/kvfleet-operator/kvfleet-drift_watch-watch"}

@@ -32,6 +32,7 @@ from typing import Any
 from kvfleet.fleet import models
 from kvfleet.fleet.cluster_ref import DEFAULT_ACCOUNT
 from kvfleet.fleet.inventory import Cluster, Endpoint, Inventory, gpu_demand, model_fit
+from kvfleet.fleet.inventory.policy import Policy
 
 CLUSTER_STAGES = ("tiered_storage", "operator_addons", "curvine")
 
@@ -187,6 +188,8 @@ class Plan:
     wave_size: int
     canary: bool
     clusters: tuple[ClusterPlan, ...]
+    # The policy of each LOB in scope that sets one (``lobs[].policy``): the least a run may ask for.
+    policy: tuple[tuple[str, Policy], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +197,7 @@ class Plan:
             "wave_size": self.wave_size,
             "canary": self.canary,
             "clusters": [c.as_dict() for c in self.clusters],
+            "policy": {lob: p.model_dump() for lob, p in self.policy},
         }
 
     def waves_of(self, cluster: str) -> tuple[Wave, ...]:
@@ -255,11 +259,18 @@ def make_plan(inventory: Inventory, *, wave_size: int | None = None, canary: boo
             curvine_workers_reason=_workers_reason(cluster),
             curvine_capacity=cluster.curvine.worker.capacity(cluster.curvine_workers), key=cluster.key,
         ))
-    return Plan(inventory.source, size, canary, tuple(clusters))
+    return Plan(inventory.source, size, canary, tuple(clusters), policy_in_scope(inventory))
+
+
+def policy_in_scope(inventory: Inventory) -> tuple[tuple[str, Policy], ...]:
+    """The LOBs with endpoints in ``inventory`` (a run's scope) that set a policy, and theirs."""
+    touched = {e.lob for e in inventory.endpoints}
+    return tuple((x.name, x.policy) for x in inventory.lobs if x.name in touched and x.policy != Policy())
 
 
 def render_plan_text(plan: Plan) -> str:
     lines = [f"rollout plan for {plan.source} (wave size {plan.wave_size}, canary {'on' if plan.canary else 'off'})"]
+    lines += [f"policy of lob {lob}: {p.shown()}" for lob, p in plan.policy]
     for c in plan.clusters:
         lines.append(f"cluster {c.cluster}" + ("" if c.key.startswith(f"{DEFAULT_ACCOUNT}/") else f" ({c.key})"))
         lines.append(f"  L2 injection: {c.l2_injection} — {c.l2_injection_reason}")

@@ -78,6 +78,7 @@ from kvfleet.fleet.inventory.fields import (
     _webhook,
 )
 from kvfleet.fleet.inventory.messages import Found, again, left_out
+from kvfleet.fleet.inventory.policy import Policy
 from kvfleet.fleet.inventory.rules import Parts, cross_checks
 from kvfleet.fleet.inventory.vocabulary import (
     DEFAULT_IMAGE,
@@ -134,6 +135,8 @@ class Lob(_Model):
     remediate_drift: Bool = _described("Drift on this LOB's endpoints is fixed automatically.", default=False)
     notify: Notify = _described("Where this LOB's notifications also go (both keys optional).",
                                 default_factory=Notify)
+    policy: Policy = _described("The least a rollout of this LOB may ask for (a run may ask for more).",
+                                default_factory=Policy)
 
 
 class Settings(_Model):

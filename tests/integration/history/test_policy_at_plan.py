@@ -1,0 +1,68 @@
+"""A rollout that asks for less than its LOBs' policy (``lobs[].policy``) is refused by its plan task, before any
+cluster task runs, naming the policy's key and file; the same conf on a LOB whose policy allows it is planned, and
+so is a dry run. The run's pinned inventory holds the policy it was held to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from kvfleet.history.repos import HistoryRepos
+
+pytestmark = pytest.mark.integration
+FLEETS = Path(__file__).resolve().parents[2] / "fleets"
+
+
+def _plan(run_id: str, params: dict[str, Any]) -> list[str]:
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from kvfleet.airflow import rollout
+
+    dag_run = SimpleNamespace(dag_id="kvfleet_rollout", run_id=run_id, run_type="manual", triggering_user_name="ann")
+    with set_current_context({"dag_run": dag_run, "ti": SimpleNamespace(task_id="plan", map_index=-1)}):  # type: ignore[typeddict-item]
+        return rollout.plan_rollout(params)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    doc = yaml.safe_load((FLEETS / "multi-account.yaml").read_text())
+    for lob in doc["lobs"]:
+        if lob["name"] == "retail":  # production: verified waves, and a human after the canary
+            lob["policy"] = {"gate": "verify", "approval": "after_canary"}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KVFLEET_FLEET_PATHS", str(tmp_path))
+    return path
+
+
+@pytest.mark.parametrize("conf,said", [
+    ({"gate": "none", "approval": "after_canary"}, "lobs.retail.policy.gate is verify, and the run asks for gate none"),
+    ({"approval": "none"}, "lobs.retail.policy.approval is after_canary, and the run asks for approval none"),
+])
+def test_a_run_below_the_policy_is_refused_at_plan(history: HistoryRepos, fleet: Path, conf: dict[str, Any],
+                                                   said: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException) as err:
+        _plan("manual__low", {"fleet": str(fleet), **conf})
+    assert said in str(err.value) and f"{fleet.name}: " in str(err.value) and "nothing was changed" in str(err.value)
+    [step] = [s for s in history.runs.steps("kvfleet_rollout/manual__low") if s["step"] == "policy"]
+    assert step["outcome"] == "refused" and said in " ".join(step["detail"]["refused"])
+    assert step["detail"]["policy"] == {"retail": {"gate": "verify", "approval": "after_canary"}}
+    assert history.runs.pinned("kvfleet_rollout/manual__low") is not None  # the inventory it was held to
+
+
+def test_the_same_conf_on_a_lob_whose_policy_allows_it_is_planned(history: HistoryRepos, fleet: Path) -> None:
+    keys = _plan("manual__payments", {"fleet": str(fleet), "lobs": ["payments"], "gate": "none", "approval": "none"})
+    assert keys == ["222222222222/us-east-1/ml-prod"]
+
+
+def test_a_dry_run_below_the_policy_is_planned(history: HistoryRepos, fleet: Path) -> None:
+    keys = _plan("manual__dry", {"fleet": str(fleet), "gate": "none", "dry_run": True})
+    assert len(keys) == 3
+    plan = history.runs.get("kvfleet_rollout/manual__dry")["plan"]
+    assert plan["policy"] == {"retail": {"gate": "verify", "approval": "after_canary"}}

@@ -14,7 +14,7 @@ import yaml
 from kvfleet import cli
 from kvfleet.errors import InventoryError
 from kvfleet.fleet.inventory import parse_inventory
-from kvfleet.fleet.inventory.policy import APPROVALS, GATES, below
+from kvfleet.fleet.inventory.policy import APPROVALS, CURVINE_APPROVALS, GATES, below
 from kvfleet.fleet.plan import make_plan, render_plan_text
 
 FLEET = Path(__file__).resolve().parents[1] / "fleets" / "multi-account.yaml"
@@ -32,8 +32,8 @@ def test_the_plan_shows_the_policy_of_the_lobs_in_scope() -> None:
     inv = parse_inventory(yaml.safe_dump(_doc(retail={"gate": "verify", "approval": "after_canary"},
                                               platform={"approval": "every_wave"})))
     plan = make_plan(inv)
-    assert plan.as_dict()["policy"] == {"retail": {"gate": "verify", "approval": "after_canary"},
-                                        "platform": {"gate": "none", "approval": "every_wave"}}
+    assert plan.as_dict()["policy"] == {"retail": {"gate": "verify", "approval": "after_canary", "curvine_approval": "never"},
+                                        "platform": {"gate": "none", "approval": "every_wave", "curvine_approval": "never"}}
     text = render_plan_text(plan)
     assert "policy of lob retail: gate verify or stronger, approval after_canary or more" in text
     assert "policy of lob payments" not in text  # it sets none
@@ -58,11 +58,22 @@ def test_a_run_asking_for_less_than_the_policy_is_told_what_and_where(gate: str,
 
 
 def test_every_value_a_run_may_ask_for_is_ordered() -> None:
-    from kvfleet.airflow.params import rollout_params
+    from kvfleet.airflow.params import curvine_upgrade_params, rollout_params
 
     params = rollout_params()
     assert set(params["gate"].schema["enum"]) == set(GATES)
     assert set(params["approval"].schema["enum"]) == set(APPROVALS)
+    assert set(curvine_upgrade_params()["approval"].schema["enum"]) == set(CURVINE_APPROVALS)
+
+
+def test_a_curvine_upgrade_asking_less_approval_than_the_policy_is_told() -> None:
+    inv = parse_inventory(yaml.safe_dump(_doc(retail={"curvine_approval": "always"})), source="fleet.yaml")
+    lobs = [(x.name, x.policy) for x in inv.lobs]
+    assert below(lobs, inv.source, curvine_approval="always") == []
+    [said] = below(lobs, inv.source, curvine_approval="auto")
+    assert said.startswith("fleet.yaml: lobs.retail.policy.curvine_approval is always, and the run asks for "
+                           "approval auto: run with approval always")
+    assert "Curvine approval always or more" in render_plan_text(make_plan(inv))
 
 
 @pytest.mark.parametrize("policy,field", [({"gate": "strict"}, "policy.gate"), ({"approval": True}, "policy.approval"),
@@ -84,4 +95,5 @@ def test_validate_json_shows_the_policy(tmp_path: Path, capsys: pytest.CaptureFi
     path.write_text(yaml.safe_dump(_doc(payments={"gate": "verify"})))
     assert cli.main(["validate", "--fleet", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert {x["name"]: x["policy"] for x in shown["lobs"]}["payments"] == {"gate": "verify", "approval": "none"}
+    assert {x["name"]: x["policy"] for x in shown["lobs"]}["payments"] == {"gate": "verify", "approval": "none",
+                                                                           "curvine_approval": "never"}

@@ -90,11 +90,31 @@ def open_upgrade(params: dict[str, Any]) -> list[str]:
         refused = exc
     clusters, info, history = _open(params, curvine_upgrade.STAGE, {"version": params.get("version"),
                                                                     "dry_run": bool(params.get("dry_run"))})
+    _hold_to_policy(params, info, history)
     if refused is not None:
         history.runs.record_step(info.step_key, StepEvent("overrides", curvine_upgrade.STAGE, "refused",
                                                      detail={"reason": str(refused)}), actor=info.actor)
         raise refused
     return clusters
+
+
+def _hold_to_policy(params: dict[str, Any], info: Any, history: HistoryRepos) -> None:
+    """An upgrade asking for less approval than the policy of a LOB its clusters serve (``lobs[].policy.
+    curvine_approval``) is refused before anything changes, recorded as a ``policy`` step; a dry run is not."""
+    from kvfleet.airflow.context import scoped
+    from kvfleet.fleet.inventory.policy import below
+
+    if params.get("dry_run"):
+        return
+    inv = scoped(info.run_key, clusters=params.get("clusters") or None)
+    touched = {e.lob for e in inv.endpoints}
+    lowered = below([(x.name, x.policy) for x in inv.lobs if x.name in touched], inv.source,
+                    curvine_approval=str(params.get("approval") or "auto"))
+    if lowered:
+        history.runs.record_step(info.step_key, StepEvent("policy", curvine_upgrade.STAGE, "refused",
+                                                          detail={"refused": lowered}), actor=info.actor)
+        raise PermanentError("the upgrade asks for less approval than its LOBs' policy; nothing was changed: "
+                             + "; ".join(lowered))
 
 
 @task_boundary

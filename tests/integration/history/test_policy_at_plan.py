@@ -52,7 +52,8 @@ def test_a_run_below_the_policy_is_refused_at_plan(history: HistoryRepos, fleet:
     assert said in str(err.value) and f"{fleet.name}: " in str(err.value) and "nothing was changed" in str(err.value)
     [step] = [s for s in history.runs.steps("kvfleet_rollout/manual__low") if s["step"] == "policy"]
     assert step["outcome"] == "refused" and said in " ".join(step["detail"]["refused"])
-    assert step["detail"]["policy"] == {"retail": {"gate": "verify", "approval": "after_canary"}}
+    assert step["detail"]["policy"] == {"retail": {"gate": "verify", "approval": "after_canary",
+                                                   "curvine_approval": "never"}}
     assert history.runs.pinned("kvfleet_rollout/manual__low") is not None  # the inventory it was held to
 
 
@@ -65,4 +66,43 @@ def test_a_dry_run_below_the_policy_is_planned(history: HistoryRepos, fleet: Pat
     keys = _plan("manual__dry", {"fleet": str(fleet), "gate": "none", "dry_run": True})
     assert len(keys) == 3
     plan = history.runs.get("kvfleet_rollout/manual__dry")["plan"]
-    assert plan["policy"] == {"retail": {"gate": "verify", "approval": "after_canary"}}
+    assert plan["policy"] == {"retail": {"gate": "verify", "approval": "after_canary", "curvine_approval": "never"}}
+
+
+def _open_upgrade(run_id: str, params: dict[str, Any]) -> list[str]:
+    from airflow.sdk.execution_time.context import set_current_context
+
+    from kvfleet.airflow import curvine
+
+    dag_run = SimpleNamespace(dag_id="kvfleet_curvine_upgrade", run_id=run_id, run_type="manual",
+                              triggering_user_name="ann")
+    with set_current_context({"dag_run": dag_run, "ti": SimpleNamespace(task_id="scope", map_index=-1)}):  # type: ignore[typeddict-item]
+        return curvine.open_upgrade(params)
+
+
+@pytest.fixture
+def curvine_policy(fleet: Path) -> Path:
+    doc = yaml.safe_load(fleet.read_text())
+    for lob in doc["lobs"]:
+        if lob["name"] == "retail":
+            lob["policy"]["curvine_approval"] = "auto"
+    fleet.write_text(yaml.safe_dump(doc))
+    return fleet
+
+
+def test_a_curvine_upgrade_below_the_policy_is_refused_before_anything(history: HistoryRepos,
+                                                                        curvine_policy: Path) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    base = {"fleet": str(curvine_policy), "version": "0.3.3-alpha", "approval": "never"}
+    with pytest.raises(AirflowFailException,
+                       match="lobs.retail.policy.curvine_approval is auto, and the run asks for approval never: "
+                             "run with approval auto or always"):
+        _open_upgrade("manual__never", base)
+    [step] = [s for s in history.runs.steps("kvfleet_curvine_upgrade/manual__never") if s["step"] == "policy"]
+    assert step["outcome"] == "refused"
+    # payments' ml-prod serves no LOB with that policy; a dry run changes nothing; auto meets the floor
+    assert _open_upgrade("manual__pay", {**base, "clusters": ["222222222222/us-east-1/ml-prod"]}) == [
+        "222222222222/us-east-1/ml-prod"]
+    assert len(_open_upgrade("manual__dry", {**base, "dry_run": True})) == 3
+    assert len(_open_upgrade("manual__auto", {**base, "approval": "auto"})) == 3

@@ -14,6 +14,9 @@ from kvfleet.fleet.inventory.fields import _choice
 # Weakest first: a run's value must stand at or after the policy's in these orders (the rollout's Params).
 GATES: Final = ("none", "verify")
 APPROVALS: Final = ("none", "after_canary", "every_wave")
+CURVINE_APPROVALS: Final = ("never", "auto", "always")  # the Curvine upgrade's Param: auto asks on production
+ORDERS: Final = {"gate": GATES, "approval": APPROVALS, "curvine_approval": CURVINE_APPROVALS}
+PARAMS: Final = {"curvine_approval": "approval"}  # the DAG Param a policy key holds, where the names differ
 
 
 class Policy(_Model):
@@ -23,20 +26,26 @@ class Policy(_Model):
     approval: Annotated[str, _choice(APPROVALS)] = _described(
         "The least human approval a rollout of this LOB may ask for: none, after_canary, every_wave.",
         default="none")
+    curvine_approval: Annotated[str, _choice(CURVINE_APPROVALS)] = _described(
+        "The least approval a Curvine upgrade or rollback on a cluster serving this LOB may ask for: never, auto "
+        "(production clusters ask), always.", default="never")
 
     def shown(self) -> str:
-        return f"gate {self.gate} or stronger, approval {self.approval} or more"
+        return (f"gate {self.gate} or stronger, approval {self.approval} or more"
+                + (f", Curvine approval {self.curvine_approval} or more" if self.curvine_approval != "never" else ""))
 
 
-def below(lobs: Iterable[tuple[str, Policy]], source: str, *, gate: str, approval: str) -> list[str]:
-    """What a rollout asking for ``gate`` and ``approval`` lowers, for the LOBs it touches (name, policy): one
-    message per policy key it asks less than, naming the key, the file, the floor and what the run asked."""
+def below(lobs: Iterable[tuple[str, Policy]], source: str, **asked: str) -> list[str]:
+    """What a run asking for ``asked`` (policy key -> the run's value: gate, approval, curvine_approval) lowers, for
+    the LOBs it touches (name, policy): one message per policy key it asks less than, naming the key, the file, the
+    floor and what the run asked."""
     out = []
     for name, policy in lobs:
-        for key, order, floor, asked in (("gate", GATES, policy.gate, gate),
-                                         ("approval", APPROVALS, policy.approval, approval)):
-            if order.index(asked) < order.index(floor):
-                out.append(f"{source}: lobs.{name}.policy.{key} is {floor}, and the run asks for {key} {asked}: "
-                           f"run with {key} {' or '.join(order[order.index(floor):])}, or leave {name} out of its "
+        for key, wanted in asked.items():
+            order, floor = ORDERS[key], getattr(policy, key)
+            if order.index(wanted) < order.index(floor):
+                param = PARAMS.get(key, key)
+                out.append(f"{source}: lobs.{name}.policy.{key} is {floor}, and the run asks for {param} {wanted}: "
+                           f"run with {param} {' or '.join(order[order.index(floor):])}, or leave {name} out of its "
                            "scope (the policy is the inventory's, not the run's)")
     return out

@@ -62,7 +62,7 @@ from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
-from kvfleet.fleet.inventory.policy import below
+from kvfleet.fleet.inventory.policy import below, unheld
 from kvfleet.fleet.pinning import inventory_of
 from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.keys import StepEvent
@@ -225,7 +225,9 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
     inv = narrowed(inventory_of(pinned), lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
     verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
-    lowered = [] if req.dry_run else below(plan.policy, inv.source, gate=req.gate, approval=req.approval)
+    lowered = [] if req.dry_run else [
+        *below(plan.policy, inv.source, gate=req.gate, approval=req.approval),
+        *unheld(plan, inv.source, canary=req.canary, approval=req.approval, slots=WAVE_SLOTS)]
     if lowered:  # a dry run changes nothing, so no policy holds it back
         refused = {"refused": lowered, "policy": plan.as_dict()["policy"]}
         history.runs.record_step(info.step_key, StepEvent(step="policy", stage="plan", outcome="refused",

@@ -6,7 +6,7 @@ so a run's pinned inventory holds the policy it was held to, and ``kvfleet plan`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from kvfleet.fleet.inventory.base import _described, _Model
 from kvfleet.fleet.inventory.fields import _choice
@@ -48,4 +48,23 @@ def below(lobs: Iterable[tuple[str, Policy]], source: str, **asked: str) -> list
                 out.append(f"{source}: lobs.{name}.policy.{key} is {floor}, and the run asks for {param} {wanted}: "
                            f"run with {param} {' or '.join(order[order.index(floor):])}, or leave {name} out of its "
                            "scope (the policy is the inventory's, not the run's)")
+    return out
+
+
+def unheld(plan: Any, source: str, *, canary: bool, approval: str, slots: int) -> list[str]:
+    """What in a rollout's shape would let an approval floor ask no human although the run asks the right value:
+    ``after_canary`` with no canary wave (one wave: nothing comes after it to approve), and ``every_wave`` on a
+    cluster with more waves than the rollout gates one by one (its last of ``slots`` runs the rest back to back).
+    ``plan``: a ``kvfleet.fleet.plan.Plan``."""
+    out = []
+    for lob, policy in plan.policy:
+        if policy.approval == "after_canary" and approval == "after_canary" and not canary:
+            out.append(f"{source}: lobs.{lob}.policy.approval is after_canary, and the run has no canary wave for "
+                       "a human to approve after: run with canary true (or approval every_wave)")
+        if policy.approval == "every_wave":
+            for c in plan.clusters:
+                if len(c.waves) > slots and any(e.lob == lob for w in c.waves for e in w.endpoints):
+                    out.append(f"{source}: lobs.{lob}.policy.approval is every_wave, and cluster {c.key} has "
+                               f"{len(c.waves)} waves, more than the {slots} a rollout approves one by one (its "
+                               "last runs the rest back to back): raise wave_size, or narrow the run's scope")
     return out

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.airflow.triggers.fleet_watch import clusters_of_events, watch_errors_of_events, watched_clusters
+from kvfleet.airflow.triggers.fleet_watch import clusters_of_events, watch_errors_of_events, watched
 from kvfleet.airflow.triggers.kube_watch import KubeWatchTrigger
 
 pytestmark = pytest.mark.e2e
@@ -37,7 +37,7 @@ def test_one_fleet_asset_whose_watcher_watches_every_inventory_cluster(dagbag: A
     assert kwargs["fleet"] == default_fleet() and kwargs["quiet_s"] == 15.0
     # What the watcher will watch, read in the triggerer: every cluster of the inventory, with its region.
     inventory = [(c["name"], c["region"]) for c in yaml.safe_load(example_fleet.read_text())["clusters"]]
-    assert [(c.name, c.region) for c in watched_clusters(str(example_fleet))] == inventory
+    assert [(c.name, c.region) for c, _ in watched(str(example_fleet), None)] == inventory
     assert dag.get_task("summary").trigger_rule == "none_failed"
 
 

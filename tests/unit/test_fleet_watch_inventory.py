@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger, watched_clusters
+from kvfleet.airflow.triggers.fleet_watch import FleetWatchTrigger, watched
 from kvfleet.errors import InventoryError
 
 pytestmark = pytest.mark.filterwarnings("ignore::kvfleet.fleet.inventory.InventoryWarning")
@@ -29,7 +29,7 @@ def _as_mapping(doc: dict[str, Any], path: Path) -> Path:
 
 
 def _watched(path: Path) -> list[tuple[str, str, str]]:
-    return [(c.name, c.region, c.curvine.namespace) for c in watched_clusters(str(path))]
+    return [(c.name, c.region, c.curvine.namespace) for c, _ in watched(str(path), None)]
 
 
 def test_the_list_and_the_mapping_form_of_a_fleet_give_the_watch_the_same_clusters(tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_an_invalid_inventory_is_an_error_not_an_empty_fleet(tmp_path: Path) -> 
     bad = tmp_path / "fleet.yaml"
     bad.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(InventoryError, match="region"):
-        watched_clusters(str(bad))
+        watched(str(bad), None)
 
 
 def test_the_fleet_watch_reports_an_invalid_inventory_and_reads_it_again(

@@ -1,6 +1,6 @@
 """The list form and the mapping form (keyed by name) of `clusters:`/`endpoints:`/`lobs:` give the same fleet, read by
 the validator (`load_inventory`), by the CLI (`kvfleet validate --json`), by the drift watch in the triggerer
-(`fleet_watch.watched_clusters`) and by the twin's reader."""
+(`fleet_watch.watched`) and by the twin's reader."""
 
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ def test_the_cli_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
 
 
 def test_the_drift_watch_reads_both_forms_alike(forms: tuple[Path, Path]) -> None:
-    from kvfleet.airflow.triggers.fleet_watch import watched_clusters
+    from kvfleet.airflow.triggers.fleet_watch import watched
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a, b = (watched_clusters(str(p)) for p in forms)
+        a, b = ([c for c, _ in watched(str(p), None)] for p in forms)
     assert a == b == _load(forms[0]).clusters
     assert len(a) == 2  # the mapping form once gave the watch zero clusters
 

@@ -103,13 +103,12 @@ def _hold_to_policy(params: dict[str, Any], info: Any, history: HistoryRepos) ->
     curvine_approval``) is refused before anything changes, recorded as a ``policy`` step; a dry run is not."""
     from kvfleet.airflow.context import scoped
     from kvfleet.fleet.inventory.policy import below
+    from kvfleet.fleet.plan import policy_in_scope
 
     if params.get("dry_run"):
         return
     inv = scoped(info.run_key, clusters=params.get("clusters") or None)
-    touched = {e.lob for e in inv.endpoints}
-    lowered = below([(x.name, x.policy) for x in inv.lobs if x.name in touched], inv.source,
-                    curvine_approval=str(params.get("approval") or "auto"))
+    lowered = below(policy_in_scope(inv), inv.source, curvine_approval=str(params.get("approval") or "auto"))
     if lowered:
         history.runs.record_step(info.step_key, StepEvent("policy", curvine_upgrade.STAGE, "refused",
                                                           detail={"refused": lowered}), actor=info.actor)

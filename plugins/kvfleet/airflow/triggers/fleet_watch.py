@@ -38,18 +38,11 @@ def inventory_path(fleet: str) -> Path:
     return path
 
 
-def watched_clusters(fleet: str) -> list[Cluster]:
-    """The clusters of the inventory at ``fleet``, read by kvfleet's validator (``load_inventory``: its limits,
-    its defaults, a ``clusters:`` list or mapping alike). An invalid inventory raises ``InventoryError`` listing
-    every problem; it is never watched as an empty fleet."""
-    from kvfleet.fleet.inventory import load_inventory
-
-    return load_inventory(inventory_path(fleet)).clusters
-
-
 def watched(fleet: str, conn_id: str | None) -> list[tuple[Cluster, Identity]]:
-    """``watched_clusters``, each with the identity the watch reaches it as: its account's role assumed from the
-    base identity ``conn_id``, in a session named after the watch (it belongs to no run)."""
+    """The clusters of the inventory at ``fleet``, read by kvfleet's validator (``load_inventory``: its limits, its
+    defaults, a ``clusters:`` list or mapping alike), each with the identity the watch reaches it as: its account's
+    role assumed from the base identity ``conn_id``, in a session named after the watch (it belongs to no run). An
+    invalid inventory raises ``InventoryError`` listing every problem; it is never watched as an empty fleet."""
     from kvfleet.clients.identity import identity_for
     from kvfleet.fleet.inventory import load_inventory
 
@@ -119,7 +112,7 @@ class _ClusterStore:
 
 class FleetWatchTrigger(BaseEventTrigger):
     """The drift watch of every inventory cluster, for one ``AssetWatcher``: reads the inventory at ``fleet`` in
-    the triggerer (so the DAG file does no I/O at parse time) with kvfleet's validator (``watched_clusters``) and
+    the triggerer (so the DAG file does no I/O at parse time) with kvfleet's validator (``watched``) and
     runs one ``KubeWatchTrigger`` per cluster, passing on each event (its payload names the cluster by its key,
     account/region/name). Each cluster's watermark is kept in the asset's state store under
     ``<key>/resource_versions``.

@@ -12,6 +12,7 @@ from kvfleet.history.audit import AuditLog
 from kvfleet.history.curvine import CurvineReleases
 from kvfleet.history.db import get_engine
 from kvfleet.history.drift import DriftFindings
+from kvfleet.history.holds import Holds
 from kvfleet.history.leases import Leases
 from kvfleet.history.metrics import MetricsReadings
 from kvfleet.history.queries import Queries
@@ -30,6 +31,7 @@ class HistoryRepos:
     leases: Leases
     queries: Queries
     metrics: MetricsReadings
+    holds: Holds
 
     @classmethod
     def on(cls, engine: Engine | None = None) -> HistoryRepos:
@@ -38,4 +40,5 @@ class HistoryRepos:
         audit, queries = AuditLog(engine), Queries(engine)
         return cls(engine=engine, runs=Runs(engine, audit), audit=audit, verifications=Verifications(engine),
                    curvine=CurvineReleases(engine), drift=DriftFindings(engine), leases=Leases(engine),
-                   queries=queries, metrics=MetricsReadings(queries=queries))
+                   queries=queries, metrics=MetricsReadings(queries=queries),
+                   holds=Holds(engine, audit))

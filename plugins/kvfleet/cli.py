@@ -1,4 +1,4 @@
-"""The `kvfleet` command: validate, plan, audit, db, sandbox.
+"""The `kvfleet` command: validate, plan, audit, db, gate, freeze, stop, sandbox.
 
 Entry point declared in pyproject.toml. Every subcommand works without Airflow running; `audit` and `db` use
 the history database (embedded PostgreSQL when none is configured). Exit codes: 0 ok, 2 invalid input
@@ -645,6 +645,195 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- freeze and emergency stop -------------------------------------------------------------------------------
+# The holds live in the history (kvfleet.history.holds): each freeze, lift and stop is a row and an audit line.
+# A scope named for `freeze on` and `stop` is checked against the fleet inventory (a typo would freeze nothing);
+# `freeze off` names a freeze in force, whatever the inventory says now.
+
+
+def _reason(raw: str) -> str:
+    from kvfleet.history.holds import MAX_REASON, HoldError, checked_text
+
+    try:
+        return checked_text("the reason", raw, MAX_REASON)
+    except HoldError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _by(raw: str) -> str:
+    from kvfleet.history.holds import MAX_BY, HoldError, checked_text
+
+    try:
+        return checked_text("the user", raw, MAX_BY)
+    except HoldError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _requester(args: argparse.Namespace, command: str) -> str:
+    """--by, else KVFLEET_USER, else the OS login name."""
+    if args.by:
+        return str(args.by)
+    import getpass
+
+    try:
+        who = load_settings().user or getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container's uid with no passwd entry)
+        who = ""
+    try:
+        return _by(who)
+    except argparse.ArgumentTypeError:
+        raise UsageError(f"{command}: who is asking is unknown (no KVFLEET_USER, no login name {who[:40]!r} kvfleet "
+                         "can record): pass --by USER") from None
+
+
+def _hold_scope(args: argparse.Namespace, command: str, *, check: bool) -> Any:
+    """The scope the options name. ``check``: a LOB or cluster must be one of the fleet inventory's (a cluster
+    by its key, or a name only one cluster has, recorded as the key)."""
+    from kvfleet.history.holds import ALL, CLUSTER, LOB, RUN, Scope
+
+    if getattr(args, "run", None):
+        return Scope(RUN, args.run)
+    if args.all:
+        return Scope(ALL)
+    lob = getattr(args, "lob", None)
+    if not check:
+        return Scope(LOB, lob) if lob else Scope(CLUSTER, args.cluster)
+    with warnings.catch_warnings():  # the inventory's advice about other things is not this command's business
+        warnings.simplefilter("ignore", InventoryWarning)
+        inv = load_inventory(args.fleet)
+    if lob:
+        lobs = [x.name for x in inv.lobs]
+        if lob not in lobs:
+            raise UsageError(f"{command}: --lob {lob[:100]!r} is not a line of business of {args.fleet}; "
+                             f"choose one of: {', '.join(lobs)}")
+        return Scope(LOB, lob)
+    from kvfleet.fleet.cluster_ref import ambiguity, candidates
+
+    found = candidates(args.cluster, inv.clusters)
+    if len(found) != 1:
+        raise UsageError(f"{command}: --cluster {ambiguity(args.cluster[:100], found)}" if found else
+                         f"{command}: --cluster {args.cluster[:100]!r} is not a cluster of {args.fleet}; choose one "
+                         f"of: {', '.join(c.key for c in inv.clusters)}")
+    return Scope(CLUSTER, found[0].key)
+
+
+def _frozen_scope(h: HistoryRepos, args: argparse.Namespace) -> Any:
+    """`freeze off`'s scope: a cluster's bare name is the key of the one cluster freeze in force of that name."""
+    from kvfleet.history.holds import CLUSTER, Scope
+
+    scope = _hold_scope(args, "kvfleet freeze off", check=False)
+    if scope.level == CLUSTER and "/" not in scope.name:
+        keys = [f.scope.name for f in h.holds.active_freezes()
+                if f.scope.level == CLUSTER and f.scope.name.rsplit("/", 1)[-1] == scope.name]
+        if len(keys) > 1:
+            raise UsageError(f"kvfleet freeze off: --cluster {scope.name!r} names {len(keys)} frozen clusters "
+                             f"({', '.join(keys)}); write the cluster's key account/region/name")
+        if keys:
+            return Scope(CLUSTER, keys[0])
+    return scope
+
+
+def _print_hold(args: argparse.Namespace, hold: Any, line: str, **extra: Any) -> None:
+    if args.json:
+        _json_dump({**hold.as_dict(), **extra})
+    else:
+        _out(line)
+
+
+def cmd_freeze(args: argparse.Namespace) -> int:
+    """Freeze a scope (all, a LOB, a cluster), lift a freeze, or list the freezes in force."""
+    from kvfleet.history.holds import HoldError
+
+    command = f"kvfleet freeze {args.action}"
+    if args.action == "list":
+        return _freeze_list(_history(), args)
+    if args.run:
+        raise UsageError(f"{command}: --run: a freeze covers the whole fleet (--all), a LOB (--lob) or a cluster "
+                         f"(--cluster), not a run; to halt run {args.run[:200]}: kvfleet stop --run {args.run[:200]} "
+                         "--reason ...")
+    by = _requester(args, command)
+    scope = _hold_scope(args, command, check=True) if args.action == "on" else None
+    h = _history()
+    try:
+        if scope is None:
+            hold = h.holds.lift(_frozen_scope(h, args), args.reason, by)
+            _print_hold(args, hold, f"lifted: {hold.message}")
+            return 0
+        before = {f.scope for f in h.holds.active_freezes()}
+        hold = h.holds.freeze(scope, args.reason, by)
+    except HoldError as exc:
+        raise UsageError(f"{command}: {exc}") from None
+    already = hold.scope in before
+    _print_hold(args, hold, (f"already frozen (nothing recorded): {hold.message}" if already
+                             else f"frozen: {hold.message}"), already=already)
+    return 0
+
+
+def _freeze_list(h: HistoryRepos, args: argparse.Namespace) -> int:
+    freezes = h.holds.active_freezes()
+    if args.json:
+        _json_dump([f.as_dict() for f in freezes])
+    elif not freezes:
+        _out("nothing is frozen")
+    else:
+        _print_table([{"scope": f.scope.level, "target": f.scope.name or None, "by": f.by, "since": f.at,
+                       "reason": f.reason, "lift with": f"kvfleet freeze off {f.scope.option} --reason ..."}
+                      for f in freezes], ["scope", "target", "by", "since", "reason", "lift with"])
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """An emergency stop: the runs of the scope in flight now stop at their next safe point."""
+    from kvfleet.history.holds import HoldError
+
+    by = _requester(args, "kvfleet stop")
+    scope = _hold_scope(args, "kvfleet stop", check=True)
+    try:
+        hold = _history().holds.stop(scope, args.reason, by)
+    except HoldError as exc:
+        raise UsageError(f"kvfleet stop: {exc}") from None
+    _print_hold(args, hold, f"recorded: {hold.message}")
+    return 0
+
+
+def _hold_options(parser: argparse.ArgumentParser, *, run: bool) -> None:
+    """--reason, exactly one scope, --by, --fleet and --json: the options of `freeze on|off` and `stop`."""
+    parser.add_argument("--reason", required=True, type=_reason,
+                        help="why, in one line (required, at most 500 characters); recorded and shown to whoever "
+                             "the hold refuses")
+    scope = parser.add_mutually_exclusive_group(required=True)
+    if run:
+        scope.add_argument("--run", type=_matching("--run", r"[^/\s]{1,250}/\S{1,250}",
+                                                   "a run key dag_id/run_id (as `kvfleet audit runs` lists them)"),
+                           help="one run, by its run key dag_id/run_id")
+    else:
+        scope.add_argument("--lob", help="one line of business of the inventory")
+        scope.add_argument("--run", help=argparse.SUPPRESS)  # refused by name: a run is stopped, not frozen
+    scope.add_argument("--cluster", help="one cluster: its key account/region/name, or a name only one cluster has")
+    scope.add_argument("--all", action="store_true", help="the whole fleet")
+    parser.add_argument("--by", type=_by, default=None,
+                        help="who asks (default: $KVFLEET_USER, else the OS login name)")
+    parser.add_argument("--fleet", default=None, help=FLEET_HELP + "; a LOB or cluster is checked against it")
+    parser.add_argument("--json", action="store_true", help="print the hold recorded as JSON")
+
+
+def _add_hold_commands(sub: Any) -> None:
+    fr = sub.add_parser("freeze", help="freeze kvfleet's mutating runs on the whole fleet, a LOB or a cluster, "
+                                       "lift a freeze, or list the freezes in force (recorded in the history)")
+    actions = fr.add_subparsers(dest="action", required=True)
+    on = actions.add_parser("on", help="freeze a scope: no mutating run starts in it until the freeze is lifted")
+    _hold_options(on, run=False)
+    off = actions.add_parser("off", help="lift the freeze of a scope")
+    _hold_options(off, run=False)
+    ls = actions.add_parser("list", help="the freezes in force: scope, who, since when, why")
+    ls.add_argument("--json", action="store_true")
+    fr.set_defaults(func=cmd_freeze)
+    st = sub.add_parser("stop", help="emergency stop: the runs of the whole fleet, a cluster or one run that are in "
+                                     "flight now stop at their next safe point (a later run is not held)")
+    _hold_options(st, run=True)
+    st.set_defaults(func=cmd_stop)
+
+
 # ---- parser --------------------------------------------------------------------------------------------------
 
 
@@ -822,6 +1011,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="list: the pending gates as JSON")
     g.set_defaults(func=cmd_gate)
 
+    _add_hold_commands(sub)
+
     sb = sub.add_parser("sandbox", help="the digital twin (up, down, status): runs `kvfleet-sandbox`, a separate "
                         "distribution that production installs do not carry", add_help=False)
     sb.add_argument("sandbox_args", nargs=argparse.REMAINDER)
@@ -861,7 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Results go through _out to the real stdout; anything else that prints on sys.stdout meanwhile (Airflow's
     # structlog set up on import, a library's notice) lands on stderr, so `--json | python -m json.tool` works.
     # The sandbox command prints its own progress and keeps stdout.
-    quiet = args.command in ("validate", "audit", "db", "gate", "bootstrap") or (
+    quiet = args.command in ("validate", "audit", "db", "gate", "bootstrap", "freeze", "stop") or (
         bool(getattr(args, "json", False)) and args.command != "sandbox")
     if quiet:
         _STDOUT.append(sys.stdout)

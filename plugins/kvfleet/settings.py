@@ -175,6 +175,9 @@ class Settings(BaseSettings):
                          "checkout.", json_schema_extra=_extra("paths", "a directory path"))
     debug: bool = Field(False, description="The CLI prints the traceback of an unexpected error.",
                         json_schema_extra=_extra("paths", "true or false"))
+    user: str = Field("", max_length=200, description=(
+        "Who `kvfleet freeze` and `kvfleet stop` record as having asked (their `--by` default). Unset: the OS login "
+        "name."), json_schema_extra=_extra("paths", "a user name"))
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -51,7 +51,7 @@ def seeded(history: HistoryRepos, fresh_db_url: str) -> dict[str, str]:
 JSON_COMMANDS = [
     ("audit", "runs"), ("audit", "rollout"), ("audit", "verifications"), ("audit", "drift"),
     ("audit", "drift", "--open"), ("audit", "curvine", "--cluster", "c1"), ("audit", "endpoint", "--endpoint", "b"),
-    ("audit", "gates"), ("audit", "changes"), ("audit", "verify"),
+    ("audit", "gates"), ("audit", "changes"), ("audit", "verify"), ("freeze", "list"),
 ]
 
 

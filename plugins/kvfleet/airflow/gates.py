@@ -41,6 +41,7 @@ RUNBOOK_ANCHORS = {
     "curvine_upgrade": "4-curvine-upgrade-kvfleet_curvine_upgrade-on-demand",
     "operator_paused": "7-recovering-from-an-operator-left-paused",
     "verification": "8-verifying-cross-pod-hits-on-demand-kvfleet_hit_verification-hourly",
+    "freeze": "9-freeze-and-emergency-stop",
 }
 # Plain text and a sign every font has (no emoji: a browser or mail client without an emoji font shows boxes).
 VERDICT_MARK = {"pass": "pass", "fail": "**FAIL**", "degraded": "⚠ degraded", "unverifiable": "⚠ unverifiable"}

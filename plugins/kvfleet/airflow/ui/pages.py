@@ -81,9 +81,16 @@ def fleet_data(history: Any, f: Filters) -> dict[str, Any]:
     for r in rows:
         states[r["l2_state"]] = states.get(r["l2_state"], 0) + 1
     return {"filters": {k: f.get(k) for k in ("cluster", "lob", "endpoint", "status")}, "endpoints": len(rows),
-            "l2_states": states, "open_drift": sum(int(r["open_drift"]) for r in rows),
+            "freezes": freezes_data(history), "l2_states": states,
+            "open_drift": sum(int(r["open_drift"]) for r in rows),
             "clusters": [{"cluster": c, "lobs": [{"lob": lob, "endpoints": eps} for lob, eps in sorted(by.items())]}
                          for c, by in sorted(clusters.items())]}
+
+
+def freezes_data(history: Any) -> list[dict[str, Any]]:
+    """The freezes in force (``kvfleet.history.holds``), whatever the filters: a freeze holds more than the rows
+    shown. Each as `kvfleet freeze list --json` prints it."""
+    return [f.as_dict() for f in history.holds.active_freezes()]
 
 
 def published_curve(instance_type: str | None) -> dict[str, Any]:
@@ -370,7 +377,12 @@ def render_fleet(data: dict[str, Any], f: Filters, colours: LobColours, base: st
                         data={"cluster": c["cluster"], "lob": g["lob"]},
                         link=lambda r: _href(base, "trends", cluster=r["cluster"], endpoint=r["endpoint"]))}
         for g in c["lobs"]]} for c in data["clusters"]]
-    return render("fleet.html", form=form, data=data, clusters=clusters,
+    freezes = [{**fz, "scope": "all" if fz["scope"] == "all" else f'{fz["scope"]} {fz["target"]}',
+                "lift": f'kvfleet freeze off --{fz["scope"]}' + (f' {fz["target"]}' if fz["target"] else "")
+                        + ' --reason "…"'} for fz in data.get("freezes", [])]
+    frozen = table(freezes, ["scope", "by", "at", "reason", "lift"], table_id="fleet-freezes") if freezes else None
+    return render("fleet.html", form=form, data=data, clusters=clusters, frozen=frozen,
+                  freeze_runbook=runbook.href(base, "freeze"),
                   red={s: n for s, n in data["l2_states"].items() if s in ("drifted", "failed")},
                   drift_runbook=runbook.href(base, "drift"), verification_runbook=runbook.href(base, "verification"))
 

@@ -49,7 +49,8 @@ def test_the_public_values_are_the_models() -> None:
 # it replaced; it was 2,086 with its copies): each feature added since, with the lines it was given. A feature that
 # needs more says so here.
 REWRITE_LINES = 1890
-FEATURES = {"accounts, and clusters known by account/region/name": 180, "a policy floor per line of business": 75}
+FEATURES = {"accounts, and clusters known by account/region/name": 180, "a policy floor per line of business": 75,
+            "four eyes and the responders of a LOB's gates": 45}
 
 
 def test_the_package_stays_small() -> None:

@@ -102,17 +102,19 @@ def _hold_to_policy(params: dict[str, Any], info: Any, history: HistoryRepos) ->
     """An upgrade asking for less approval than the policy of a LOB its clusters serve (``lobs[].policy.
     curvine_approval``) is refused before anything changes, recorded as a ``policy`` step; a dry run is not."""
     from kvfleet.airflow.context import scoped
-    from kvfleet.fleet.inventory.policy import below
+    from kvfleet.fleet.inventory.policy import below, unanswerable
     from kvfleet.fleet.plan import policy_in_scope
 
     if params.get("dry_run"):
         return
     inv = scoped(info.run_key, clusters=params.get("clusters") or None)
-    lowered = below(policy_in_scope(inv), inv.source, curvine_approval=str(params.get("approval") or "auto"))
+    asked = str(params.get("approval") or "auto")
+    lowered = [*below(policy_in_scope(inv), inv.source, curvine_approval=asked),
+               *(unanswerable(policy_in_scope(inv), inv.source, info.triggered_by) if asked != "never" else [])]
     if lowered:
         history.runs.record_step(info.step_key, StepEvent("policy", curvine_upgrade.STAGE, "refused",
                                                           detail={"refused": lowered}), actor=info.actor)
-        raise PermanentError("the upgrade asks for less approval than its LOBs' policy; nothing was changed: "
+        raise PermanentError("the upgrade does not meet its LOBs' policy; nothing was changed: "
                              + "; ".join(lowered))
 
 

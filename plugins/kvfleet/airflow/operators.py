@@ -20,6 +20,7 @@ awaiting-input operators.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -103,6 +104,7 @@ class WaveGateOperator(HITLOperator):
             self.options, self.defaults = list(gates.REVIEW_OPTIONS), ["Abort"]
         else:
             self.options, self.defaults = list(gates.APPROVAL_OPTIONS), ["Reject"]
+        self.assigned_users = Respondents.of(context, wave.get("key")).assigned()
         # The form a human reads: which run, cluster and wave, the verifications and open drift as evidence, and
         # what each option does (kvfleet.airflow.gates; the history is read, and a gate opens even without it).
         from kvfleet.airflow import gates as gate_text
@@ -119,9 +121,13 @@ class WaveGateOperator(HITLOperator):
         payload = super().execute_complete(context, event)
         decision, _, wave = self._decide(context)
         chosen = next(iter(payload["chosen_options"]))
-        result = gates.decision_from_response(decision, chosen)
         by = payload.get("responded_by_user") or {}
         who = by.get("name") if isinstance(by, dict) else str(by or "timeout")
+        refused = Respondents.of(context, wave.get("key")).refusal(by)
+        if refused:  # the answer does not count: the gate takes its safe default
+            self.log.warning("%s", refused)
+            chosen = "Abort" if decision == gates.ASK_REVIEW else "Reject"
+        result = gates.decision_from_response(decision, chosen)
         self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
         from kvfleet.airflow.context import run_info
         from kvfleet.history.keys import StepEvent
@@ -134,9 +140,11 @@ class WaveGateOperator(HITLOperator):
             detail={"chosen": chosen, "asked": decision, "waves": wave.get("waves"),
                     # The HITL trigger's event: timedout (no answer, the default was taken), when and by whom.
                     "timedout": bool(event.get("timedout", not who)), "responded_at": _iso(event.get("responded_at")),
-                    "responded_by": dict(by) if isinstance(by, dict) and by else None}),
+                    "responded_by": dict(by) if isinstance(by, dict) and by else None,
+                    **({"refused": refused} if refused else {})}),
             actor=who or "timeout")
-        return {"decision": result, "reason": f"{chosen} by {who or 'timeout default'}", "cluster": wave.get("cluster"),
+        reason = f"{chosen}: {refused}" if refused else f"{chosen} by {who or 'timeout default'}"
+        return {"decision": result, "reason": reason, "cluster": wave.get("cluster"),
                 "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}
 
 
@@ -152,7 +160,70 @@ class CurvineApprovalOperator(ApprovalOperator):
         text = gate_text.for_curvine_approval(run_key=run_info(dict(context)).run_key, params=context["params"],
                                               preflight=list(pre), timeout=self.response_timeout)
         self.subject, self.body = text.subject, text.body
+        self.assigned_users = Respondents.of(context, None).assigned()
         return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        by = event.get("responded_by_user") or {}
+        refused = None if event.get("timedout") else Respondents.of(context, None).refusal(by)
+        if refused:  # the answer does not count: the upgrade is rejected (its safe default), and that is recorded
+            self.log.warning("%s", refused)
+            from kvfleet.airflow.context import run_info
+            from kvfleet.history.keys import StepEvent
+            from kvfleet.history.runs import Runs
+
+            Runs().record_step(run_info(dict(context)).step_key, StepEvent(
+                step=f"gate_response:{self.task_id}", stage="gate", outcome="refused",
+                detail={"chosen": list(event.get("chosen_options") or []), "refused": refused}),
+                actor=str(by.get("name") if isinstance(by, dict) else by))
+            event = {**event, "chosen_options": ["Reject"]}
+        return super().execute_complete(context, event)
+
+
+@dataclass(frozen=True)
+class Respondents:
+    """Who may answer a gate of this run (``lobs[].policy.responders``, less the triggering user under
+    ``four_eyes``), from the run's pinned inventory: ``key`` narrows it to one cluster's LOBs (a wave gate), None
+    takes every LOB in the run's scope (the Curvine upgrade's one approval).
+
+    Airflow refuses (403) an answer through its REST API or UI from a user who is not in a gate's
+    ``assigned_users``; where the LOBs name no responders, anyone may answer, and four eyes are kept here, when
+    the answer arrives: one from the triggering user does not count."""
+
+    allowed: list[str] | None
+    four_eyes: bool
+    triggered_by: str | None
+
+    @classmethod
+    def of(cls, context: Any, key: str | None) -> Respondents:
+        from kvfleet.airflow.context import run_info, scoped
+        from kvfleet.fleet.inventory.policy import respondents
+        from kvfleet.fleet.plan import policy_in_scope
+
+        info, params = run_info(dict(context)), context["params"]
+        inv = scoped(info.run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
+                     endpoints=params.get("endpoints"))
+        allowed, four_eyes = respondents(policy_in_scope(inv.select(clusters=[key]) if key else inv),
+                                         info.triggered_by)
+        return cls(allowed, four_eyes, info.triggered_by)
+
+    def assigned(self) -> list[Any] | None:
+        """Airflow's HITL ``assigned_users`` (HITLUser: id and name; the name is the ID, which is what kvfleet
+        knows)."""
+        return None if self.allowed is None else [{"id": u, "name": u} for u in self.allowed]
+
+    def refusal(self, by: Any) -> str | None:
+        """Why an answer by ``by`` (the HITL event's ``responded_by_user``) does not count, or None."""
+        if not isinstance(by, dict) or not by:
+            return None  # a timeout: the default, which no one chose
+        who = {str(by.get("id") or ""), str(by.get("name") or "")} - {""}
+        if self.four_eyes and self.triggered_by and self.triggered_by in who:
+            return (f"{self.triggered_by} triggered this run and answered its gate, and four eyes apply "
+                    "(lobs[].policy.four_eyes): the answer does not count; the gate takes its safe default")
+        if self.allowed is not None and not who & set(self.allowed):
+            return (f"{'/'.join(sorted(who))} is not among the responders of this run's LOBs "
+                    f"({', '.join(self.allowed) or 'none'}; lobs[].policy.responders): the answer does not count")
+        return None
 
 
 def _iso(value: Any) -> str | None:

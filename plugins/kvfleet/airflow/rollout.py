@@ -62,7 +62,7 @@ from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
-from kvfleet.fleet.inventory.policy import below, unheld
+from kvfleet.fleet.inventory.policy import below, unanswerable, unheld
 from kvfleet.fleet.pinning import inventory_of
 from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.keys import StepEvent
@@ -227,12 +227,15 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
     lowered = [] if req.dry_run else [
         *below(plan.policy, inv.source, gate=req.gate, approval=req.approval),
-        *unheld(plan, inv.source, canary=req.canary, approval=req.approval, slots=WAVE_SLOTS)]
+        *unheld(plan, inv.source, canary=req.canary, approval=req.approval, slots=WAVE_SLOTS),
+        # a gate may ask a human (an approval, or a review of an inconclusive verification): someone must be able to
+        *(unanswerable(plan.policy, inv.source, info.triggered_by)
+          if req.approval != "none" or req.gate == "verify" else [])]
     if lowered:  # a dry run changes nothing, so no policy holds it back
         refused = {"refused": lowered, "policy": plan.as_dict()["policy"]}
         history.runs.record_step(info.step_key, StepEvent(step="policy", stage="plan", outcome="refused",
                                                           detail=refused), actor=info.actor)
-        raise PermanentError("the run asks for less than its LOBs' policy; nothing was changed: " + "; ".join(lowered))
+        raise PermanentError("the run does not meet its LOBs' policy; nothing was changed: " + "; ".join(lowered))
     log.info("%s", render_plan_text(plan))
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params, plan=plan.as_dict())

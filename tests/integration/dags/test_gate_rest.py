@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -37,7 +38,9 @@ from kvfleet.fleet.pinning import pin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 KUBECTL = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "kubectl"
-USERS = {"alice": "alice-pw-7Qx", "bob": "bob-pw-9Lm"}
+# dag_test: the triggering user of a run started by dag.test() (airflow.sdk's DAG.test), a user here so that it
+# can try to answer its own run's gate
+USERS = {"alice": "alice-pw-7Qx", "bob": "bob-pw-9Lm", "dag_test": "dag-test-pw-3Kv"}
 JWT_SECRET = "kvfleet-gate-rest-test-" + "0123456789abcdef" * 3
 # One kyverno-mode cluster, one LOB, three endpoints, wave size 1: canary [chat] -> gate_0 -> [docs] -> gate_1 ->
 # [rag]. Kyverno mode needs no operator pause, so the waves are quick.
@@ -233,3 +236,103 @@ def test_gates_answered_through_the_rest_api_are_audited_with_the_users_names(  
     assert (decisions["cluster.gate_1"]["chosen"], decisions["cluster.gate_1"]["answered_by"],
             decisions["cluster.gate_1"]["decision"]) == ("Reject", "bob", "abort"), decisions
     assert not decisions["cluster.gate_0"]["timed_out"] and decisions["cluster.gate_0"]["waited_s"] is not None
+
+
+# ---- four eyes and assigned responders (lobs[].policy) --------------------------------------------------------
+
+
+def _policy_fleet(path: Path, policy: dict[str, Any]) -> None:
+    """The small fleet with two endpoints (a canary, then one wave) and ``policy`` on its one LOB."""
+    doc = yaml.safe_load(FLEET)
+    doc["lobs"] = [{"name": "alpha", "policy": policy}]
+    doc["endpoints"] = doc["endpoints"][:2]
+    path.write_text(yaml.safe_dump(doc))
+
+
+def _patch(base: str, user: str, ti: dict[str, Any], option: str) -> tuple[int, Any]:
+    token = rest(base, "POST", "/auth/token", {"username": user, "password": USERS[user]})["access_token"]
+    path = (f"/api/v2/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/"
+            f"{ti['map_index']}/hitlDetails")
+    try:
+        return 200, rest(base, "PATCH", path, {"chosen_options": [option], "params_input": {}}, token)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+class Tries(threading.Thread):
+    """Answers the canary's gate by each (user, option) in turn, recording Airflow's answer to each."""
+
+    def __init__(self, base: str, tries: list[tuple[str, str]]) -> None:
+        super().__init__(daemon=True)
+        self.base, self.tries, self.done = base, tries, threading.Event()
+        self.seen: list[tuple[str, int, Any]] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.done.wait(0.5) and not self.seen:
+            try:
+                token = rest(self.base, "POST", "/auth/token", {"username": "alice", "password": USERS["alice"]})[
+                    "access_token"]
+                listing = rest(self.base, "GET", "/api/v2/dags/~/dagRuns/~/hitlDetails?response_received=false",
+                               token=token)
+                for d in listing["hitl_details"]:
+                    if d["task_instance"]["state"] == "awaiting_input" and not self.seen:
+                        self.seen = [(user, *_patch(self.base, user, d["task_instance"], option))
+                                     for user, option in self.tries]
+                        self.seen.append(("assigned", 0, d.get("assigned_users")))
+            except Exception as exc:  # reported through self.errors, asserted by the test
+                self.errors.append(repr(exc))
+
+
+def _run(dagbag: Any, base: str, fleet: Path, tries: list[tuple[str, str]]) -> tuple[Any, Tries]:
+    answering = Tries(base, tries)
+    answering.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={
+            "fleet": str(fleet), "dry_run": False, "wave_size": 1, "canary": True, "bake_minutes": 0, "gate": "none",
+            "approval": "after_canary", "remediate_drift": False, "prompt_tokens": 2000, "lock_wait_minutes": 10})
+    finally:
+        answering.done.set()
+        answering.join(timeout=30)
+    assert not answering.errors, answering.errors
+    return dr, answering
+
+
+def test_only_an_assigned_responder_other_than_the_trigger_answers(  # type: ignore[no-untyped-def]
+        dagbag, history, sandbox_process, small_fleet, api_server) -> None:
+    """lobs.alpha.policy: four eyes, responders dag_test and alice. The run is triggered by dag_test: Airflow's REST
+    API refuses (403) an answer from dag_test (it triggered the run) and from bob (not a responder), and takes
+    alice's; the run goes on and succeeds."""
+    _policy_fleet(small_fleet, {"approval": "after_canary", "four_eyes": True, "responders": ["dag_test", "alice"]})
+    dr, answering = _run(dagbag, api_server, small_fleet,
+                         [("dag_test", "Approve"), ("bob", "Approve"), ("alice", "Approve")])
+    (_, own, said), (_, other, said_other), (_, by_alice, answer), (_, _, assigned) = answering.seen
+    assert (own, other, by_alice) == (403, 403, 200), answering.seen
+    assert "User=dag_test (id=dag_test) is not a respondent" in said and "User=bob" in said_other
+    assert answer["responded_by"]["name"] == "alice" and assigned == [{"id": "alice", "name": "alice"}]
+    assert dr.state == "success"
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    assert history.runs.get(run_key)["status"] == "success"
+    [gate] = [s for s in history.runs.steps(run_key) if s["step"].startswith("gate_response:")]
+    assert (gate["detail"]["responded_by"]["name"], gate["outcome"], gate["detail"]["chosen"]) == (
+        "alice", "continue", "Approve"), gate
+
+
+def test_under_four_eyes_the_triggers_own_answer_does_not_count(  # type: ignore[no-untyped-def]
+        dagbag, history, sandbox_process, small_fleet, api_server) -> None:
+    """lobs.alpha.policy: four eyes, no responders named. Airflow lets anyone answer, dag_test (who triggered the
+    run) approves, and kvfleet does not count it: the gate takes its safe default (Reject), the later wave is not
+    rolled, and the history says why."""
+    _policy_fleet(small_fleet, {"approval": "after_canary", "four_eyes": True})
+    dr, answering = _run(dagbag, api_server, small_fleet, [("dag_test", "Approve")])
+    assert answering.seen[0][1] == 200 and not answering.seen[1][2], answering.seen  # no one assigned
+    assert dr.state == "failed"
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    assert history.runs.get(run_key)["status"] == "aborted"
+    [gate] = [s for s in history.runs.steps(run_key) if s["step"].startswith("gate_response:")]
+    assert (gate["detail"]["responded_by"]["name"], gate["outcome"], gate["detail"]["chosen"]) == (
+        "dag_test", "abort", "Reject"), gate
+    assert gate["detail"]["refused"].startswith("dag_test triggered this run and answered its gate, and four eyes "
+                                                "apply"), gate
+    outcomes = {(s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["endpoint"]}
+    assert ("alpha/alpha-docs", "aborted") in outcomes, outcomes

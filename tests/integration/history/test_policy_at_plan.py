@@ -4,6 +4,7 @@ so is a dry run. The run's pinned inventory holds the policy it was held to."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -53,7 +54,8 @@ def test_a_run_below_the_policy_is_refused_at_plan(history: HistoryRepos, fleet:
     [step] = [s for s in history.runs.steps("kvfleet_rollout/manual__low") if s["step"] == "policy"]
     assert step["outcome"] == "refused" and said in " ".join(step["detail"]["refused"])
     assert step["detail"]["policy"] == {"retail": {"gate": "verify", "approval": "after_canary",
-                                                   "curvine_approval": "never"}}
+                                                   "curvine_approval": "never", "four_eyes": False,
+                                                   "responders": []}}
     assert history.runs.pinned("kvfleet_rollout/manual__low") is not None  # the inventory it was held to
 
 
@@ -66,7 +68,8 @@ def test_a_dry_run_below_the_policy_is_planned(history: HistoryRepos, fleet: Pat
     keys = _plan("manual__dry", {"fleet": str(fleet), "gate": "none", "dry_run": True})
     assert len(keys) == 3
     plan = history.runs.get("kvfleet_rollout/manual__dry")["plan"]
-    assert plan["policy"] == {"retail": {"gate": "verify", "approval": "after_canary", "curvine_approval": "never"}}
+    assert plan["policy"] == {"retail": {"gate": "verify", "approval": "after_canary", "curvine_approval": "never",
+                                         "four_eyes": False, "responders": []}}
 
 
 def _open_upgrade(run_id: str, params: dict[str, Any]) -> list[str]:
@@ -106,3 +109,64 @@ def test_a_curvine_upgrade_below_the_policy_is_refused_before_anything(history: 
         "222222222222/us-east-1/ml-prod"]
     assert len(_open_upgrade("manual__dry", {**base, "dry_run": True})) == 3
     assert len(_open_upgrade("manual__auto", {**base, "approval": "auto"})) == 3
+
+
+def test_a_run_whose_gates_no_one_could_answer_is_refused_at_plan(history: HistoryRepos, fleet: Path) -> None:
+    """Four eyes and responders (lobs[].policy.four_eyes, responders): a run triggered by the only responder of its
+    LOB could have its gates answered by no one, so it is refused before anything changes; a run that asks no human
+    (a dry run), or one whose LOB names someone else too, is planned. The Curvine upgrade is held the same way."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    doc = yaml.safe_load(fleet.read_text())
+    [retail] = [lob for lob in doc["lobs"] if lob["name"] == "retail"]
+    retail["policy"].update(four_eyes=True, responders=["ann"])
+    fleet.write_text(yaml.safe_dump(doc))
+    conf = {"fleet": str(fleet), "gate": "verify", "approval": "after_canary"}
+    said = re.escape("lobs.retail.policy.responders names no one but ann, who triggered the run (four eyes), so no "
+                     "one could answer this run's gates")
+    with pytest.raises(AirflowFailException, match=said):
+        _plan("manual__alone", conf)
+    [step] = [s for s in history.runs.steps("kvfleet_rollout/manual__alone") if s["step"] == "policy"]
+    assert step["outcome"] == "refused" and step["detail"]["policy"]["retail"]["responders"] == ["ann"]
+    with pytest.raises(AirflowFailException, match=said):
+        _open_upgrade("manual__alone_upgrade", {"fleet": str(fleet), "version": "0.3.3-alpha", "approval": "always"})
+    assert len(_plan("manual__alone_dry", {**conf, "dry_run": True})) == 3
+    retail["policy"]["responders"] = ["ann", "bo"]
+    fleet.write_text(yaml.safe_dump(doc))
+    assert len(_plan("manual__two", conf)) == 3
+    plan = history.runs.get("kvfleet_rollout/manual__two")["plan"]
+    assert plan["policy"]["retail"] == {"gate": "verify", "approval": "after_canary", "curvine_approval": "never",
+                                        "four_eyes": True, "responders": ["ann", "bo"]}
+
+
+def test_the_curvine_approval_of_the_trigger_does_not_count_under_four_eyes(history: HistoryRepos,
+                                                                            fleet: Path) -> None:
+    """The Curvine upgrade's one approval (``CurvineApprovalOperator``) holds every LOB in scope: with four eyes on
+    retail, ann's approval of her own upgrade is taken as Reject (the upgrade tasks are skipped) and recorded with
+    why; bo's counts. Its assigned users are those every LOB in scope names, ann taken out."""
+    from datetime import UTC, datetime
+
+    from kvfleet.airflow.operators import CurvineApprovalOperator, Respondents
+
+    doc = yaml.safe_load(fleet.read_text())
+    [retail] = [lob for lob in doc["lobs"] if lob["name"] == "retail"]
+    retail["policy"].update(four_eyes=True, responders=["ann", "bo"])
+    fleet.write_text(yaml.safe_dump(doc))
+    params = {"fleet": str(fleet), "version": "0.3.3-alpha", "approval": "always"}
+    assert len(_open_upgrade("manual__4eyes", params)) == 3
+    context = {"dag_run": SimpleNamespace(dag_id="kvfleet_curvine_upgrade", run_id="manual__4eyes",
+                                          run_type="manual", triggering_user_name="ann"),
+               "ti": SimpleNamespace(task_id="approve", map_index=-1), "params": params}
+    assert Respondents.of(context, None).assigned() == [{"id": "bo", "name": "bo"}]
+    op = CurvineApprovalOperator(task_id="approve", subject="Curvine upgrade")
+
+    def answer(who: str) -> Any:
+        return op.execute_complete(context, {"chosen_options": ["Approve"], "params_input": {}, "timedout": False,
+                                             "responded_at": datetime.now(UTC),
+                                             "responded_by_user": {"id": who, "name": who}})
+
+    assert answer("ann")["chosen_options"] == ["Reject"]
+    [step] = [s for s in history.runs.steps("kvfleet_curvine_upgrade/manual__4eyes")
+              if s["step"] == "gate_response:approve"]
+    assert step["outcome"] == "refused" and step["detail"]["refused"].startswith("ann triggered this run"), step
+    assert answer("bo")["chosen_options"] == ["Approve"]

@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Final
 
-from kvfleet.fleet.inventory.base import _described, _Model
-from kvfleet.fleet.inventory.fields import _choice
+from pydantic import Field
+
+from kvfleet.fleet.inventory.base import Bool, _described, _Model
+from kvfleet.fleet.inventory.fields import _choice, _text
 
 # Weakest first: a run's value must stand at or after the policy's in these orders (the rollout's Params).
 GATES: Final = ("none", "verify")
@@ -29,10 +31,47 @@ class Policy(_Model):
     curvine_approval: Annotated[str, _choice(CURVINE_APPROVALS)] = _described(
         "The least approval a Curvine upgrade or rollback on a cluster serving this LOB may ask for: never, auto "
         "(production clusters ask), always.", default="never")
+    four_eyes: Bool = _described(
+        "A human answer to a gate of a run touching this LOB counts only from someone other than the user who "
+        "triggered the run (Airflow's triggering user).", default=False)
+    responders: Annotated[list[Annotated[str, _text(max_len=256, numbers=False)]], Field(max_length=50)] = \
+        _described("The Airflow users (their IDs, as the auth manager reports them) who may answer a gate of a run "
+                   "touching this LOB (Airflow's HITL assigned_users); empty: anyone Airflow lets answer.",
+                   default_factory=list)
 
     def shown(self) -> str:
         return (f"gate {self.gate} or stronger, approval {self.approval} or more"
-                + (f", Curvine approval {self.curvine_approval} or more" if self.curvine_approval != "never" else ""))
+                + (f", Curvine approval {self.curvine_approval} or more" if self.curvine_approval != "never" else "")
+                + (", four eyes" if self.four_eyes else "")
+                + (f", answered by {', '.join(self.responders)}" if self.responders else ""))
+
+
+def respondents(lobs: Iterable[tuple[str, Policy]], triggered_by: str | None) -> tuple[list[str] | None, bool]:
+    """Who may answer a gate of a run touching ``lobs`` (name, policy), triggered by ``triggered_by`` (None: by the
+    scheduler), and whether four eyes apply. Each LOB that names responders narrows the set to those it names (a
+    gate answers for every LOB it holds back); four eyes take the triggering user out. None: anyone Airflow lets
+    answer; an empty list: nobody can, which the plan refuses (:func:`unanswerable`)."""
+    policies = [p for _, p in lobs]
+    four_eyes = any(p.four_eyes for p in policies)
+    named = [set(p.responders) for p in policies if p.responders]
+    if not named:
+        return None, four_eyes
+    allowed = set.intersection(*named) - ({triggered_by} if four_eyes and triggered_by else set())
+    return sorted(allowed), four_eyes
+
+
+def unanswerable(lobs: Iterable[tuple[str, Policy]], source: str, triggered_by: str | None) -> list[str]:
+    """A run whose gates nobody could answer: the responders of its LOBs share no one (but, under four eyes, the
+    user who triggered it)."""
+    lobs = list(lobs)
+    allowed, four_eyes = respondents(lobs, triggered_by)
+    if allowed is None or allowed:
+        return []
+    names = [f"lobs.{n}.policy.responders" for n, p in lobs if p.responders]
+    but = f" but {triggered_by}, who triggered the run (four eyes)" if four_eyes and triggered_by else ""
+    named = f"{names[0]} names no one" if len(names) == 1 else f"{', '.join(names)} name no one in common"
+    return [f"{source}: {named}{but}, so no one could answer this run's gates: have another user trigger it, narrow "
+            "its scope to LOBs that share a responder, or add one to their responders"]
 
 
 def below(lobs: Iterable[tuple[str, Policy]], source: str, **asked: str) -> list[str]:

@@ -12,6 +12,16 @@ runs a pod the term's ``labelSelector`` matches, in the term's ``namespaces`` (d
 with upstream's default (``worker.antiAffinity.type: preferred``) put two workers on one node when nodes run
 short, and ``required`` leave the extra worker Pending. Not modelled: the symmetric check of existing pods'
 anti-affinity, pod (non-anti) affinity and ``namespaceSelector``.
+
+Ties (``choose``): kube-scheduler picks at random among the nodes with the highest score (kubernetes
+``pkg/scheduler/schedule_one.go`` selectHost; facts: tests/conformance/facts/kube_scheduler.yaml) and remembers
+nothing of a pod's predecessor. A twin cannot be random, and an order by node name alone made the node of a
+replaced StatefulSet pod depend on which pods its pass happened to schedule before it (a Curvine master replaced
+in the same pass took the node a hostPath worker had just left, which then lost its blocks). So among equally good
+nodes the twin takes the one the pod's name last ran on (``previous``: a StatefulSet pod its controller replaced),
+then the first by name: one of the outcomes the real scheduler may draw, whatever the order of the pass. It only
+breaks ties: a node that is gone, cordoned, tainted, full or worse scored is never preferred, so a worker whose
+node is lost, or that a better node draws away, still moves (and a hostPath worker starts empty).
 """
 
 from __future__ import annotations
@@ -192,11 +202,12 @@ def _domain_matches(slots: dict[str, NodeSlot], slot: NodeSlot, term: dict[str, 
     return count
 
 
-def choose(slots: dict[str, NodeSlot], pod_spec: dict[str, Any],
-           namespace: str = "default") -> tuple[NodeSlot | None, str]:
+def choose(slots: dict[str, NodeSlot], pod_spec: dict[str, Any], namespace: str = "default",
+           previous: str | None = None) -> tuple[NodeSlot | None, str]:
     """The node for a pod (least loaded, like the default scheduler's spreading, after any preferred pod
     anti-affinity), or None and the message the real scheduler would write into ``PodScheduled``
-    (``0/16 nodes are available: 16 Insufficient ...``)."""
+    (``0/16 nodes are available: 16 Insufficient ...``). Ties go to ``previous`` (the node the pod's name last
+    ran on), then to the first node by name (see the module docstring)."""
     gpus = gpu_request(pod_spec)
     required, preferred = _anti_terms(pod_spec)
     reasons: Counter[str] = Counter()
@@ -211,7 +222,8 @@ def choose(slots: dict[str, NodeSlot], pod_spec: dict[str, Any],
         else:
             reasons[reason] += 1
     if fits:
-        return min(fits, key=lambda f: (f[0], f[1].gpus_used, f[1].pods, f[1].name))[1], ""
+        return min(fits, key=lambda f: (f[0], f[1].gpus_used, f[1].pods, f[1].name != previous,
+                                        f[1].name))[1], ""
     return None, unschedulable_message(len(slots), reasons)
 
 

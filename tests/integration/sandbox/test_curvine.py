@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kube_manifests import TOOLS
 
 from kvfleet_sandbox.chart_repo import ChartRepository, acquire_shared, release_shared
@@ -326,6 +327,68 @@ def test_losing_a_worker_node_loses_only_that_workers_hostpath_blocks(curvine):
     assert store.get("", "pods", "curvine-worker-1", NS)["spec"]["nodeName"] != node
     kept = {p for p in paths if curvine.twin.l2.exists(p)}
     assert kept == {p for p in paths if placement[p] == "curvine-worker-0"} and len(kept) == 2
+
+
+# kvfleet's worker placement (fleet/curvine_values.py worker_placement_values): GPU nodes, one worker per node.
+PINNED_WORKERS = ("worker.nodeSelector.sagemaker\\.amazonaws\\.com/compute-type=hyperpod",
+                  "worker.antiAffinity.enabled=true", "worker.antiAffinity.type=required")
+_PLURALS = {"ConfigMap": ("", "configmaps"), "Service": ("", "services"), "ServiceAccount": ("", "serviceaccounts"),
+            "StatefulSet": ("apps", "statefulsets")}
+
+
+def test_a_worker_replaced_in_the_same_pass_as_the_master_keeps_its_node_and_blocks(curvine):
+    """An upgrade replaces the master and worker-1 (the highest ordinal) at once; on a loaded machine the twin's
+    pass sometimes recreated and scheduled both together, master first. With ties between nodes broken by name only,
+    the master (no anti-affinity against workers) took worker-1's just-vacated node whenever that sorted before its
+    own, and worker-1 went to the master's old node, where its hostPath holds nothing: half the L2 files were gone
+    (tests/integration/test_rbac_iam_coverage.py failed so, rolled back by the upgrade's post-check). Here the race
+    is driven on purpose: the stand-in chart's StatefulSets are created workers first, so the master sits on a node
+    sorting after worker-1's, and both pods are deleted while no pass runs. Each goes back to its own node (the tie
+    a real scheduler draws at random, tests/conformance/facts/kube_scheduler.yaml) and no block is lost."""
+    store, ns = curvine.twin.store, NS
+    flags = ("cluster.formatMaster=false", "cluster.formatWorker=false", "cluster.formatJournal=false")
+    text = curvine.helm("template", "curvine", "curvine", "--repo", curvine.repo, "--version", "0.3.2-alpha",
+                        "-n", ns, *_sets(*BLOG_VALUES, *PINNED_WORKERS, "rbac.create=false", *flags)).stdout
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(text) if o}
+    if store.get("", "namespaces", ns) is None:
+        store.create("", "namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    for (kind, _name), obj in sorted(objs.items()):
+        if kind in _PLURALS and kind != "StatefulSet":
+            store.create(*_PLURALS[kind], {**obj, "metadata": {**obj["metadata"], "namespace": ns}})
+
+    def create_set(name: str) -> None:
+        obj = objs[("StatefulSet", name)]
+        store.create("apps", "statefulsets", {**obj, "metadata": {**obj["metadata"], "namespace": ns}})
+
+    def node_of(pod: str) -> str:
+        return str((store.get("", "pods", pod, ns) or {}).get("spec", {}).get("nodeName") or "")
+
+    # Level the nodes first (the twin's kube-system pods sit on some), so that placement follows node names alone.
+    per_node = {n: sum(1 for p in store.list("", "pods") if p["spec"].get("nodeName") == n)
+                for n in curvine.twin.gpu_nodes}
+    for node, count in per_node.items():
+        for i in range(max(per_node.values()) - count):
+            store.create("", "pods", {"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {"name": f"level-{node}-{i}", "namespace": "default"},
+                                      "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]}})
+    create_set("curvine-worker")
+    _wait(lambda: all(_ready(store.get("", "pods", f"curvine-worker-{i}", ns) or {}) for i in (0, 1)), "2 workers")
+    create_set("curvine-master")
+    curvine.wait_live(2)
+    nodes = {pod: node_of(pod) for pod in ("curvine-worker-0", "curvine-worker-1", "curvine-master-0")}
+    # The layout that made the old tie-break lose blocks: worker-1's node sorts before the master's, and no other
+    # free node sorts before worker-1's.
+    assert sorted(curvine.twin.gpu_nodes)[:3] == list(nodes.values()), nodes
+    paths = curvine.write_files(4)
+    _wait(lambda: all(p in curvine.sim.placement() for p in paths), "all blocks placed", timeout=10)
+    assert sorted(curvine.sim.placement().values()) == ["curvine-worker-0"] * 2 + ["curvine-worker-1"] * 2
+    before = curvine.pod_uids()
+    with curvine.twin.services["workloads"].holding():  # both replaced, and scheduled, in the next pass
+        assert store.delete("", "pods", "curvine-master-0", ns) and store.delete("", "pods", "curvine-worker-1", ns)
+    curvine.wait_rolled(before, ("curvine-master-0", "curvine-worker-1"))
+    assert [f for f in curvine.sim.formats if f["files_lost"]] == []  # was: node-change of worker-1, 2 files
+    assert all(curvine.twin.l2.exists(p) for p in paths)
+    assert {pod: node_of(pod) for pod in nodes} == nodes
 
 
 def test_a_restarted_shared_repository_keeps_its_url():

@@ -35,13 +35,15 @@ happened since. Time: model time throughout (``twin.clock``); a pass runs on eve
 ``TICK_MODEL_S`` model seconds, or sooner when a pod start is due.
 
 Fault hooks, ``twin.services["workloads"]``: ``kill_pod(namespace, name)``, ``lose_node(node)``,
-``restore_node(node)``, ``add_nodes(n) -> [names]``, ``wake()``; for tests, ``settle(model_s)``.
+``restore_node(node)``, ``add_nodes(n) -> [names]``, ``wake()``; for tests, ``settle(model_s)`` and ``holding()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from kvfleet_sandbox.controllers._objects import ReconcileLoop, quantity
@@ -135,6 +137,15 @@ class WorkloadController:
         self.wake()
         if not self._loop.wait_passes(self._loop.passes + 2, timeout):
             raise TimeoutError(f"workloads:{self.twin.name}: no two passes within {timeout} s")
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """No pass runs inside the block, so the next pass sees everything done in it at once: for tests that
+        drive the controllers into a race a busy machine only sometimes produces (two pods of different
+        StatefulSets deleted together are replaced, and scheduled, in one pass)."""
+        with self._lock:
+            yield
+        self.wake()
 
     @property
     def passes(self) -> int:

@@ -1,7 +1,9 @@
 """The scheduler of a sandbox cluster: binds each Pending pod without a node, oldest first, to a node chosen by
 ``_scheduling.choose`` (free GPUs, node selector and affinity, taints, required pod anti-affinity), or marks it
 ``PodScheduled=False/Unschedulable`` with the scheduler's message and a ``FailedScheduling`` event. A pod whose
-PersistentVolumeClaim is missing or unbound waits, as the volume binding plugin makes it.
+PersistentVolumeClaim is missing or unbound waits, as the volume binding plugin makes it. Among equally good nodes a
+StatefulSet pod goes back to the node its name last ran on (``_scheduling`` explains why: the real scheduler's
+random tie-break, made deterministic), so a replaced pod's node does not depend on what else its pass schedules.
 
 Run by ``kvfleet_sandbox.controllers.workloads.WorkloadController`` in every pass, after the kubelet; the two share
 the pass's node slots (``node_slots``).
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfleet_sandbox.controllers._objects import stamp, uid_of
+from kvfleet_sandbox.controllers._objects import controller_uid, stamp, uid_of
 from kvfleet_sandbox.controllers._scheduling import (
     NodeSlot,
     account,
@@ -43,10 +45,16 @@ class Scheduler:
 
     def __init__(self, writer: ObjectWriter) -> None:
         self.w = writer
+        # (namespace, name) of every StatefulSet pod seen on a node -> that node: the tie-break of ``choose``.
+        self._last_node: dict[tuple[str, str], str] = {}
 
     def run(self, snap: Snapshot, slots: dict[str, NodeSlot]) -> list[str]:
         """Bind what can be bound; returns the uids of the pods bound in this pass."""
         claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in snap.pvcs}
+        for pod in snap.pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                self._remember(pod, node)
         bound: list[str] = []
         for pod in by_age(snap.pods):
             if (pod.get("status") or {}).get("phase", "Pending") != "Pending" or (pod.get("spec") or {}).get(
@@ -56,13 +64,20 @@ class Scheduler:
             if problem:
                 self._unschedulable(pod, unschedulable_message(len(slots), extra=problem))
                 continue
-            target, message = choose(slots, pod.get("spec") or {}, pod["metadata"].get("namespace", "default"))
+            ns = pod["metadata"].get("namespace", "default")
+            previous = self._last_node.get((ns, pod["metadata"]["name"]))
+            target, message = choose(slots, pod.get("spec") or {}, ns, previous)
             if target is None:
                 self._unschedulable(pod, message)
                 continue
             self._bind(pod, target)
             bound.append(uid_of(pod))
         return bound
+
+    def _remember(self, pod: dict[str, Any], node: str) -> None:
+        """A StatefulSet pod's name is its identity: the pod its controller creates in its place has it too."""
+        if controller_uid(pod, "StatefulSet") is not None:
+            self._last_node[(pod["metadata"].get("namespace", "default"), pod["metadata"]["name"])] = node
 
     @staticmethod
     def _claim_problem(pod: dict[str, Any], claims: dict[tuple[str, str], dict[str, Any]]) -> str | None:
@@ -106,5 +121,6 @@ class Scheduler:
             status["hostIP"] = slot.ip
             return p
         self.w.store.mutate("", "pods", pod["metadata"]["name"], pod["metadata"]["namespace"], bind)
+        self._remember(pod, slot.name)
         self.w.events.record(pod, "Scheduled", f"Successfully assigned {pod['metadata']['namespace']}/"
                                                f"{pod['metadata']['name']} to {slot.name}", warning=False)

@@ -15,10 +15,11 @@ is the same:
   a secrets backend or the metadata database takes effect within that time).
 
 boto3 clients are safe to share between threads for their calls (boto3's documentation, "Multithreading or
-multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks. The one hook kvfleet uses,
-the EKS cluster header of ``kube.eks_token``, is registered on an STS client here, before the client is shared
-(``with_eks_cluster_header``), and reads its cluster from a context variable that ``eks_token`` sets in the
-signing thread.
+multiprocessing with clients"), not for changes to ``client.meta`` such as event hooks. kvfleet's hooks are
+registered here, before a client is shared: on every client, the one that refuses a mutating operation once a stop
+is requested (``clients.stop.refusing_changes_after_stop``: after SIGTERM no new change starts, reads go on); on an
+STS client, the EKS cluster header of ``kube.eks_token`` (``with_eks_cluster_header``), which reads its cluster from
+a context variable that ``eks_token`` sets in the signing thread.
 
 Credentials that expire (an assumed role) are refreshed by botocore itself, whatever the age of the client. What the
 users of one reused client share: its connection pool (``max_pool_connections``, 10 by default: more concurrent
@@ -41,6 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvfleet.clients.identity import Identity
+from kvfleet.clients.stop import refusing_changes_after_stop
 
 REUSE_S = 300.0
 BASE_CONN_ID = "aws_default"  # the base identity's connection; missing, the environment's credentials stand in
@@ -67,8 +69,10 @@ def client(service: str, region: str, identity: Identity | str | None) -> Any:
         if hit is not None and now - hit[0] < REUSE_S:
             return hit[1]
     built = _build(service, region, who)
+    # Both hooks before another thread can use the client (the module docstring).
+    refusing_changes_after_stop(built)
     if service == "sts":
-        with_eks_cluster_header(built)  # before another thread can use it (the module docstring)
+        with_eks_cluster_header(built)
     with _lock:
         for stale in [k for k, (at, _) in _clients.items() if now - at >= REUSE_S or k[3] != key[3]]:
             del _clients[stale]

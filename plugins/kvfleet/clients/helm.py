@@ -25,6 +25,10 @@ stderr, so this module is the one place that reads that text (``classify``):
   unknown flag, a name already in use);
 - anything else (an API timeout, a 5xx, helm over its own timeout) is a plain ``TemporaryError``.
 Reads return typed results: ``ReleaseStatus`` (``status``) and ``Revision`` (``revisions``).
+
+Once a stop is requested (SIGTERM, ``clients.stop``), ``run`` refuses install, upgrade, rollback and uninstall with
+``StopRequested`` before helm starts (an upgrade with ``--dry-run`` is a read); the undo a sequence owes (the format
+flags flipped false after a first install) runs inside ``stop.allow_after_stop``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfleet.clients.stop import refuse_if_stopped
 from kvfleet.errors import PermanentError, TemporaryError
 from kvfleet.paths import project_root
 from kvfleet.settings import load_settings
@@ -52,6 +57,8 @@ log = logging.getLogger(__name__)
 _RELEASE_NOT_FOUND_HINTS = ("release: not found", "has no deployed releases")
 _CONFLICT_HINTS = ("another operation (install/upgrade/rollback) is in progress", "the object has been modified",
                    "operation cannot be fulfilled")
+# The helm commands that change a release (with their aliases); after a stop none starts (``clients.stop``).
+_CHANGING_COMMANDS = frozenset({"install", "upgrade", "rollback", "uninstall", "delete", "del", "un"})
 _PERMANENT_HINTS = ("not found", "values don't meet the specifications", "invalid", "cannot re-use a name",
                     "unknown flag", "chart requires", "no such")
 
@@ -205,6 +212,9 @@ class Helm:
         return [helm_binary(), *args]
 
     def run(self, *args: str, what: str) -> str:
+        if args and args[0] in _CHANGING_COMMANDS and not any(a.startswith("--dry-run") for a in args):
+            # After SIGTERM no new change starts (``clients.stop``): refused before helm runs.
+            refuse_if_stopped(f"{what} (helm {args[0]})")
         # The token reaches helm through a file renewed while it runs (``ClusterAccess.fresh_credential``): an
         # upgrade that outlasts the token, or the assumed role's credentials, keeps going.
         with self.access.fresh_credential(self._home) as credential:

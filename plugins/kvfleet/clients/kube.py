@@ -9,6 +9,10 @@ Called by every stage that touches Kubernetes, by ``clients.helm`` (kubeconfig),
 ``clients.curvine`` (pod proxy). API errors become kvfleet's error model: 404 is ``None`` where a lookup is
 asked for, 409/429/5xx are ``TemporaryError``, other 4xx are ``PermanentError`` with the server's message; a call
 without an answer (``clients.transient``) is a ``TemporaryError``, a certificate that fails verification permanent.
+
+SIGTERM (``clients.stop``, re-exported here): every wait here ends with ``StopRequested``, and the ``ApiClient``
+built here starts no POST, PUT, PATCH or DELETE after a stop (``StopGuardedApiClient``), reads and server dry runs
+excepted, undo steps inside ``stop.allow_after_stop`` too.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from kvfleet.clients import aws
+from kvfleet.clients.stop import _STOP, refuse_if_stopped
+from kvfleet.clients.stop import StopRequested as StopRequested
+from kvfleet.clients.stop import install_sigterm_handler as install_sigterm_handler
+from kvfleet.clients.stop import request_stop as request_stop
+from kvfleet.clients.stop import reset_stop as reset_stop
+from kvfleet.clients.stop import stop_requested as stop_requested
 from kvfleet.clients.transient import certificate_refused, is_network_error
 from kvfleet.errors import ConvergenceTimeout, KvfleetError, PermanentError, TemporaryError
 
@@ -146,6 +156,27 @@ def https_proxy() -> tuple[str | None, str | None]:
             env.get("NO_PROXY") or env.get("no_proxy") or None)
 
 
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class StopGuardedApiClient(k8s.ApiClient):  # type: ignore[misc]
+    """The official ``ApiClient``, refusing to start a write once a stop is requested (``clients.stop``): every
+    request of every API group, and the pod proxy, leaves through ``request``. A server dry run (``dryRun=All``)
+    persists nothing and stays allowed, as reads do."""
+
+    def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if str(method).upper() in _WRITE_METHODS and _STOP.is_set() and not _dry_run(query_params):
+            path = url.split("://", 1)[-1].partition("/")[2]
+            refuse_if_stopped(f"Kubernetes {str(method).upper()} /{path.partition('?')[0]}")
+        return super().request(method, url, query_params, *args, **kwargs)
+
+
+def _dry_run(query_params: Any) -> bool:
+    """A server dry run: ``dryRun=All`` among the query parameters (a list of pairs, or a mapping)."""
+    pairs = query_params.items() if isinstance(query_params, dict) else (query_params or ())
+    return any(str(k) == "dryRun" and str(v) == "All" for k, v in pairs)
+
+
 class ClusterAccess:
     """Clients for one EKS cluster, with a self-refreshing EKS token, over TLS verified with the cluster's CA
     (``cluster_ca``: no CA, no access)."""
@@ -183,7 +214,7 @@ class ClusterAccess:
         # The hourly verification probes up to 32 endpoints of a cluster at once (its max_parallel Param); the
         # client's default pool (5 x CPUs) would drop the extra connections with "Connection pool is full".
         cfg.connection_pool_maxsize = 32
-        self.api_client = k8s.ApiClient(cfg)
+        self.api_client = StopGuardedApiClient(cfg)
         # The API server records the user agent's product as the field manager of a write that names none, so
         # kvfleet's own changes are told apart from changes by hand (the drift watch's filter, managedFields).
         self.api_client.user_agent = "kvfleet/0.1"
@@ -336,50 +367,6 @@ class ClusterAccess:
     def close(self) -> None:
         self.api_client.close()
         Path(self._ca_file).unlink(missing_ok=True)
-
-
-class StopRequested(KvfleetError):
-    """SIGTERM (or ``request_stop``) arrived while kvfleet was waiting: stop now, run the ``finally`` blocks
-    (the operator restore, the lease release) and let the task end."""
-
-
-_STOP = threading.Event()
-_handler_installed = False
-
-
-def request_stop() -> None:
-    _STOP.set()
-
-
-def stop_requested() -> bool:
-    return _STOP.is_set()
-
-
-def reset_stop() -> None:
-    _STOP.clear()
-
-
-def install_sigterm_handler() -> None:
-    """Make every kvfleet wait loop (``wait_for``, lease waits) end promptly on SIGTERM: the handler sets the stop
-    flag, then calls the handler that was there before (Airflow's task runner raises its own exception from it).
-    Idempotent; only possible in the main thread (elsewhere the flag can still be set with ``request_stop``)."""
-    global _handler_installed
-    import signal
-
-    if _handler_installed or threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        _STOP.set()
-        log.warning("SIGTERM: kvfleet stops waiting")
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            raise StopRequested("SIGTERM received")
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    _handler_installed = True
 
 
 def sleep_or_stop(seconds: float, what: str) -> None:

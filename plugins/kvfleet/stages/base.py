@@ -54,6 +54,28 @@ class Timeouts:
 FROM_SETTINGS = Timeouts(-1.0, -1.0, -1.0, -1.0)
 
 
+# What a sequence already under way still does after a stop (SIGTERM, ``clients.stop``): the steps that undo its own
+# change, so a stop never leaves the fleet less available than the run found it. By the write-ahead action kind
+# (``fleet.actions``): the operator restore (``RestoreOperator``), an endpoint scaled back from 0 to its recorded
+# replicas (``Scale`` above 0: only the scale-to-zero sequence and its recovery scale up), an endpoint's original
+# rollout strategy put back (``SetRolloutStrategy(restore=True)``); and stage 3's flip of the Curvine format flags to
+# false after a first install (a ``HelmUpgrade`` whose why is ``CURVINE_FLAGS_OFF``, stages.curvine): refusing it
+# would leave a release that formats its NVMe L2 at the next pod restart. Nothing forward is on the list: not the
+# pause, not a patch, not another upgrade. Each of these still writes its intent and outcome rows.
+#
+# Why kinds at the write-ahead rather than "the restore path is exempt" at the clients: the exemption then covers
+# exactly one recorded call of a named kind, in the thread that makes it (``allow_after_stop`` is a context
+# variable), and ends with it; a wire-level rule (a PATCH of the operator's Deployment) would also pass a forward
+# change of the same object, and a teardown-wide switch would pass whatever the teardown did next.
+AFTER_STOP_KINDS = frozenset({"restore_operator", "scale_up", "restore_rollout_strategy"})
+CURVINE_FLAGS_OFF = "format flags false"
+
+
+def undo_after_stop(action: str, target: str) -> bool:
+    """An undo step that still runs after a stop (``AFTER_STOP_KINDS``)."""
+    return action in AFTER_STOP_KINDS or (action == "helm_upgrade" and target.endswith(f" {CURVINE_FLAGS_OFF}"))
+
+
 @dataclass(frozen=True)
 class PlannedAction:
     """One change a dry run would make: the call or command, exactly, plus a human diff when useful."""
@@ -208,13 +230,25 @@ class StageContext:
     def write_ahead(self, action: str, target: str, *, endpoint: str | None = None) -> Iterator[WriteAhead | None]:
         """Wrap one mutating call: an intent row before it and an outcome row after it (``AuditLog.write_ahead``).
         Yields the handle (set ``result`` / ``detail`` for a precise outcome), or None — and records nothing —
-        in a dry run or without a history store or run identity."""
-        if self.dry_run or self.history is None or self.step_key is None:
-            yield None
-            return
-        with self.history.audit.write_ahead(self.step_key, action, target, cluster=self.cluster.key,
-                                            endpoint=endpoint, actor=self.actor) as wa:
-            yield wa
+        in a dry run or without a history store or run identity.
+
+        After a stop (SIGTERM, ``clients.stop``) no new intent is opened: ``StopRequested`` naming the action, before
+        any row or call. The undo steps of ``undo_after_stop`` are the exception: they run, recorded as usual, inside
+        ``stop.allow_after_stop`` so the clients let their one call through."""
+        from kvfleet.clients.stop import allow_after_stop, refuse_if_stopped
+
+        scope: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if undo_after_stop(action, target):
+            scope = allow_after_stop(f"{action} {target}")
+        elif not self.dry_run:
+            refuse_if_stopped(f"{action} {target}")
+        with scope:
+            if self.dry_run or self.history is None or self.step_key is None:
+                yield None
+                return
+            with self.history.audit.write_ahead(self.step_key, action, target, cluster=self.cluster.key,
+                                                endpoint=endpoint, actor=self.actor) as wa:
+                yield wa
 
     def close(self) -> None:
         if "helm" in self.__dict__:

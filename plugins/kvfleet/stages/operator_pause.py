@@ -27,7 +27,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from kvfleet.clients.kube import call, get_or_none, wait_for
+from kvfleet.clients.kube import StopRequested, call, get_or_none, stop_requested, wait_for
 from kvfleet.errors import GateRefused, PermanentError
 from kvfleet.fleet import constants as C
 from kvfleet.fleet.actions import PauseOperator, RestoreOperator
@@ -161,10 +161,22 @@ def restore(ctx: StageContext, holder: str | None = None, *, wait: bool = True) 
                                            C.PAUSED_REPLICAS_ANNOTATION: None}},
               "spec": {"replicas": replicas}}, what="restore the inference operator")
     started = time.monotonic()
-    if wait:
-        wait_for(lambda: (pause_state(ctx)["ready"] >= 1, f"ready {pause_state(ctx)['ready']}"),
-                 timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 0.5),
-                 what=f"[{ctx.cluster.name}] operator controller restored", progress=ctx.progress)
-    ctx.say(f"operator restored to {replicas} replica(s) ({time.monotonic() - started:.1f}s)")
-    return {"restored": True, "replicas": replicas, "was_paused_by": state["paused_by"],
-            "paused_at": state["paused_at"]}
+    # After a stop (SIGTERM) the restore's PATCH still goes through (``stages.base.AFTER_STOP_KINDS``), but its
+    # wait does not hold the task (Airflow's SIGKILL follows): the restore is made, the controller comes back by
+    # itself, and the result says its readiness was not seen.
+    awaited = wait and not stop_requested()
+    if awaited:
+        try:
+            wait_for(lambda: (pause_state(ctx)["ready"] >= 1, f"ready {pause_state(ctx)['ready']}"),
+                     timeout_s=ctx.timeouts.pods_s, poll_s=min(ctx.poll_s, 0.5),
+                     what=f"[{ctx.cluster.name}] operator controller restored", progress=ctx.progress)
+        except StopRequested:
+            awaited = False
+    out = {"restored": True, "replicas": replicas, "was_paused_by": state["paused_by"],
+           "paused_at": state["paused_at"]}
+    if wait and not awaited:
+        out["ready_awaited"] = False
+        ctx.say(f"operator restored to {replicas} replica(s); not waiting for it to be Ready (a stop was requested)")
+    else:
+        ctx.say(f"operator restored to {replicas} replica(s) ({time.monotonic() - started:.1f}s)")
+    return out

@@ -107,7 +107,8 @@ def kvfleet_rollout() -> None:
 
         first = stages(cluster)
         preflight(cluster) >> first
-        previous = None
+        # The first slot reads the stages' result: a freeze or a stop that held the cluster there is carried on.
+        previous = first
         upstream: Any = first
         for slot in range(WAVE_SLOTS):
             wave = wave_slot(slot)(cluster, previous)

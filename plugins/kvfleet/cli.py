@@ -793,7 +793,47 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except HoldError as exc:
         raise UsageError(f"kvfleet stop: {exc}") from None
     _print_hold(args, hold, f"recorded: {hold.message}")
+    _end_waiting_gates(hold, quiet=args.json)
     return 0
+
+
+STOPPED_GATE_DAGS = ("kvfleet_rollout", "kvfleet_curvine_upgrade")  # the DAGs whose gates wait for a human
+
+
+def _end_waiting_gates(hold: Any, *, quiet: bool) -> None:
+    """A run of the stop's scope that waits at a gate would wait for its answer before its next safe point: with
+    Airflow's REST API configured (``AIRFLOW_API_URL`` and credentials, as for `kvfleet gate`), each such gate is
+    answered with its safe option (Abort, else Reject) as the stopping user's API identity; the gate sees the stop
+    and the run ends ``stopped``. Without the API, or when Airflow refuses an answer, stderr says which gates still
+    wait (answer them with `kvfleet gate respond`). Never fails the stop, which is recorded."""
+    from kvfleet.history.holds import ALL, CLUSTER, RUN
+
+    def covered(ti: dict[str, Any]) -> bool:
+        return bool(hold.scope.level == ALL or (hold.scope.level == RUN and f"{ti['dag_id']}/{ti['dag_run_id']}"
+                                            == hold.scope.name)
+                or (hold.scope.level == CLUSTER and ti.get("rendered_map_index") == hold.scope.name))
+
+    if not os.environ.get(API_URL_ENV, "").strip():
+        print(f"kvfleet stop: a run waiting at a gate stays there until the gate is answered ({API_URL_ENV} is not "
+              "set): kvfleet gate list, then kvfleet gate respond --option Abort (or Reject)", file=sys.stderr)
+        return
+    try:
+        api = AirflowApi.from_env()
+        waiting = [g for dag in STOPPED_GATE_DAGS for g in pending_gates(api, dag) if covered(g["task_instance"])]
+    except KvfleetError as exc:
+        print(f"kvfleet stop: the gates waiting could not be listed: {exc}", file=sys.stderr)
+        return
+    for g in waiting:
+        ti, options = g["task_instance"], g.get("options") or []
+        option = "Abort" if "Abort" in options else "Reject"
+        where = f"{ti['dag_id']}/{ti['dag_run_id']} {ti['task_id']}[{ti['map_index']}]"
+        try:
+            respond_gate(api, g, option)
+        except KvfleetError as exc:
+            print(f"kvfleet stop: the gate {where} still waits: {exc}", file=sys.stderr)
+            continue
+        if not quiet:
+            _out(f"answered {option} on {where}: it ends at the stop")
 
 
 def _hold_options(parser: argparse.ArgumentParser, *, run: bool) -> None:

@@ -34,12 +34,15 @@ class Status(enum.StrEnum):
     CONTINUE = "continue"  # a gate decision (``kvfleet.fleet.gates``): go on with the next wave
     STOP = "stop"
     SKIP_ENDPOINTS = "skip_endpoints"
+    HALT = "halt"  # a gate held by a freeze or an emergency stop (``kvfleet.airflow.halt``)
     SKIPPED = "skipped"
     SKIPPED_BY_GATE = "skipped_by_gate"
     ABORT = "abort"  # a human's (or a carried) gate decision to abort the run
     ABORTED = "aborted"
     PAUSED_FOR_REVIEW = "paused_for_review"
     OBSERVED = "observed"  # an open intent closed by a later look at the live state
+    FROZEN = "frozen"  # an endpoint a freeze kept from moving (kvfleet freeze), and the run that ended so
+    STOPPED = "stopped"  # the same for an emergency stop (kvfleet stop)
 
 
 def status_of(value: str) -> Status:
@@ -58,6 +61,8 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     ABORTED = "aborted"
     REFUSED = "refused"
+    FROZEN = "frozen"  # a freeze held the run at a safe point (``kvfleet.airflow.halt``)
+    STOPPED = "stopped"  # an emergency stop did
 
 
 # Steps that changed nothing worth an audit line of their own.
@@ -91,7 +96,8 @@ def _step_reason(step: Mapping[str, Any]) -> str | None:
 def derive_status(airflow_state: str, steps: Iterable[Mapping[str, Any]],
                   open_intents: int = 0) -> tuple[RunStatus, dict[str, Any]]:
     """The terminal status of a run from Airflow's final state and the steps it recorded, with the counts
-    behind it. Airflow ``success``: aborted > refused > completed_with_failures > success. Airflow ``failed``:
+    behind it. A run held by a stop or a freeze ends ``stopped`` or ``frozen`` (a stop first). Otherwise, Airflow
+    ``success``: aborted > refused > completed_with_failures > success. Airflow ``failed``:
     aborted > refused > failed (never ``success``). A write-ahead intent left without an outcome counts as a
     failure: nobody knows whether that change happened."""
     if airflow_state not in ("success", "failed"):
@@ -100,13 +106,18 @@ def derive_status(airflow_state: str, steps: Iterable[Mapping[str, Any]],
     counts: dict[str, int] = {}
     for st in steps:
         counts[st["outcome"]] = counts.get(st["outcome"], 0) + 1
+    held = [st for st in steps if st["outcome"] in (Status.STOPPED, Status.FROZEN)]
     aborts = [st for st in steps if _is_abort(st)]
     refusals = [st for st in steps if _is_refusal(st)]
     failures = sum(n for o, n in counts.items() if o in FAILURES)
     skipped = sum(n for o, n in counts.items() if o in SKIPS)
     facts: dict[str, Any] = {"outcomes": dict(sorted(counts.items())), "failures": failures, "skipped": skipped,
                              "open_intents": open_intents, "airflow_state": airflow_state}
-    if aborts:
+    if held:  # a human held the run on purpose: that is what it ended as, before any gate's abort
+        stopped = [st for st in held if st["outcome"] == Status.STOPPED]
+        status = RunStatus.STOPPED if stopped else RunStatus.FROZEN
+        facts["reason"] = next((r for r in map(_step_reason, stopped or held) if r), status.value)
+    elif aborts:
         status = RunStatus.ABORTED
         facts["reason"] = next((r for r in map(_step_reason, aborts) if r), "aborted at a gate")
     elif refusals:

@@ -50,7 +50,7 @@ def test_the_public_values_are_the_models() -> None:
 # needs more says so here.
 REWRITE_LINES = 1890
 FEATURES = {"accounts, and clusters known by account/region/name": 180, "a policy floor per line of business": 75,
-            "four eyes and the responders of a LOB's gates": 45}
+            "four eyes and the responders of a LOB's gates": 45, "the daily run's own policy": 30}
 
 
 def test_the_package_stays_small() -> None:

@@ -33,7 +33,7 @@ def test_the_plan_shows_the_policy_of_the_lobs_in_scope() -> None:
     inv = parse_inventory(yaml.safe_dump(_doc(retail={"gate": "verify", "approval": "after_canary"},
                                               platform={"approval": "every_wave"})))
     plan = make_plan(inv)
-    rest = {"curvine_approval": "never", "four_eyes": False, "responders": []}
+    rest = {"curvine_approval": "never", "scheduled": "apply", "four_eyes": False, "responders": []}
     assert plan.as_dict()["policy"] == {"retail": {"gate": "verify", "approval": "after_canary", **rest},
                                         "platform": {"gate": "none", "approval": "every_wave", **rest}}
     text = render_plan_text(plan)
@@ -103,7 +103,7 @@ def test_validate_json_shows_the_policy(tmp_path: Path, capsys: pytest.CaptureFi
     assert cli.main(["validate", "--fleet", str(path), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert {x["name"]: x["policy"] for x in shown["lobs"]}["payments"] == {
-        "gate": "verify", "approval": "none", "curvine_approval": "never", "four_eyes": False, "responders": []}
+        "gate": "verify", "approval": "none", "curvine_approval": "never", "scheduled": "apply", "four_eyes": False, "responders": []}
 
 
 def test_responders_are_those_every_lob_names_less_the_trigger_under_four_eyes() -> None:

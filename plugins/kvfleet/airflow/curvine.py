@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvfleet.airflow import halt
 from kvfleet.airflow import params as kvparams
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import narrowed, pin_inventory, run_info, scoped_inventory, stage_context
@@ -44,9 +45,23 @@ def _open(params: dict[str, Any], stage: str, detail: dict[str, Any]) -> tuple[l
                       triggered_by=info.triggered_by, params=params, inventory=pinned)
     inv = narrowed(inventory_of(pinned), clusters=params.get("clusters") or None)
     clusters = [c.key for c in inv.clusters]
+    if not params.get("dry_run"):  # a freeze (or a stop) of its scope: the run does not start
+        halt.refuse_start(history, info.step_key, run_key=info.run_key, actor=info.actor, clusters=clusters,
+                          lobs={e.lob for e in inv.endpoints})
     history.runs.record_step(info.step_key, StepEvent("scope", stage, Status.PLANNED, detail={
         "clusters": clusters, "inventory": pinned.revision, **detail}), actor=info.actor)
     return clusters, info, history
+
+
+def _held(ctx: Any, stage: str) -> dict[str, Any] | None:
+    """A safe point before a cluster's upgrade or scale-out starts: a freeze or a stop given since the run started
+    holds it (recorded frozen or stopped, nothing changed there), or None."""
+    held = halt.held(ctx)
+    if held is not None:
+        ctx.record(f"{stage}:{ctx.cluster.name}", stage, held["outcome"], reason=held["reason"])
+        log.warning("[%s] %s held: %s", ctx.cluster.name, stage, held["reason"])
+        return {"outcome": held["outcome"], "reason": held["reason"]}
+    return None
 
 
 # ---- upgrade ---------------------------------------------------------------------------------------------------
@@ -154,6 +169,8 @@ def upgrade_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
         return {"cluster": cluster, "outcome": "planned"}
     ctx = stage_context(cluster, params)
     try:
+        if (held := _held(ctx, curvine_upgrade.STAGE)) is not None:
+            return {"cluster": cluster, **held}
         out = curvine_upgrade.upgrade(ctx, upgrade_request(params), holder=run_info().run_key)
     finally:
         ctx.close()
@@ -199,6 +216,8 @@ def open_scale(params: dict[str, Any]) -> list[str]:
 def scale_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
     ctx = stage_context(cluster, params)
     try:
+        if (held := _held(ctx, curvine_scale.STAGE)) is not None:
+            return {"cluster": cluster, **held}
         out = curvine_scale.scale(ctx, scale_request(params), holder=run_info().run_key)
     finally:
         ctx.close()

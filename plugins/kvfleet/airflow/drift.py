@@ -88,9 +88,15 @@ def record_watch_errors(history: HistoryRepos, step_key: StepKey, actor: str, er
 
 @task_boundary
 def check_cluster(cluster: str, params: dict[str, Any]) -> dict[str, Any]:
+    from kvfleet.airflow import halt
+
     ctx = stage_context(cluster, _params(params))
     try:
-        result = drift.check(ctx, remediate=bool(params.get("remediate")))
+        remediate = bool(params.get("remediate"))
+        held = halt.held(ctx) if remediate else None
+        if held:  # a freeze or a stop: the check still observes and records; it changes nothing
+            ctx.record(f"remediation_held:{ctx.cluster.name}", "drift", held["outcome"], reason=held["reason"])
+        result = drift.check(ctx, remediate=remediate and not held)
     finally:
         ctx.close()
     out = result.as_dict()

@@ -88,8 +88,8 @@ class WaveGateOperator(HITLOperator):
     def _decide(self, context: Any) -> tuple[str, str, dict[str, Any]]:
         wave = self._wave(context)
         params = context["params"]
-        if wave.get("carry") in (gates.STOP, gates.ABORT):
-            return wave["carry"], "carried from an earlier gate", wave
+        if wave.get("carry") in gates.CARRIED:
+            return wave["carry"], wave.get("reason") or "carried from an earlier gate", wave
         decision, reason = gates.gate_decision(wave.get("verdict", "none"), gate=params.get("gate", "verify"),
                                                approval=params.get("approval", "none"), slot=self.slot,
                                                has_next=bool(wave.get("has_next")))
@@ -98,8 +98,12 @@ class WaveGateOperator(HITLOperator):
     def execute(self, context: Any) -> Any:
         decision, reason, wave = self._decide(context)
         self.log.info("gate after slot %s on %s: %s (%s)", self.slot, wave.get("cluster"), decision, reason)
+        if decision in (gates.ASK_REVIEW, gates.ASK_APPROVAL) and (held := _held(context, wave)) is not None:
+            # a freeze or a stop since the wave: no human is asked; the later slots record their endpoints held
+            decision, reason, wave = gates.HALT, held["reason"], {**wave, "held": held}
         if decision not in (gates.ASK_REVIEW, gates.ASK_APPROVAL):
-            return {"decision": decision, "reason": reason, "cluster": wave.get("cluster"), "by": "kvfleet"}
+            return {"decision": decision, "reason": reason, "cluster": wave.get("cluster"), "by": "kvfleet",
+                    **({"held": wave["held"]} if wave.get("held") else {})}
         if decision == gates.ASK_REVIEW:
             self.options, self.defaults = list(gates.REVIEW_OPTIONS), ["Abort"]
         else:
@@ -128,6 +132,9 @@ class WaveGateOperator(HITLOperator):
             self.log.warning("%s", refused)
             chosen = "Abort" if decision == gates.ASK_REVIEW else "Reject"
         result = gates.decision_from_response(decision, chosen)
+        held = _held(context, wave)
+        if held is not None:  # a stop or a freeze given while it waited: held, whatever the answer (even Approve)
+            result = gates.HALT
         self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
         from kvfleet.airflow.context import run_info
         from kvfleet.history.keys import StepEvent
@@ -143,9 +150,11 @@ class WaveGateOperator(HITLOperator):
                     "responded_by": dict(by) if isinstance(by, dict) and by else None,
                     **({"refused": refused} if refused else {})}),
             actor=who or "timeout")
-        reason = f"{chosen}: {refused}" if refused else f"{chosen} by {who or 'timeout default'}"
-        return {"decision": result, "reason": reason, "cluster": wave.get("cluster"),
-                "by": who, "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else []}
+        reason = held["reason"] if held else f"{chosen}: {refused}" if refused else \
+            f"{chosen} by {who or 'timeout default'}"
+        return {"decision": result, "reason": reason, "cluster": wave.get("cluster"), "by": who,
+                "skip": sorted(wave.get("review") or []) if result == "skip_endpoints" else [],
+                **({"held": held} if held else {})}
 
 
 class CurvineApprovalOperator(ApprovalOperator):
@@ -178,6 +187,21 @@ class CurvineApprovalOperator(ApprovalOperator):
                 actor=str(by.get("name") if isinstance(by, dict) else by))
             event = {**event, "chosen_options": ["Reject"]}
         return super().execute_complete(context, event)
+
+
+def _held(context: Any, wave: dict[str, Any]) -> dict[str, Any] | None:
+    """A gate that would ask a human is a safe point too: the freeze or stop (``kvfleet.airflow.halt``) that holds
+    the wave's cluster now, or None."""
+    from kvfleet.airflow import halt
+    from kvfleet.airflow.context import run_info, scoped
+    from kvfleet.history.repos import HistoryRepos
+
+    info, params, key = run_info(dict(context)), context["params"], wave.get("key")
+    if params.get("dry_run") or not key:
+        return None
+    inv = scoped(info.run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
+                 endpoints=params.get("endpoints"))
+    return halt.carried(halt.hold_on(HistoryRepos.on(), info.run_key, [key], {e.lob for e in inv.endpoints_of(key)}))
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
+from kvfleet.airflow import halt
 from kvfleet.airflow.boundary import task_boundary
 from kvfleet.airflow.context import cluster_context, narrowed, pin_inventory, run_info
 from kvfleet.airflow.params import WAVE_SLOTS
@@ -62,13 +63,14 @@ from kvfleet.airflow.request import RolloutRequest
 from kvfleet.errors import ConvergenceTimeout, LeaseWaitTimeout, PermanentError
 from kvfleet.fleet import gates
 from kvfleet.fleet.inventory import Endpoint
-from kvfleet.fleet.inventory.policy import below, unanswerable, unheld
+from kvfleet.fleet.inventory.policy import below, left_to_humans, unanswerable, unheld
 from kvfleet.fleet.pinning import inventory_of
 from kvfleet.fleet.plan import make_plan, render_plan_text
 from kvfleet.history.keys import StepEvent
 from kvfleet.history.leases import ACTIVE_TTL_S, PARKED_TTL_S, SUFFIX, Leases
 from kvfleet.history.repos import HistoryRepos
 from kvfleet.history.runs import Runs
+from kvfleet.outcomes import Status
 from kvfleet.stages import addons, curvine, endpoints, operator_pause, tiered_storage, verify
 from kvfleet.stages.base import Pending, StageContext
 from kvfleet.stages.locks import ClusterLock
@@ -225,6 +227,8 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
     inv = narrowed(inventory_of(pinned), lobs=req.lobs, clusters=req.clusters, endpoints=req.endpoints)
     verify.check_prompt_length(req.prompt_tokens, inv.settings.chunk_size)
     plan = make_plan(inv, wave_size=req.wave_size, canary=req.canary)
+    if info.trigger == "schedule" and not req.dry_run:  # the daily run: its own policy (lobs[].policy.scheduled)
+        inv, plan = _leave_to_humans(history, info, req, inv, plan)
     lowered = [] if req.dry_run else [
         *below(plan.policy, inv.source, gate=req.gate, approval=req.approval),
         *unheld(plan, inv.source, canary=req.canary, approval=req.approval, slots=WAVE_SLOTS),
@@ -236,6 +240,9 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
         history.runs.record_step(info.step_key, StepEvent(step="policy", stage="plan", outcome="refused",
                                                           detail=refused), actor=info.actor)
         raise PermanentError("the run does not meet its LOBs' policy; nothing was changed: " + "; ".join(lowered))
+    if not req.dry_run:  # a freeze (or a stop) of its scope: the run does not start
+        halt.refuse_start(history, info.step_key, run_key=info.run_key, actor=info.actor,
+                          clusters=[c.key for c in plan.clusters], lobs={e.lob for e in inv.endpoints})
     log.info("%s", render_plan_text(plan))
     history.runs.start(info.run_key, dag_id=info.dag_id, run_id=info.run_id, trigger=info.trigger,
                       triggered_by=info.triggered_by, params=params, plan=plan.as_dict())
@@ -246,6 +253,24 @@ def plan_rollout(params: dict[str, Any]) -> list[str]:
                                                          "inventory": pinned.revision}),
                         actor=info.actor)
     return [c.key for c in plan.clusters]
+
+
+def _leave_to_humans(history: HistoryRepos, info: Any, req: RolloutRequest, inv: Any, plan: Any) -> tuple[Any, Any]:
+    """A scheduled run applies nothing a LOB's policy keeps for a human: it leaves out the production clusters of
+    a LOB with ``scheduled: plan`` and the clusters of a LOB whose floor its Params do not meet (a run by hand
+    would be refused), recorded as a ``policy`` step (planned: what was left out and why); the rest goes on."""
+    keys, why = left_to_humans(plan, [c.key for c in inv.clusters if c.production], inv.source,
+                               run={"gate": req.gate, "approval": req.approval})
+    if not keys:
+        return inv, plan
+    log.warning("the daily run leaves to a human: %s", "; ".join(why))
+    history.runs.record_step(info.step_key, StepEvent(step="policy", stage="plan", outcome="planned", detail={
+        "left_out": keys, "why": why, "planned": {c.key: c.as_dict() for c in plan.clusters if c.key in keys}}),
+        actor=info.actor)
+    kept = inv.model_copy(update={"clusters": [c for c in inv.clusters if c.key not in keys],
+                                  "endpoints": [e for e in inv.endpoints if not any(e.on(c) for c in inv.clusters
+                                                                                    if c.key in keys)]})
+    return kept, make_plan(kept, wave_size=req.wave_size, canary=req.canary)
 
 
 @task_boundary
@@ -278,13 +303,10 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
     done: list[dict[str, Any]] = list(resume.get("done") or [])
     try:
         _check_event(resume)  # a trigger's error (terminal state, timeout) frees the slot and lease like any failure
-        if not ctx.dry_run:
-            # What a stage had decided before a deferral travels across a new wait for the slot or the lease too.
-            kept = {"done": done, "progress": dict(resume.get("progress") or {})}
-            _take_slot_or_defer(ctx, req, history, resume, kept)
-            lease = _take_lease_or_defer(ctx, req, resume, kept)
-        _stages_1_to_3(ctx, resume, done)
-        drift_report = _remediate_drift(ctx) if req.remediate_drift and not ctx.dry_run else None
+        held = halt.held(ctx)  # a freeze or a stop before the cluster is touched: no slot, no lease
+        lease = _slot_and_lease(ctx, req, history, resume, done, held)
+        held = held or _stages_1_to_3(ctx, resume, done)
+        drift_report = _remediate_drift(ctx, req, held)
     except TaskDeferred:
         # Waiting in the triggerer: the slot stays parked (the run still counts this cluster), the lease too when
         # this task holds it (waiting for the cluster itself); the resumed task takes them again.
@@ -305,10 +327,26 @@ def run_cluster_stages(cluster: str, params: dict[str, Any],
         ctx.close()
     for o in done:
         log.info("[%s] %s: %s", cluster, o.get("stage"), o.get("outcome"))
+    if held:  # the first wave slot carries it: no wave of this cluster starts
+        log.warning("[%s] held before stage %d: %s", cluster, len(done) + 1, held["reason"])
+        return {"cluster": cluster, "stages": done, "drift": None, "decision": gates.HALT, "held": held,
+                "reason": held["reason"]}
     return {"cluster": cluster, "stages": done, "drift": drift_report}
 
 
-def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[str, Any]]) -> None:
+def _slot_and_lease(ctx: StageContext, req: RolloutRequest, history: HistoryRepos, resume: dict[str, Any],
+                    done: list[dict[str, Any]], held: dict[str, Any] | None) -> ClusterLock | None:
+    """The run's parallelism slot, then the cluster's lease (each wait deferred); none for a dry run or a held
+    cluster."""
+    if ctx.dry_run or held:
+        return None
+    # What a stage had decided before a deferral travels across a new wait for the slot or the lease too.
+    kept = {"done": done, "progress": dict(resume.get("progress") or {})}
+    _take_slot_or_defer(ctx, req, history, resume, kept)
+    return _take_lease_or_defer(ctx, req, resume, kept)
+
+
+def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Stages 1–3 in order, skipping those done before a deferral (their outcomes are in ``done``). Each stage is
     split (``stages.base.Pending``): each wait their own change needs (UpdateCluster to InService, an add-on to
     ACTIVE, the ai-toolkit daemon, the operator's controller, Curvine's StatefulSets, PVCs and master) defers,
@@ -317,12 +355,16 @@ def _stages_1_to_3(ctx: StageContext, resume: dict[str, Any], done: list[dict[st
     run) stays in this process: its flip must never wait on a deferral."""
     progress: dict[str, Any] = dict(resume.get("progress") or {})
     for stage in (tiered_storage, addons, curvine)[len(done):]:
+        # a safe point before a stage starts (one resumed after a deferral finishes what it began)
+        if not progress and (held := halt.held(ctx)) is not None:
+            return held
         if stage is addons and not ctx.dry_run and not progress:
             _defer_while_addons_move(ctx, resume, {"done": done})
         while (pending := stage.act(ctx, progress)) is not None:
             _defer_for(ctx, pending, resume, {"done": done, "progress": progress})
         done.append(stage.finish(ctx, progress).as_dict())
         progress = {}
+    return None
 
 
 def _defer_for(ctx: StageContext, pending: Pending, resume: dict[str, Any], state: dict[str, Any]) -> NoReturn:
@@ -380,11 +422,14 @@ def _defer_while_addons_move(ctx: StageContext, resume: dict[str, Any], state: d
            {**state, "wait": wait, "since": since})
 
 
-def _remediate_drift(ctx: StageContext) -> dict[str, Any]:
+def _remediate_drift(ctx: StageContext, req: RolloutRequest, held: dict[str, Any] | None) -> dict[str, Any] | None:
     """``remediate_drift``: the drift check with remediation, under this run's lease, before the waves move
-    (a format flag left true, an operator left paused, patches lost to a re-render)."""
+    (a format flag left true, an operator left paused, patches lost to a re-render). None when not asked for, in
+    a dry run, or when a freeze or a stop ``held`` the cluster."""
     from kvfleet.stages import drift
 
+    if not req.remediate_drift or ctx.dry_run or held:
+        return None
     result = drift.check(ctx, remediate=True)
     return {"findings": len(result.findings), "remediations": len(result.remediations or [])}
 
@@ -446,19 +491,35 @@ def _verify_wave(ctx: StageContext, wave: dict[str, Any], eps: list[Endpoint], r
 
 
 def _carried(ctx: StageContext, waves: list[dict[str, Any]], by_ref: dict[str, Endpoint],
-             previous: dict[str, Any] | None, out: dict[str, Any]) -> dict[str, Any] | None:
-    """The slot's result when it has nothing to run (no waves) or an earlier gate stopped or aborted the
-    cluster (its endpoints marked so); None when the slot runs."""
+             previous: dict[str, Any] | None, out: dict[str, Any], resume: dict[str, Any]) -> dict[str, Any] | None:
+    """The slot's result when it has nothing to run (no waves), an earlier gate stopped or aborted the cluster, or
+    a freeze or a stop holds it at this slot's start (its endpoints marked so); None when the slot runs."""
     decision = (previous or {}).get("decision", gates.CONTINUE)
+    held = (previous or {}).get("held") if decision == gates.HALT else None
     if not waves:
-        return {**out, "carry": decision if decision in (gates.STOP, gates.ABORT) else None,
-                "reason": (previous or {}).get("reason")}
-    if decision in (gates.STOP, gates.ABORT):
-        outcome = "skipped_by_gate" if decision == gates.STOP else "aborted"
+        return {**out, "carry": decision if decision in gates.CARRIED else None,
+                "reason": (previous or {}).get("reason"), **({"held": held} if held else {})}
+    if decision in gates.CARRIED:
+        outcome = held["outcome"] if held else "skipped_by_gate" if decision == gates.STOP else "aborted"
         _mark(ctx, [by_ref[e["ref"]] for w in waves for e in w["endpoints"]], outcome,
               (previous or {}).get("reason", ""))
-        return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason")}
-    return None
+        return {**out, "verdict": "stopped", "carry": decision, "reason": (previous or {}).get("reason"),
+                **({"held": held} if held else {})}
+    if resume.get("baked") is not None:  # its first wave was applied before a bake: no safe point until it is done
+        return None
+    start = int(resume.get("wave_index") or 0)
+    stopped = _held_here(ctx, [by_ref[e["ref"]] for w in waves[start:] for e in w["endpoints"]])
+    return None if stopped is None else {**out, **stopped}
+
+
+def _held_here(ctx: StageContext, eps: list[Endpoint]) -> dict[str, Any] | None:
+    """A safe point before a wave (``eps``: its endpoints and the slot's later waves', none started): when a hold
+    applies, they are recorded frozen or stopped and the slot carries the hold on; None to go on."""
+    held = halt.held(ctx)
+    if held is None:
+        return None
+    _mark(ctx, eps, held["outcome"], held["reason"])
+    return {"verdict": "stopped", "carry": gates.HALT, "held": held, "reason": held["reason"]}
 
 
 def _wave_step(ctx: StageContext, req: RolloutRequest, lease: ClusterLock | None, wave: dict[str, Any],
@@ -481,7 +542,10 @@ def _wave_step(ctx: StageContext, req: RolloutRequest, lease: ClusterLock | None
 
 def _stop_after(ctx: StageContext, wave: dict[str, Any], verdict: str, rest: list[Endpoint],
                 req: RolloutRequest) -> dict[str, Any] | None:
-    """A gated wave that failed stops the slot's later waves; an inconclusive one pauses them for review."""
+    """A gated wave that failed stops the slot's later waves; an inconclusive one pauses them for review; a freeze
+    or a stop holds them (a safe point between two waves)."""
+    if rest and (held := _held_here(ctx, rest)) is not None:
+        return held
     if rest and verdict == "fail" and req.gated:
         _mark(ctx, rest, "skipped_by_gate", f"wave {wave['wave']} failed its gate")
         return {"verdict": "fail", "carry": gates.STOP}
@@ -514,7 +578,7 @@ def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
         "endpoints": {}, "review": [], "verdict": "none", "has_next": False}
     lease: ClusterLock | None = None
     try:
-        carried = _carried(ctx, waves, by_ref, previous, out)
+        carried = _carried(ctx, waves, by_ref, previous, out, resume)
         if carried is not None:
             return carried
         skip = set((previous or {}).get("skip") or [])
@@ -530,7 +594,7 @@ def run_wave_slot(cluster: str, slot: int, previous: dict[str, Any] | None,
             out["verdict"] = verdict
             out["review"] = [k for k, v in detail.items() if v.startswith(("degraded", "unverifiable"))]
             rest = [by_ref[e["ref"]] for w in waves[i + 1:] for e in w["endpoints"]]
-            stop = _stop_after(ctx, wave, verdict, rest, req)
+            stop = _stop_after(ctx, wave, verdict, rest, req)  # a safe point before the next wave too
             if stop is not None:
                 return {**out, **stop}
         out["has_next"] = slot < WAVE_SLOTS - 1 and bool(_slot_waves(plan, cluster, slot + 1))
@@ -609,9 +673,13 @@ def finish_rollout(clusters: list[str], last_slots: list[Any] | None, params: di
     steps = history.runs.steps(info.run_key)
     aborted = [{"cluster": s["cluster"], "reason": (s["detail"] or {}).get("reason")} for s in steps
                if s["outcome"] == "aborted"]
+    held = sorted({s["outcome"] for s in steps if s["outcome"] in (Status.STOPPED, Status.FROZEN)}, reverse=True)
     summary = {"steps": len(steps), "dry_run": req.dry_run,
                "clusters": list(clusters), "lobs": rows, "aborted": aborted}
-    history.runs.end(info.run_key, "aborted" if aborted else "success", summary)
+    # held on purpose (a stop first): what the run ended as, not a failure; the DAG callback derives the same
+    history.runs.end(info.run_key, held[0] if held else "aborted" if aborted else "success", summary)
+    if held:
+        return {"lobs": len(rows), "held": held[0]}
     if aborted:
         raise PermanentError("rollout aborted at a gate: " + "; ".join(sorted({f"{g['cluster']}: {g['reason']}"
                                                                               for g in aborted})))

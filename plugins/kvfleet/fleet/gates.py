@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 CONTINUE, STOP, ABORT, ASK_REVIEW, ASK_APPROVAL = "continue", "stop", "abort", "ask_review", "ask_approval"
+HALT = "halt"  # a freeze or an emergency stop held the cluster at a safe point (kvfleet.airflow.halt): carried on
+CARRIED = (STOP, ABORT, HALT)  # decisions a gate passes on to the cluster's later slots as they are
 REVIEW_OPTIONS = ("Approve", "Skip endpoint", "Abort")
 APPROVAL_OPTIONS = ("Approve", "Reject")
 

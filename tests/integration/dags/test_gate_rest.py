@@ -336,3 +336,48 @@ def test_under_four_eyes_the_triggers_own_answer_does_not_count(  # type: ignore
                                                 "apply"), gate
     outcomes = {(s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["endpoint"]}
     assert ("alpha/alpha-docs", "aborted") in outcomes, outcomes
+
+
+# ---- the emergency stop of a run waiting at a gate ------------------------------------------------------------
+
+
+def test_kvfleet_stop_ends_a_run_waiting_at_a_gate(  # type: ignore[no-untyped-def]
+        dagbag, history, sandbox_process, small_fleet, api_server) -> None:
+    """`kvfleet stop --run R` while R waits at its canary's approval: with Airflow's REST API configured, the CLI
+    answers the gate with its safe option (Reject) as its API user; the gate sees the stop, no later wave starts,
+    the later endpoint is recorded stopped and the run ends stopped (not aborted)."""
+    _policy_fleet(small_fleet, {})
+    cli_env = {**os.environ, "AIRFLOW_API_URL": api_server, "AIRFLOW_API_USER": "bob",
+               "AIRFLOW_API_PASSWORD": USERS["bob"], "KVFLEET_USER": "oncall"}
+    cli_env.pop("AIRFLOW_API_TOKEN", None)
+    done, seen = threading.Event(), []
+
+    def stop_when_waiting() -> None:
+        from kvfleet.airflow import hitl
+
+        while not done.wait(0.3) and not seen:
+            for gate in hitl.pending():
+                seen.append(kvfleet("stop", "--run", f"{gate.dag_id}/{gate.run_id}", "--reason", "INC-9: bad image",
+                                    "--fleet", str(small_fleet), env=cli_env))
+
+    stopper = threading.Thread(target=stop_when_waiting, daemon=True)
+    stopper.start()
+    try:
+        dr = dagbag.get_dag("kvfleet_rollout").test(run_conf={
+            "fleet": str(small_fleet), "dry_run": False, "wave_size": 1, "canary": True, "bake_minutes": 0,
+            "gate": "none", "approval": "after_canary", "remediate_drift": False, "prompt_tokens": 2000,
+            "lock_wait_minutes": 10})
+    finally:
+        done.set()
+        stopper.join(timeout=60)
+    [stopped] = seen
+    assert stopped.returncode == 0 and "answered Reject on kvfleet_rollout/" in stopped.stdout, (
+        stopped.stdout, stopped.stderr)
+    run_key = f"kvfleet_rollout/{dr.run_id}"
+    run = history.runs.get(run_key)
+    assert run["status"] == "stopped" and "INC-9: bad image" in (run["reason"] or ""), run
+    outcomes = {(s["endpoint"], s["outcome"]) for s in history.runs.steps(run_key) if s["endpoint"]}
+    assert outcomes == {("alpha/alpha-chat", "changed"), ("alpha/alpha-docs", "stopped")}, outcomes
+    [gate] = [s for s in history.runs.steps(run_key) if s["step"].startswith("gate_response:")]
+    assert (gate["outcome"], gate["detail"]["chosen"], gate["detail"]["responded_by"]["name"]) == (
+        "halt", "Reject", "bob"), gate

@@ -160,4 +160,4 @@ def test_plan_json_is_pure_json(fleet: Path, capsys: pytest.CaptureFixture[str])
     assert cli.main(["plan", "--fleet", str(fleet), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policy"]["retail"] == {"gate": "verify", "approval": "after_canary", "curvine_approval": "always",
-                                       "four_eyes": False, "responders": []}
+                                       "scheduled": "apply", "four_eyes": False, "responders": []}

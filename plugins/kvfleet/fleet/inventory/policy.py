@@ -17,6 +17,7 @@ from kvfleet.fleet.inventory.fields import _choice, _text
 GATES: Final = ("none", "verify")
 APPROVALS: Final = ("none", "after_canary", "every_wave")
 CURVINE_APPROVALS: Final = ("never", "auto", "always")  # the Curvine upgrade's Param: auto asks on production
+SCHEDULED: Final = ("apply", "plan")  # what the daily (scheduled) rollout does on a production cluster of the LOB
 ORDERS: Final = {"gate": GATES, "approval": APPROVALS, "curvine_approval": CURVINE_APPROVALS}
 PARAMS: Final = {"curvine_approval": "approval"}  # the DAG Param a policy key holds, where the names differ
 
@@ -31,6 +32,10 @@ class Policy(_Model):
     curvine_approval: Annotated[str, _choice(CURVINE_APPROVALS)] = _described(
         "The least approval a Curvine upgrade or rollback on a cluster serving this LOB may ask for: never, auto "
         "(production clusters ask), always.", default="never")
+    scheduled: Annotated[str, _choice(SCHEDULED)] = _described(
+        "What the scheduled daily rollout does on the production clusters serving this LOB: apply, or plan (it "
+        "leaves those clusters out and records them planned; a run a human triggers applies them, held to this "
+        "policy).", default="apply")
     four_eyes: Bool = _described(
         "A human answer to a gate of a run touching this LOB counts only from someone other than the user who "
         "triggered the run (Airflow's triggering user).", default=False)
@@ -42,6 +47,7 @@ class Policy(_Model):
     def shown(self) -> str:
         return (f"gate {self.gate} or stronger, approval {self.approval} or more"
                 + (f", Curvine approval {self.curvine_approval} or more" if self.curvine_approval != "never" else "")
+                + (", the daily run only plans its production clusters" if self.scheduled == "plan" else "")
                 + (", four eyes" if self.four_eyes else "")
                 + (f", answered by {', '.join(self.responders)}" if self.responders else ""))
 
@@ -107,3 +113,23 @@ def unheld(plan: Any, source: str, *, canary: bool, approval: str, slots: int) -
                                f"{len(c.waves)} waves, more than the {slots} a rollout approves one by one (its "
                                "last runs the rest back to back): raise wave_size, or narrow the run's scope")
     return out
+
+
+def left_to_humans(plan: Any, production: Iterable[str], source: str, *,
+                   run: dict[str, str]) -> tuple[list[str], list[str]]:
+    """What a scheduled run leaves out, and why: (the cluster keys, one message per cluster). A production cluster
+    (``production``: their keys) serving a LOB whose policy says ``scheduled: plan``; and every cluster serving a
+    LOB whose floor the run's Params (``run``: gate, approval) do not meet, where a run a human triggers would be
+    refused (``below``)."""
+    production = set(production)
+    keys: dict[str, str] = {}
+    for lob, policy in plan.policy:
+        lowered = below([(lob, policy)], source, **run)
+        for c in plan.clusters:
+            serves = any(e.lob == lob for w in c.waves for e in w.endpoints)
+            if serves and lowered:
+                keys.setdefault(c.key, "; ".join(lowered))
+            elif serves and c.key in production and policy.scheduled == "plan":
+                keys.setdefault(c.key, f"{source}: lobs.{lob}.policy.scheduled is plan, and {c.key} is a production "
+                                       "cluster: trigger kvfleet_rollout by hand to apply it")
+    return sorted(keys), [f"{k}: {why}" for k, why in sorted(keys.items())]

@@ -177,3 +177,40 @@ def test_the_kubernetes_client_takes_the_proxy_helm_and_kubectl_take(
         assert proxy.tunnels == ([] if no_proxy else [f"127.0.0.1:{port}"])
     finally:
         proxy.stop()
+
+
+class _StaleFirst:
+    """The first token is one the server no longer takes (it expired on the way); every later one is good."""
+
+    def __init__(self, good: str = TOKEN) -> None:
+        self.made, self.good = 0, good
+
+    def __call__(self) -> str:
+        self.made += 1
+        return "expired.on-the-way" if self.made == 1 else self.good
+
+
+def test_a_request_answered_401_is_sent_once_more_with_a_fresh_token(
+        served: tuple[KubeApiServer, TlsMaterial]) -> None:
+    """A token lives no longer than the credentials that signed it, so under load one can expire between its
+    making and the server's check: the server answers 401 and applies nothing, and the client sends the request
+    once more with a token made then (a read and a write alike), as client-go does. A token the server still
+    refuses is a permanent error after that one try, not a loop."""
+    server, material = served
+    tokens = _StaleFirst()
+    access = ClusterAccess(eks_name="eks-prod", endpoint=server.https_url, ca_data=_b64(material.ca_pem),
+                           token_source=tokens)
+    try:
+        assert "default" in [n.metadata.name for n in call(access.core.list_namespace, what="list").items]
+        assert tokens.made == 2
+        created = call(access.core.create_namespace, {"metadata": {"name": "renewed-token"}}, what="create")
+        assert created.metadata.name == "renewed-token" and tokens.made == 2  # the fresh token is kept
+    finally:
+        access.close()
+    refused = ClusterAccess(eks_name="eks-prod", endpoint=server.https_url, ca_data=_b64(material.ca_pem),
+                            token_source=_StaleFirst(good="still.not.known"))
+    try:
+        with pytest.raises(PermanentError, match="401"):
+            call(refused.core.list_namespace, what="list namespaces")
+    finally:
+        refused.close()

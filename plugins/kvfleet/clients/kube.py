@@ -164,11 +164,24 @@ class StopGuardedApiClient(k8s.ApiClient):  # type: ignore[misc]
     request of every API group, and the pod proxy, leaves through ``request``. A server dry run (``dryRun=All``)
     persists nothing and stays allowed, as reads do."""
 
+    # Set by ClusterAccess: a fresh token, made now. A request answered 401 (its token expired on the way: a token
+    # lives no longer than the credentials that signed it) is sent once more with it, as client-go does for an exec
+    # credential; a 401 means the server authenticated nothing, so nothing of the request was applied.
+    renew_token: Callable[[], str] | None = None
+
     def request(self, method: str, url: str, query_params: Any = None, *args: Any, **kwargs: Any) -> Any:
         if str(method).upper() in _WRITE_METHODS and _STOP.is_set() and not _dry_run(query_params):
             path = url.split("://", 1)[-1].partition("/")[2]
             refuse_if_stopped(f"Kubernetes {str(method).upper()} /{path.partition('?')[0]}")
-        return super().request(method, url, query_params, *args, **kwargs)
+        try:
+            return super().request(method, url, query_params, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status != 401 or self.renew_token is None or not isinstance(kwargs.get("headers"), dict):
+                raise
+            log.info("Kubernetes answered 401 to %s: sending it once more with a fresh EKS token", method)
+            kwargs["headers"] = {**{k: v for k, v in kwargs["headers"].items() if k.lower() != "authorization"},
+                                 "authorization": f"Bearer {self.renew_token()}"}
+            return super().request(method, url, query_params, *args, **kwargs)
 
 
 def _dry_run(query_params: Any) -> bool:
@@ -215,6 +228,7 @@ class ClusterAccess:
         # client's default pool (5 x CPUs) would drop the extra connections with "Connection pool is full".
         cfg.connection_pool_maxsize = 32
         self.api_client = StopGuardedApiClient(cfg)
+        self.api_client.renew_token = self.renew
         # The API server records the user agent's product as the field manager of a write that names none, so
         # kvfleet's own changes are told apart from changes by hand (the drift watch's filter, managedFields).
         self.api_client.user_agent = "kvfleet/0.1"
@@ -261,6 +275,12 @@ class ClusterAccess:
 
     def _refresh(self, cfg: k8s.Configuration) -> None:
         cfg.api_key = {"BearerToken": self.token()}
+
+    def renew(self) -> str:
+        """A token made now (the server refused the last one), which later requests use too."""
+        with self._lock:
+            self._token_until = 0.0
+        return self.token()
 
     def kubeconfig(self, credential_file: str | Path | None = None) -> dict[str, Any]:
         """The kubeconfig of this access: the current token, or with ``credential_file`` an exec credential plugin

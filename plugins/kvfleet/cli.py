@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable, InventoryError, KvfleetError
@@ -504,15 +505,42 @@ def cmd_db(args: argparse.Namespace) -> int:
                          "--drop-history to mean it (take a backup first: pg_dump)")
     if args.revision:
         _check_revision(migrate, args.revision)
+    if args.action == "downgrade" and not args.yes:
+        raise UsageError(f"kvfleet db downgrade {args.revision}: it drops what every revision above "
+                         f"{args.revision} added, with its rows; add --yes to mean it (kvfleet db current shows where "
+                         "the schema is)")
     url = migration_url()
     engine = new_engine(url)  # as the owner role when one is configured
     try:
+        if args.action == "downgrade" and args.revision == "base":
+            _out(f"exported every history table first: {_export_history(engine, url)}")
         _migrate(args, migrate, engine, url)
     except CommandError as exc:
         raise UsageError(f"kvfleet db {args.action}: {str(exc).splitlines()[0]}") from None
     finally:
         engine.dispose()
     return 0
+
+
+def _export_history(engine: Any, url: str) -> Path:
+    """Every table of the history, one CSV file each (PostgreSQL's COPY, with a header), in a new directory under
+    the state directory: what `db downgrade base` drops, kept before it does. Any failure stops the downgrade."""
+    from kvfleet.history.db import reachable
+    from kvfleet.paths import state_dir
+
+    out = state_dir() / f"history-export-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    out.mkdir(parents=True, exist_ok=False, mode=0o700)
+    with reachable(url), engine.connect() as conn:
+        tables = [r[0] for r in conn.exec_driver_sql(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")]
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            for table in tables:
+                with (out / f"{table}.csv").open("w", encoding="utf-8") as fh:
+                    cursor.copy_expert(f'COPY public."{table}" TO STDOUT WITH (FORMAT csv, HEADER)', fh)
+        finally:
+            cursor.close()
+    return out
 
 
 def _migrate(args: argparse.Namespace, migrate: Any, engine: Any, url: str) -> None:
@@ -1039,7 +1067,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("action", choices=["upgrade", "downgrade", "current"])
     d.add_argument("revision", nargs="?", help="upgrade: default head; downgrade: required")
     d.add_argument("--drop-history", action="store_true",
-                   help="with `downgrade base`: really drop every history table, the audit log included")
+                   help="with `downgrade base`: really drop every history table, the audit log included (each table "
+                        "is exported to CSV under the state directory first)")
+    d.add_argument("--yes", action="store_true", help="downgrade: mean it (a downgrade drops what it goes below)")
     d.set_defaults(func=cmd_db)
 
     g = sub.add_parser("gate", help="rollout gates waiting for a human: list, respond (through Airflow's REST API: "

@@ -29,6 +29,12 @@ SageMaker ``UpdateCluster`` and no EKS add-on calls; its ``CreateCluster`` silen
 Mixing it in for the remaining calls (``DescribeCluster``, ``ListClusterNodes``) would have split one
 cluster's state between two stores, so the emulator owns all of it.
 
+IAM (:mod:`kvfleet_sandbox.aws_iam_enforce`): once ``enforce_iam`` is called (the sandbox runtime does, after
+attaching k8s/iam's policies to kvfleet's principal in each account), every request, to the services emulated here
+and to moto's alike, is authorized by the caller's identity policies in moto's IAM of its account before it is
+answered; a refusal is the service's own AccessDenied, recorded in ``iam_denials()``. Requests signed with an
+administrator's key (``admin_key``) are not authorized by IAM: they are the sandbox's set-up and tests.
+
 Fault injection: ``error_rate`` answers that share of requests with 503 ``ServiceUnavailable`` (botocore's
 retry handler retries it, as it would a real brown-out), ``latency_s`` delays every request, both from a
 seeded random generator so a scenario replays identically; ``fail_next_update`` and ``fail_addon`` make the
@@ -52,6 +58,16 @@ from urllib.parse import parse_qs, urlsplit
 from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet_sandbox.aws_clock import Clock, Timers
 from kvfleet_sandbox.aws_eks import AddonHook, EksService
+from kvfleet_sandbox.aws_iam_enforce import (
+    ALLOW,
+    IamEnforcement,
+    UnmodelledCondition,
+    access_denied,
+    checks_of,
+    evaluate,
+    identity_policies,
+    principal_context,
+)
 from kvfleet_sandbox.aws_sagemaker import HyperPodCluster, HyperPodService, TieredStorageHook
 from kvfleet_sandbox.aws_sts import Caller, Identities, RoleFacts, parse_policy, refusal
 from kvfleet_sandbox.aws_wire import (
@@ -171,6 +187,7 @@ class AwsEmulator:
         self._codecs: dict[str, Codec] = {name: codec_for(name) for name in OWN_SERVICES}
         self._moto = MotoServices(account_id)
         self.identities = Identities(account_id)
+        self.iam: IamEnforcement | None = None  # None: IAM identity policies are not enforced (enforce_iam)
         self._accounts: dict[str, _Account] = {}
         self._account(account_id)
 
@@ -223,6 +240,39 @@ class AwsEmulator:
         if known is None or known.account != account:
             self.identities.add_static(key, str(account), user="kvfleet-sandbox-admin")
         return key
+
+    def enforce_iam(self, on: bool = True) -> None:
+        """Authorize every request from now on with the caller's IAM identity policies (aws_iam_enforce), except
+        those signed with an administrator's key (``admin_key``: the sandbox's own set-up and tests); ``on`` False
+        turns it off."""
+        self.iam = IamEnforcement({ADMIN_KEY}, (f"{ADMIN_KEY}-",)) if on else None
+
+    def iam_denials(self) -> list[tuple[str, str, str, str, str, str]]:
+        """What IAM refused since enforcement began: (service, operation, caller ARN, action, resource, decision)."""
+        return list(self.iam.denials) if self.iam is not None else []
+
+    def _authorize(self, service: str, region: str, operation: str, params: dict[str, Any],
+                   caller: Caller) -> AwsError | None:
+        """None when the caller's identity policies allow the request (or enforcement is off, or the caller is an
+        administrator); else the service's AccessDenied."""
+        enforcement = self.iam
+        if enforcement is None or enforcement.bypassed(caller):
+            return None
+        with self._lock:
+            checks = checks_of(self, service, operation, params, region, caller)
+        if not checks:
+            return None
+        policies = self._moto.policies_of(caller)
+        base = principal_context(caller, region)
+        for check in checks:
+            try:
+                decision = evaluate(policies, check.action, check.resource, {**base, **check.context})
+            except UnmodelledCondition as exc:
+                return AwsError("InternalFailure", f"the kvfleet twin does not evaluate {exc}", status=500)
+            if decision != ALLOW:
+                enforcement.denials.append((service, operation, caller.arn, check.action, check.resource, decision))
+                return access_denied(service, caller, check, decision)
+        return None
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -290,8 +340,9 @@ class AwsEmulator:
         tiered_storage: dict[str, Any] | None = None,
         *,
         account: str | None = None,
+        tags: dict[str, str] | None = None,
     ) -> str:
-        """Register an InService HyperPod cluster; returns its ARN.
+        """Register an InService HyperPod cluster (with ``tags``, as ListTags answers them); returns its ARN.
 
         ``instance_groups`` use the API's spelling: ``{"InstanceGroupName", "InstanceType", "InstanceCount",
         ...}``. No hook fires: seeding describes a fleet that already is, not a change.
@@ -304,6 +355,7 @@ class AwsEmulator:
                 instance_groups=instance_groups,
                 node_recovery=node_recovery,
                 tiered_storage=tiered_storage,
+                tags=tags,
             )
 
     # --- hooks, inspection and faults ----------------------------------------------------------------------
@@ -457,6 +509,9 @@ class AwsEmulator:
         except AwsError as error:
             return codec.encode_error(error)
         self.request_log.append(_logged(codec.service, operation, params, caller))
+        denied = self._authorize(codec.service, region, operation, params, caller)
+        if denied is not None:
+            return codec.encode_error(denied)
         return self._answer(codec, region, operation, params, caller)
 
     def _handler(self, service: str, operation: str, caller: Caller) -> Callable[[str, dict[str, Any]], Any] | None:
@@ -494,6 +549,9 @@ class AwsEmulator:
     def _answer_moto(self, service: str, region: str, request: WireRequest, caller: Caller) -> WireResponse:
         operation, params = self._moto.describe(service, request)
         self.request_log.append(_logged(service, operation, params, caller))
+        denied = self._authorize(service, region, operation, params, caller)
+        if denied is not None:
+            return self._moto.encode_error(service, denied)
         try:
             self._inject_faults(operation)
         except AwsError as error:
@@ -642,6 +700,37 @@ class MotoServices:
                 return None
             return RoleFacts(found.arn, found.name, found.id, parse_policy(found.assume_role_policy_document),
                              int(found.max_session_duration or 3600))
+
+    def role_arn(self, account: str, name: str) -> str:
+        """The ARN of role ``name`` in ``account`` (with its path), or the path-less ARN when IAM has no such role."""
+        from moto.iam.models import iam_backends
+
+        self.use(account)
+        with _moto_lock:
+            found = next((r for r in iam_backends[account]["aws"].roles.values() if r.name == name), None)
+            return str(found.arn) if found is not None else f"arn:aws:iam::{account}:role/{name}"
+
+    def put_inline_policy(self, account: str, kind: str, name: str, policy_name: str, document: str) -> None:
+        """Store an inline policy on IAM user or role ``name`` (``kind`` "user" or "role") of ``account`` as IAM's
+        PutUserPolicy/PutRolePolicy would. Written into moto's model directly: moto 5.2.5's policy validator
+        (moto/iam/policy_validation.py ``_validate_resource_format``) splits a resource ARN on every ``:`` and so
+        refuses a policy variable with a colon in the account segment (``${aws:PrincipalAccount}``), which IAM
+        accepts (tests/conformance/facts/iam_enforcement.yaml)."""
+        from moto.iam.models import iam_backends
+
+        self.use(account)
+        with _moto_lock:
+            backend = iam_backends[account]["aws"]
+            entity = backend.get_user(name) if kind == "user" else backend.get_role(name)
+            entity.put_policy(policy_name, document)
+
+    def policies_of(self, caller: Caller) -> list[dict[str, Any]]:
+        """The identity-based policies moto's IAM of the caller's account holds for it (aws_iam_enforce)."""
+        from moto.iam.models import iam_backends
+
+        self.use(caller.account)
+        with _moto_lock:
+            return identity_policies(iam_backends[caller.account]["aws"], caller)
 
     def describe(self, service: str, request: WireRequest) -> tuple[str, dict[str, Any]]:
         """(operation, params) for the request log: the query form's ``Action`` and members for IAM and SNS,

@@ -1,8 +1,9 @@
 """SageMaker HyperPod cluster operations of the sandbox's AWS emulator.
 
 Called from :class:`kvfleet_sandbox.aws.AwsEmulator`, which decodes the HTTP request and hands the parameters
-here (``CreateCluster``, ``DescribeCluster``, ``UpdateCluster``, ``ListClusters``, ``ListClusterNodes``), and
-which also seeds clusters directly for ``kvfleet sandbox up``.
+here (``CreateCluster``, ``DescribeCluster``, ``UpdateCluster``, ``ListClusters``, ``ListClusterNodes``, and
+``AddTags``/``ListTags``/``DeleteTags`` on a cluster's ARN: the tags IAM conditions read as ``aws:ResourceTag``),
+and which also seeds clusters directly for ``kvfleet sandbox up``.
 
 It exists because kvfleet's stage 1 (tiered storage) depends on behaviour no stock fake has: the
 ``TieredStorageConfig``, ``NodeRecovery`` and ``Orchestrator`` settings kept and returned, ``UpdateCluster``
@@ -168,6 +169,7 @@ class HyperPodCluster:
     failure_message: str | None = None
     nodes: list[Node] = field(default_factory=list)
     generation: int = 0
+    tags: dict[str, str] = field(default_factory=dict)  # CreateCluster's Tags and AddTags (what ListTags answers)
 
     @property
     def eks_cluster_name(self) -> str | None:
@@ -233,6 +235,9 @@ class HyperPodService:
             "UpdateCluster": self.update_cluster,
             "ListClusters": self.list_clusters,
             "ListClusterNodes": self.list_cluster_nodes,
+            "AddTags": self.add_tags,
+            "ListTags": self.list_tags,
+            "DeleteTags": self.delete_tags,
         }
 
     # --- lookups and construction --------------------------------------------------------------------------
@@ -245,6 +250,13 @@ class HyperPodService:
         if cluster is None or (region is not None and cluster.region != region):
             raise AwsError("ResourceNotFound", f"Cluster '{name_or_arn}' not found.")
         return cluster
+
+    def lookup(self, name_or_arn: str) -> HyperPodCluster | None:
+        """The cluster by name or ARN, or None (IAM authorization reads its ARN and tags)."""
+        try:
+            return self.find(name_or_arn)
+        except AwsError:
+            return None
 
     def _arn(self, region: str) -> str:
         suffix = "".join(self._rng.choices(string.ascii_lowercase + string.digits, k=12))
@@ -308,6 +320,7 @@ class HyperPodService:
         instance_groups: list[dict[str, Any]],
         node_recovery: str,
         tiered_storage: dict[str, Any] | None,
+        tags: dict[str, str] | None = None,
     ) -> str:
         """A cluster that already exists and is InService (no request is logged and no hook fires)."""
         if name in self.clusters:
@@ -323,6 +336,7 @@ class HyperPodService:
             orchestrator={"Eks": {"ClusterArn": self._eks_arn(eks_cluster_name, region)}},
             node_recovery=node_recovery,
             tiered_storage=normalised_tiered(tiered_storage),
+            tags=dict(tags or {}),
         )
         self._scale_nodes(cluster)
         self.clusters[name] = cluster
@@ -349,6 +363,7 @@ class HyperPodService:
             node_recovery=params.get("NodeRecovery", NODE_RECOVERY_DEFAULT),
             tiered_storage=None,
             status="Creating",
+            tags={str(t["Key"]): str(t.get("Value", "")) for t in params.get("Tags") or []},
         )
         self.clusters[name] = cluster
         pending = _PendingUpdate(
@@ -421,6 +436,30 @@ class HyperPodService:
             nodes, params.get("MaxResults"), params.get("NextToken"), code="ValidationException"
         )
         return {"ClusterNodeSummaries": page, "NextToken": token}
+
+    # SageMaker's tagging calls (AddTags, ListTags, DeleteTags) on a HyperPod cluster's ARN; other resource types
+    # are not emulated.
+    def _tagged(self, arn: str) -> HyperPodCluster:
+        cluster = next((c for c in self.clusters.values() if c.arn == arn), None)
+        if cluster is None:
+            raise AwsError("ResourceNotFound", f"Resource '{arn}' not found.")
+        return cluster
+
+    def add_tags(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
+        cluster = self._tagged(params["ResourceArn"])
+        cluster.tags.update({str(t["Key"]): str(t.get("Value", "")) for t in params.get("Tags") or []})
+        return {"Tags": [{"Key": k, "Value": v} for k, v in cluster.tags.items()]}
+
+    def list_tags(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
+        tags = [{"Key": k, "Value": v} for k, v in self._tagged(params["ResourceArn"]).tags.items()]
+        page, token = page_of(tags, params.get("MaxResults"), params.get("NextToken"), code="ValidationException")
+        return {"Tags": page, "NextToken": token}
+
+    def delete_tags(self, region: str, params: dict[str, Any]) -> dict[str, Any]:
+        cluster = self._tagged(params["ResourceArn"])
+        for key in params.get("TagKeys") or []:
+            cluster.tags.pop(str(key), None)
+        return {}
 
     # --- transitions ---------------------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from kvfleet.fleet.constants import NODE_RECOVERY_DEFAULT
 from kvfleet.fleet.inventory import Cluster, Inventory
 from kvfleet_sandbox.admin import AdminServer
 from kvfleet_sandbox.aws import AwsEmulator
+from kvfleet_sandbox.aws_iam_enforce import attach_kvfleet_policies, policy_files_found
 from kvfleet_sandbox.aws_prereqs import account_of, seed_prerequisites
 from kvfleet_sandbox.aws_sts import ASSUMED_KEY_PREFIX
 from kvfleet_sandbox.controllers import CONTROLLER_MODULES, MODULE_NAMES
@@ -160,6 +161,7 @@ class Sandbox:
     tls: TlsMaterial | None = None
     admin_token: str = ""
     rbac_enforced: bool = False
+    iam_enforced: bool = False  # kvfleet's AWS calls are authorized by its IAM policies (_attach_iam)
 
     def twin(self, cluster: str) -> ClusterTwin:
         """The twin of ``cluster``: its key, or a bare name only one cluster has (ambiguous: a KeyError)."""
@@ -234,7 +236,8 @@ class Sandbox:
                 "services": sorted(twin.services),
             }
         return {"aws_url": self.aws.url, "admin_url": self.admin.url, "ports": self.ports(),
-                "time_scale": self.settings.time_scale, "clusters": clusters, "rbac_enforced": self.rbac_enforced}
+                "time_scale": self.settings.time_scale, "clusters": clusters, "rbac_enforced": self.rbac_enforced,
+                "iam_enforced": self.iam_enforced}
 
     def write_state_files(self) -> None:
         self.ports_file.write_text(json.dumps(self.describe(), indent=2, sort_keys=True) + "\n")
@@ -284,6 +287,7 @@ def start_sandbox(
             _start_cluster(sandbox, cluster, index)
         # What `kvfleet preflight` checks a platform team has done (minus what the settings leave missing).
         seed_prerequisites(aws, inventory.clusters, omit=settings.omit_prerequisites)
+        _attach_iam(sandbox)
         for cluster in inventory.clusters:  # how controllers/kyverno.py starts on each cluster
             sandbox.twins[cluster.key].services["kyverno_install"] = \
                 settings.kyverno if cluster.l2_injection == "kyverno" else "crds"
@@ -396,6 +400,21 @@ def _seed_accounts(aws: AwsEmulator, inventory: Inventory) -> None:
                         AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}))
 
 
+def _attach_iam(sandbox: Sandbox) -> None:
+    """kvfleet's IAM policies attached to its principal in each account the fleet uses, as a platform team attaches
+    k8s/iam/kvfleet-policy.json (``settings.iam_policies``, a list of files), then enforced by the AWS emulator for
+    every caller but the sandbox's administrators (``AwsEmulator.admin_key``). With ``settings.iam_enforced`` False
+    nothing is attached or enforced; without the files (an installed package) neither, and a warning says so."""
+    files = sandbox.settings.iam_policies
+    if not sandbox.settings.iam_enforced:
+        return
+    if not policy_files_found(files):
+        log.warning("sandbox: kvfleet's IAM policy files not found (%s): IAM is not enforced", files or "k8s/iam")
+        return
+    attach_kvfleet_policies(sandbox.aws, sandbox.inventory, files)
+    sandbox.iam_enforced = True
+
+
 def _bootstrap_rbac(store: KubeStore, inventory: Inventory, cluster: Cluster) -> None:
     """The kvfleet-bootstrap bundle a cluster admin applies before kvfleet's first rollout (k8s/rbac/README.md,
     ``kvfleet bootstrap --print``): cluster.yaml, endpoints.yaml, kyverno-mode.yaml on a kyverno-mode cluster,
@@ -486,6 +505,7 @@ def _start_cluster(sandbox: Sandbox, cluster: Cluster, index: int) -> None:
         # An inventory that declares no NodeRecovery (None) gets what CreateCluster leaves: Automatic.
         node_recovery=cluster.node_recovery or NODE_RECOVERY_DEFAULT,
         account=account,
+        tags=dict(sandbox.settings.hyperpod_tags),
     )
     nodes = [_node(summary, cluster, i) for i, summary in
              enumerate(aws.hyperpod_nodes(cluster.name, account=account))]

@@ -69,6 +69,14 @@ class SandboxSettings:
     # AWS prerequisites the start-up does NOT create (aws_prereqs.ITEMS, e.g. ("execution_role", "tls_bucket")), so
     # a sandbox starts with exactly those missing for `kvfleet preflight` to find.
     omit_prerequisites: tuple[str, ...] = ()
+    # IAM on the twin's AWS (kvfleet_sandbox.aws_iam_enforce): the policy files attached to kvfleet's principal in each
+    # account (None: k8s/iam/kvfleet-policy.json, what k8s/iam/README.md documents), and whether the emulator then
+    # enforces them. False: every call is allowed, as before enforcement existed.
+    iam_policies: tuple[str, ...] | None = None
+    iam_enforced: bool = True
+    # The tags every HyperPod cluster of the fleet carries at start-up (ListTags; aws:ResourceTag in IAM conditions):
+    # the tag a platform team puts on the clusters kvfleet manages.
+    hyperpod_tags: tuple[tuple[str, str], ...] = (("kvfleet:managed", "true"),)
 
 
 class Controller(Protocol):

@@ -219,6 +219,8 @@ class Replay:
     denied: list[str]  # requests and escalate/bind checks of kvfleet's identity that RBAC refused
     checks: set[tuple[str, str, str | None]]  # allowed escalate/bind checks: (verb, resource, name)
     hook_jobs: list[str]  # "<verb> <name>" of kvfleet's requests on batch/jobs (the pre-upgrade hook)
+    iam_enforced: bool = False  # the twin authorized every AWS call with k8s/iam/kvfleet-policy.json
+    iam_denied: list[str] = dataclasses.field(default_factory=list)  # AWS calls IAM refused: "action on resource"
 
 
 def _replay_curvine_operations(inv: Inventory, history: Any) -> None:
@@ -318,8 +320,9 @@ def replay(tmp_path_factory: pytest.TempPathFactory, pg: Any) -> Iterator[Replay
             hooks = [f"{r.verb} {r.name or ''}".strip() for r in records if (r.group, r.resource) == ("batch", "jobs")]
             aws = {IAM_ACTION_OF.get(f"{e.service}:{e.operation}", f"{e.service}:{e.operation}")
                    for e in list(sandbox.aws.request_log)}
+            iam_denied = [f"{d[3]} on {d[4]} ({d[5]}, {d[2]})" for d in sandbox.aws.iam_denials()]
         yield Replay(requests, aws, importlib.util.find_spec("kvfleet.stages.drift") is not None, denied, checks,
-                     hooks)
+                     hooks, sandbox.iam_enforced, iam_denied)
     finally:
         sandbox.stop()
 
@@ -343,6 +346,13 @@ def test_the_emulator_refused_nothing_kvfleet_asked(replay: Replay) -> None:
     """The sandbox enforces k8s/rbac: a 403 anywhere in the replay (a request, or a Role/ClusterRole/binding write
     that failed the escalation check) fails here, naming it."""
     assert replay.denied == [], "refused by RBAC in the sandbox:\n  " + "\n  ".join(replay.denied)
+
+
+def test_iam_refused_no_aws_call_kvfleet_made(replay: Replay) -> None:
+    """The twin enforces k8s/iam/kvfleet-policy.json on every AWS call (kvfleet_sandbox.aws_iam_enforce): an
+    AccessDenied anywhere in the replay fails here, naming the action and resource."""
+    assert replay.iam_enforced
+    assert replay.iam_denied == [], "refused by IAM in the sandbox:\n  " + "\n  ".join(replay.iam_denied)
 
 
 def test_kvfleet_wrote_no_rbac_object_and_needed_no_escalate_or_bind(replay: Replay) -> None:

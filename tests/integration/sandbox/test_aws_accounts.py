@@ -58,7 +58,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from kvfleet_sandbox.runtime import start_sandbox
     from kvfleet_sandbox.twin import SandboxSettings
 
-    sandbox = start_sandbox(FLEET, tmp_path_factory.mktemp("accounts"), SandboxSettings(), controllers=())
+    # This module drives the twin's STS and per-account state with calls kvfleet does not make (ListClusters, roles
+    # that are not kvfleet's): IAM identity policies are not enforced here (tests/integration/sandbox/
+    # test_iam_enforced_accounts.py enforces them on the same fleet).
+    sandbox = start_sandbox(FLEET, tmp_path_factory.mktemp("accounts"), SandboxSettings(iam_enforced=False),
+                            controllers=())
     try:
         yield sandbox
     finally:

@@ -79,8 +79,11 @@ class Env:
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         env = sb.exports()
+        # The platform admin's key: this test installs, deletes and reinstalls add-ons itself (eks:DeleteAddon is
+        # not kvfleet's), and the twin authorizes kvfleet's key with k8s/iam/kvfleet-policy.json.
+        admin = sb.aws.admin_key()
         self.eks = boto3.client("eks", region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"],
-                                aws_access_key_id="sandbox", aws_secret_access_key="sandbox")
+                                aws_access_key_id=admin, aws_secret_access_key=admin)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         if not KUBECTL.exists():

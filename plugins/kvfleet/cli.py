@@ -240,6 +240,14 @@ def _history() -> HistoryRepos:
     return HistoryRepos.on()
 
 
+def _reading() -> HistoryRepos:
+    """The history as its reader role (``kvfleet.history.db.reader_url``): what `kvfleet audit` reads with."""
+    from kvfleet.history.db import reader_engine
+    from kvfleet.history.repos import HistoryRepos
+
+    return HistoryRepos.on(reader_engine())
+
+
 def _cutoff(since: str | None) -> datetime | None:
     from kvfleet.history.queries import since_cutoff
 
@@ -372,7 +380,7 @@ def _cluster_filter(h: Any, args: argparse.Namespace) -> list[str] | None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     _check_audit_args(args)
-    h = _history()
+    h = _reading()
     args.clusters = _cluster_filter(h, args)
     if args.what == "verify":
         return _audit_verify(h, args)

@@ -139,6 +139,10 @@ class Settings(BaseSettings):
         "The history database as its owner role, for migrations only (`kvfleet db upgrade`). Unset: the Airflow "
         "connection `kvfleet_history_owner`, else migrations run as the writer."),
         json_schema_extra=_extra("history", "a postgresql:// URL", secret=True))
+    history_reader_url: str = Field("", description=(
+        "The history database as its reader role (SELECT only), for `kvfleet audit` and the kvfleet page. Unset: "
+        "the Airflow connection `kvfleet_history_reader`, else the writer's URL."),
+        json_schema_extra=_extra("history", "`embedded` or a postgresql:// URL", secret=True))
     history_connect_timeout_s: float = _seconds(10.0, 1, 86400, "history", (
         "libpq's connect timeout for the history database (rounded up to whole seconds, at least 2): a server "
         "that accepts and never answers fails the command or the task with this cause."))
@@ -209,10 +213,10 @@ class Settings(BaseSettings):
     def _url(cls, value: str) -> str:
         return _http_url(value.strip(), "an http(s):// URL with a host and a port from 1 to 65535")
 
-    @field_validator("history_url", "history_owner_url")
+    @field_validator("history_url", "history_owner_url", "history_reader_url")
     @classmethod
     def _pg_url(cls, value: str, info: Any) -> str:
-        if not value or (value == "embedded" and info.field_name == "history_url"):
+        if not value or (value == "embedded" and info.field_name in ("history_url", "history_reader_url")):
             return value
         try:
             parts = urlsplit(value)

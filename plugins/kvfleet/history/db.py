@@ -20,11 +20,13 @@ Every engine has a connect timeout (``KVFLEET_HISTORY_CONNECT_TIMEOUT_S``, defau
 session's ``statement_timeout``): a server that accepts and never answers is a ``HistoryUnreachable`` naming
 it, not a task or a `kvfleet audit` that hangs.
 
-Two roles: the *writer* (the URL above) has INSERT and SELECT on ``audit_log`` and plain DML elsewhere, no
+Three roles: the *writer* (the URL above) has INSERT and SELECT on ``audit_log`` and plain DML elsewhere, no
 TRUNCATE, no DDL, no trigger control; the *owner* (``KVFLEET_HISTORY_OWNER_URL`` or the Airflow connection
 ``kvfleet_history_owner``) owns the schema and runs the migrations. Without an owner URL the migrations run
-with the writer URL (a single-role set-up). The embedded server creates both roles (``kvfleet_owner``,
-``kvfleet_writer``) and hands out the writer's URL.
+with the writer URL (a single-role set-up). The *reader* (``KVFLEET_HISTORY_READER_URL`` or the connection
+``kvfleet_history_reader``; ``reader_engine``) may only SELECT: `kvfleet audit` and the kvfleet page read as it,
+and never migrate. The embedded server creates the three roles (``kvfleet_owner``, ``kvfleet_writer``,
+``kvfleet_reader``) and hands out the writer's URL.
 """
 
 from __future__ import annotations
@@ -42,15 +44,15 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kvfleet.errors import HistoryConfigError, HistoryUnreachable
 from kvfleet.paths import state_dir
 from kvfleet.settings import load_settings
 
-__all__ = ["AIRFLOW_DB", "EMBEDDED", "HISTORY_DB", "OWNER_ROLE", "WRITER_ROLE", "EmbeddedPostgres",
+__all__ = ["AIRFLOW_DB", "EMBEDDED", "HISTORY_DB", "OWNER_ROLE", "READER_ROLE", "WRITER_ROLE", "EmbeddedPostgres",
            "dispose_engines", "embedded", "get_engine", "history_url", "migration_url", "new_engine", "owner_url",
-           "reachable"]
+           "reachable", "reader_engine", "reader_url"]
 
 log = logging.getLogger(__name__)
 # The wheel logs every pg_ctl call at INFO; kvfleet's own log line says when the embedded server is used.
@@ -60,6 +62,7 @@ HISTORY_DB = "kvfleet"
 AIRFLOW_DB = "airflow"
 OWNER_ROLE = "kvfleet_owner"
 WRITER_ROLE = "kvfleet_writer"
+READER_ROLE = "kvfleet_reader"
 EMBEDDED = "embedded"  # the KVFLEET_HISTORY_URL value that chooses the embedded server
 CONNECT_TIMEOUT_ENV, STATEMENT_TIMEOUT_ENV = "KVFLEET_HISTORY_CONNECT_TIMEOUT_S", "KVFLEET_HISTORY_STATEMENT_TIMEOUT_S"
 _FIX = ("set KVFLEET_HISTORY_URL to the history's PostgreSQL URL (postgresql://user@host:5432/kvfleet) or create "
@@ -253,7 +256,7 @@ class EmbeddedPostgres:
                       "local all all peer map=kvfleet\n")
         with open(self.pgdata / "pg_ident.conf", "w") as ident:
             ident.write("# written by kvfleet (kvfleet.history.db)\n" + "".join(
-                f"kvfleet {me} {role}\n" for role in ("postgres", OWNER_ROLE, WRITER_ROLE)))
+                f"kvfleet {me} {role}\n" for role in ("postgres", OWNER_ROLE, WRITER_ROLE, READER_ROLE)))
         engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
         try:
             with engine.connect() as conn:
@@ -281,7 +284,7 @@ class EmbeddedPostgres:
         over); the writer's grants come from the migrations (0005)."""
         engine = create_engine(self.url("postgres"), isolation_level="AUTOCOMMIT")
         with engine.connect() as conn:
-            for role in (OWNER_ROLE, WRITER_ROLE):
+            for role in (OWNER_ROLE, WRITER_ROLE, READER_ROLE):
                 conn.execute(text(
                     f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN "
                     f"CREATE ROLE {role} LOGIN; END IF; END $$"))
@@ -442,6 +445,55 @@ def get_engine(url: str | None = None) -> Engine:
     else:
         with reachable(url):
             ensure_schema(engine)
+    with _lock:
+        _engines.setdefault(url, engine)
+        return _engines[url]
+
+
+def _reader_setting() -> str:
+    return (load_settings().history_reader_url or _airflow_connection_url("kvfleet_history_reader") or "").strip()
+
+
+def reader_url() -> str:
+    """The reader's URL (``KVFLEET_HISTORY_READER_URL`` or the Airflow connection ``kvfleet_history_reader``; with
+    the embedded server, its reader role). Unset: the writer's, for a set-up with one role."""
+    url = _reader_setting()
+    if url and url.lower() != EMBEDDED:
+        return _normalise(url)
+    if url or _embedded_chosen():
+        return embedded().url(HISTORY_DB, READER_ROLE)
+    return history_url()
+
+
+def reader_engine() -> Engine:
+    """An engine that reads the history: `kvfleet audit` and the kvfleet page. A reader configured on its own
+    migrates nothing: a schema older than this kvfleet's is a HistoryConfigError naming the command that migrates
+    it. Without one, the writer's engine (migrated as usual), or, on the embedded server, its reader role once the
+    schema is migrated."""
+    configured = _reader_setting()
+    if not configured or configured.lower() == EMBEDDED:
+        writer = get_engine()  # migrated to head (as the owner when one is known)
+        if not _embedded_chosen():
+            return writer
+    url = reader_url()
+    with _lock:
+        engine = _engines.get(url)
+        if engine is not None:
+            return engine
+    engine = new_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    from kvfleet.history.migrate import current_revision, head_revision
+
+    needed = head_revision()
+    try:
+        with reachable(url):
+            found = current_revision(engine)
+    except ProgrammingError:  # no SELECT on the revision table: the grants of 0013 are not there yet
+        found = "older than 0013_reader"
+    if found != needed:
+        engine.dispose()
+        raise HistoryConfigError(f"the history schema is at revision {found or '(empty)'} and this kvfleet needs "
+                                 f"{needed}: migrate it as the owner first (kvfleet db upgrade, with "
+                                 "KVFLEET_HISTORY_OWNER_URL); the reader role changes nothing")
     with _lock:
         _engines.setdefault(url, engine)
         return _engines[url]

@@ -206,6 +206,9 @@ def test_the_revision_goes_down_and_up(fresh_db_url: str) -> None:
     migrate.downgrade(engine, "0011_cluster_keys")
     with engine.connect() as conn:
         assert conn.execute(text("SELECT to_regclass('holds')")).scalar() is None
+    migrate.upgrade(engine, "0012_holds")
+    assert migrate.current_revision(engine) == "0012_holds"
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT to_regclass('holds')")).scalar() is not None
     migrate.upgrade(engine)
-    assert migrate.current_revision(engine) == "0012_holds" == migrate.head_revision()
     engine.dispose()

@@ -78,9 +78,11 @@ User = Annotated[Any, Depends(airflow_user)]
 
 
 def _history() -> HistoryRepos:
+    """The history as its reader role (``kvfleet.history.db.reader_url``): the page only reads."""
+    from kvfleet.history.db import reader_engine
     from kvfleet.history.repos import HistoryRepos
 
-    return HistoryRepos.on()
+    return HistoryRepos.on(reader_engine())
 
 
 def _pending() -> list[Any]:

@@ -296,6 +296,9 @@ class KubeApiServer:
             return
         self.stopping.set()
         self.store.close_all_watches()
+        # Each watch handler writes its stream's terminating chunk before the sockets are shut (a real API server
+        # ends a watch cleanly on shutdown); bounded, so a handler stuck on a dead client cannot hold the stop.
+        self.store.wait_streams_ended(10.0)
         self._httpd.shutdown()
         with self._httpd.sockets_lock:
             for sock in list(self._httpd.open_sockets):

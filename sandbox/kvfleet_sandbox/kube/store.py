@@ -138,6 +138,8 @@ class KubeStore:
         self._admission: list[AdmissionHook] = []
         self._subscribers: list[Subscriber] = []
         self._watchers: list[queue.Queue[WatchEvent | None]] = []
+        self._streams = 0  # watches opened and not yet closed (their stream's end written): ``wait_streams_ended``
+        self._streams_ended = threading.Condition(self._lock)
         self._history: collections.deque[WatchEvent] = collections.deque(maxlen=HISTORY_LIMIT)
         self._proxies: list[Callable[..., ProxyResponse | None]] = []
         self._log_sources: list[Callable[..., str | None]] = []
@@ -604,13 +606,23 @@ class KubeStore:
                 initial = [ev for ev in self._history
                            if ev.rv > start and (ev.group, ev.resource) == rtype.key]
             self._watchers.append(q)
+            self._streams += 1
         return q, initial
 
     def close_watch(self, q: queue.Queue[WatchEvent | None]) -> None:
+        """The watch's handler is done with ``q`` (its stream's end is written): unregistered and counted out."""
         with self._lock:
             if q in self._watchers:
                 self._watchers.remove(q)
+            self._streams = max(0, self._streams - 1)
+            self._streams_ended.notify_all()
         q.put(None)
+
+    def wait_streams_ended(self, timeout_s: float) -> bool:
+        """Until every open watch's handler has written its stream's end (after ``close_all_watches``), so that a
+        server stopping closes no connection in the middle of a chunked response; False after ``timeout_s``."""
+        with self._lock:
+            return self._streams_ended.wait_for(lambda: self._streams == 0, timeout=timeout_s)
 
     def close_all_watches(self) -> None:
         with self._lock:

@@ -90,10 +90,13 @@ class CurvineCluster:
         self.wait_live(self.sim._worker_replicas())
 
     def wait_live(self, workers: int) -> None:
-        _wait(lambda: self.sim.master_running() and self.sim.overview()["live_workers"] == workers
+        # twin.l2.available follows the master on the controller's next pass, not at once: waited on too, so a
+        # write right after this never races that pass (it did under CI load: "master unavailable")
+        _wait(lambda: self.sim.master_running() and self.twin.l2.available
+              and self.sim.overview()["live_workers"] == workers
               and all(_ready(p) for p in self.twin.store.list("", "pods", NS)
                       if p["metadata"]["name"].startswith("curvine-")),
-              f"master running and {workers} live workers")
+              f"master running, L2 available and {workers} live workers")
 
     def master_api(self, route: str, **query: str) -> str:
         """GET on the master's web port through the API server's pod proxy, as kvfleet's client does."""

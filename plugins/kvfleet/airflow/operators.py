@@ -98,7 +98,8 @@ class WaveGateOperator(HITLOperator):
     def execute(self, context: Any) -> Any:
         decision, reason, wave = self._decide(context)
         self.log.info("gate after slot %s on %s: %s (%s)", self.slot, wave.get("cluster"), decision, reason)
-        if decision in (gates.ASK_REVIEW, gates.ASK_APPROVAL) and (held := _held(context, wave)) is not None:
+        inv = _scope(context) if decision in (gates.ASK_REVIEW, gates.ASK_APPROVAL) else None
+        if inv is not None and (held := _held(context, wave, inv)) is not None:
             # a freeze or a stop since the wave: no human is asked; the later slots record their endpoints held
             decision, reason, wave = gates.HALT, held["reason"], {**wave, "held": held}
         if decision not in (gates.ASK_REVIEW, gates.ASK_APPROVAL):
@@ -108,7 +109,7 @@ class WaveGateOperator(HITLOperator):
             self.options, self.defaults = list(gates.REVIEW_OPTIONS), ["Abort"]
         else:
             self.options, self.defaults = list(gates.APPROVAL_OPTIONS), ["Reject"]
-        self.assigned_users = Respondents.of(context, wave.get("key")).assigned()
+        self.assigned_users = Respondents.of(context, wave.get("key"), inv).assigned()
         # The form a human reads: which run, cluster and wave, the verifications and open drift as evidence, and
         # what each option does (kvfleet.airflow.gates; the history is read, and a gate opens even without it).
         from kvfleet.airflow import gates as gate_text
@@ -127,12 +128,13 @@ class WaveGateOperator(HITLOperator):
         chosen = next(iter(payload["chosen_options"]))
         by = payload.get("responded_by_user") or {}
         who = by.get("name") if isinstance(by, dict) else str(by or "timeout")
-        refused = Respondents.of(context, wave.get("key")).refusal(by)
+        inv = _scope(context)
+        refused = Respondents.of(context, wave.get("key"), inv).refusal(by)
         if refused:  # the answer does not count: the gate takes its safe default
             self.log.warning("%s", refused)
             chosen = "Abort" if decision == gates.ASK_REVIEW else "Reject"
         result = gates.decision_from_response(decision, chosen)
-        held = _held(context, wave)
+        held = _held(context, wave, inv)
         if held is not None:  # a stop or a freeze given while it waited: held, whatever the answer (even Approve)
             result = gates.HALT
         self.log.info("human response on %s: %s -> %s (by %s)", wave.get("cluster"), chosen, result, who)
@@ -169,12 +171,12 @@ class CurvineApprovalOperator(ApprovalOperator):
         text = gate_text.for_curvine_approval(run_key=run_info(dict(context)).run_key, params=context["params"],
                                               preflight=list(pre), timeout=self.response_timeout)
         self.subject, self.body = text.subject, text.body
-        self.assigned_users = Respondents.of(context, None).assigned()
+        self.assigned_users = Respondents.of(context, None, _scope(context)).assigned()
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         by = event.get("responded_by_user") or {}
-        refused = None if event.get("timedout") else Respondents.of(context, None).refusal(by)
+        refused = None if event.get("timedout") else Respondents.of(context, None, _scope(context)).refusal(by)
         if refused:  # the answer does not count: the upgrade is rejected (its safe default), and that is recorded
             self.log.warning("%s", refused)
             from kvfleet.airflow.context import run_info
@@ -189,19 +191,27 @@ class CurvineApprovalOperator(ApprovalOperator):
         return super().execute_complete(context, event)
 
 
-def _held(context: Any, wave: dict[str, Any]) -> dict[str, Any] | None:
-    """A gate that would ask a human is a safe point too: the freeze or stop (``kvfleet.airflow.halt``) that holds
-    the wave's cluster now, or None."""
-    from kvfleet.airflow import halt
+def _scope(context: Any) -> Any:
+    """The run's pinned inventory narrowed to its Params' scope, read once per gate answer."""
     from kvfleet.airflow.context import run_info, scoped
+
+    params = context["params"]
+    return scoped(run_info(dict(context)).run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
+                  endpoints=params.get("endpoints"))
+
+
+def _held(context: Any, wave: dict[str, Any], inv: Any) -> dict[str, Any] | None:
+    """A gate that would ask a human is a safe point too: the freeze or stop (``kvfleet.airflow.halt``) that holds
+    the wave's cluster now, or None. ``inv``: ``_scope``."""
+    from kvfleet.airflow import halt
+    from kvfleet.airflow.context import run_info
     from kvfleet.history.repos import HistoryRepos
 
-    info, params, key = run_info(dict(context)), context["params"], wave.get("key")
-    if params.get("dry_run") or not key:
+    key = wave.get("key")
+    if context["params"].get("dry_run") or not key:
         return None
-    inv = scoped(info.run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
-                 endpoints=params.get("endpoints"))
-    return halt.carried(halt.hold_on(HistoryRepos.on(), info.run_key, [key], {e.lob for e in inv.endpoints_of(key)}))
+    run_key = run_info(dict(context)).run_key
+    return halt.carried(halt.hold_on(HistoryRepos.on(), run_key, [key], {e.lob for e in inv.endpoints_of(key)}))
 
 
 @dataclass(frozen=True)
@@ -219,14 +229,13 @@ class Respondents:
     triggered_by: str | None
 
     @classmethod
-    def of(cls, context: Any, key: str | None) -> Respondents:
-        from kvfleet.airflow.context import run_info, scoped
+    def of(cls, context: Any, key: str | None, inv: Any) -> Respondents:
+        """``inv``: the run's scope (``_scope``); ``key``: the gate's cluster, None for every LOB in it."""
+        from kvfleet.airflow.context import run_info
         from kvfleet.fleet.inventory.policy import respondents
         from kvfleet.fleet.plan import policy_in_scope
 
-        info, params = run_info(dict(context)), context["params"]
-        inv = scoped(info.run_key, lobs=params.get("lobs"), clusters=params.get("clusters"),
-                     endpoints=params.get("endpoints"))
+        info = run_info(dict(context))
         allowed, four_eyes = respondents(policy_in_scope(inv.select(clusters=[key]) if key else inv),
                                          info.triggered_by)
         return cls(allowed, four_eyes, info.triggered_by)

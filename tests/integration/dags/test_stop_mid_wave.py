@@ -16,30 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlalchemy import text
+
+from conftest import SMALL_FLEET
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 KUBECTL = Path(__file__).resolve().parents[3] / ".tools" / "bin" / "kubectl"
 KEY = "default/us-east-1/c-patch"
-FLEET = """
-settings: {wave_size: 1}
-lobs: [{name: alpha}]
-clusters:
-  - name: c-patch
-    region: us-east-1
-    gpu_nodes: {count: 8, instance_type: ml.g5.4xlarge}
-    l2_injection: patch
-    addons:  # the operator's role and TLS bucket, which the rollout's preflight checks (the twin creates both)
-      amazon-sagemaker-hyperpod-inference:
-        configuration:
-          executionRoleArn: arn:aws:iam::123456789012:role/hyperpod-inference-exec
-          tlsCertificateS3Bucket: hyperpod-tls-c-patch
-    curvine: {worker: {replicas: 2, size: 100Gi}}
-endpoints:
-  - {name: alpha-chat, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}
-  - {name: alpha-docs, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}
-  - {name: alpha-rag, namespace: alpha, lob: alpha, cluster: c-patch, model: qwen2-7b, instance_type: ml.g5.4xlarge}
-"""
+# conftest's c-patch cluster, with one LOB and three endpoints, one per wave
+FLEET = yaml.safe_dump({
+    "settings": {"wave_size": 1}, "lobs": [{"name": "alpha"}],
+    "clusters": [c for c in yaml.safe_load(SMALL_FLEET)["clusters"] if c["name"] == "c-patch"],
+    "endpoints": [{"name": f"alpha-{n}", "namespace": "alpha", "lob": "alpha", "cluster": "c-patch",
+                   "model": "qwen2-7b", "instance_type": "ml.g5.4xlarge"} for n in ("chat", "docs", "rag")]})
 
 
 @pytest.fixture

@@ -147,7 +147,7 @@ def test_the_curvine_approval_of_the_trigger_does_not_count_under_four_eyes(hist
     why; bo's counts. Its assigned users are those every LOB in scope names, ann taken out."""
     from datetime import UTC, datetime
 
-    from kvfleet.airflow.operators import CurvineApprovalOperator, Respondents
+    from kvfleet.airflow.operators import CurvineApprovalOperator, Respondents, _scope
 
     doc = yaml.safe_load(fleet.read_text())
     [retail] = [lob for lob in doc["lobs"] if lob["name"] == "retail"]
@@ -158,7 +158,7 @@ def test_the_curvine_approval_of_the_trigger_does_not_count_under_four_eyes(hist
     context = {"dag_run": SimpleNamespace(dag_id="kvfleet_curvine_upgrade", run_id="manual__4eyes",
                                           run_type="manual", triggering_user_name="ann"),
                "ti": SimpleNamespace(task_id="approve", map_index=-1), "params": params}
-    assert Respondents.of(context, None).assigned() == [{"id": "bo", "name": "bo"}]
+    assert Respondents.of(context, None, _scope(context)).assigned() == [{"id": "bo", "name": "bo"}]
     op = CurvineApprovalOperator(task_id="approve", subject="Curvine upgrade")
 
     def answer(who: str) -> Any:
@@ -252,8 +252,9 @@ def test_the_daily_run_on_the_example_fleet_changes_nothing_in_production(histor
     assert [c["key"] for c in run["plan"]["clusters"]] == keys
     [step] = [s for s in history.runs.steps("kvfleet_rollout/scheduled__daily") if s["step"] == "policy"]
     assert (step["outcome"], step["detail"]["left_out"]) == ("planned", ["default/us-east-1/ml-prod-use1"])
-    assert "lobs.payments.policy.scheduled is plan" in step["detail"]["why"][0] or \
-        "lobs.retail.policy.scheduled is plan" in step["detail"]["why"][0]
+    assert step["detail"]["why"] == [  # the first LOB of the inventory that keeps it for a human
+        f"default/us-east-1/ml-prod-use1: {fleet.name}: lobs.retail.policy.scheduled is plan, and "
+        "default/us-east-1/ml-prod-use1 is a production cluster: trigger kvfleet_rollout by hand to apply it"]
     assert step["detail"]["planned"]["default/us-east-1/ml-prod-use1"]["waves"]  # what a human would apply
     assert _plan("manual__by_hand", {"fleet": str(fleet)}) == ["default/us-east-1/ml-prod-use1",
                                                                "default/us-west-2/ml-stage-usw2"]

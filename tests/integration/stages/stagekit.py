@@ -97,3 +97,19 @@ def wait_pods_ready(twin, ep, n: int, timeout: float = 30.0, *, env: dict[str, s
             return
         time.sleep(0.1)
     raise AssertionError(f"{ep.key}: pods not ready in {timeout}s")
+
+
+def without_overlay(fleet_env, ctx, eps, cluster: str) -> None:  # type: ignore[no-untyped-def]
+    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch (as after an
+    operator upgrade): each Deployment needs the overlay again."""
+    from kvfleet.fleet import constants as C
+    from kvfleet.stages import endpoints
+
+    for ep in eps:
+        endpoints.apply_iec(ctx, ep)
+    endpoints.wait_complete(ctx, eps)
+    twin = fleet_env.twin(cluster)
+    for ep in eps:
+        twin.services["operator"].rerender_now(ep.namespace, ep.name)
+    for ep in eps:
+        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})

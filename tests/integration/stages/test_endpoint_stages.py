@@ -16,6 +16,7 @@ from stagekit import (
     tamper_deployment_env,
     wait_pods_ready,
     with_cluster,
+    without_overlay,
 )
 
 from kvfleet.errors import PermanentError, TemporaryError
@@ -70,18 +71,6 @@ def _admin(sandbox: Any, body: dict[str, Any]) -> Any:
         return json.load(resp)
 
 
-def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-def]
-    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch (as after an
-    operator upgrade): each Deployment needs the overlay again."""
-    for ep in eps:
-        endpoints.apply_iec(ctx, ep)
-    endpoints.wait_complete(ctx, eps)
-    twin = fleet_env.twin(PROD)
-    for ep in eps:
-        twin.services["operator"].rerender_now(ep.namespace, ep.name)
-    for ep in eps:
-        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
-
 
 def test_failure_between_pause_and_restore_still_restores_the_operator(  # type: ignore[no-untyped-def]
         fleet_env, make_ctx, inventory, history) -> None:
@@ -92,7 +81,7 @@ def test_failure_between_pause_and_restore_still_restores_the_operator(  # type:
     ctx = converge_cluster(make_ctx, PROD, inv=inv, history=history)
     ctx.step_key = StepKey("t/drill", "wave")
     eps = [endpoint(inv, PROD, "retail-assistant"), endpoint(inv, PROD, "payments-disputes")]
-    _without_overlay(fleet_env, ctx, eps)
+    without_overlay(fleet_env, ctx, eps, PROD)
     at_zero: set[str] = set()
 
     def on_event(kind: str, group: str, resource: str, obj: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from stagekit import converge_cluster, endpoint, reset_counters, wait_pods_ready, with_cluster
+from stagekit import converge_cluster, endpoint, reset_counters, with_cluster, without_overlay
 
 from kvfleet.clients import helm as helm_module
 from kvfleet.clients.kube import StopRequested, call, request_stop, reset_stop, stop_requested
@@ -34,18 +34,6 @@ def _no_stop_left() -> Iterator[None]:
     yield
     reset_stop()
 
-
-def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-def]
-    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch: each Deployment
-    needs the overlay again (as in test_endpoint_stages)."""
-    for ep in eps:
-        endpoints.apply_iec(ctx, ep)
-    endpoints.wait_complete(ctx, eps)
-    twin = fleet_env.twin(PROD)
-    for ep in eps:
-        twin.services["operator"].rerender_now(ep.namespace, ep.name)
-    for ep in eps:
-        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
 
 
 def _write_ahead(history: Any, run_key: str) -> list[tuple[str, str | None]]:
@@ -162,7 +150,7 @@ def test_a_stop_while_the_batch_is_at_0_scales_back_and_restores_the_operator(  
     ctx = converge_cluster(make_ctx, PROD, inv=inv, history=history)
     ctx.step_key = StepKey("t/sigterm", "wave")
     eps = [endpoint(inv, PROD, "retail-assistant"), endpoint(inv, PROD, "payments-disputes")]
-    _without_overlay(fleet_env, ctx, eps)
+    without_overlay(fleet_env, ctx, eps, PROD)
     twin = fleet_env.twin(PROD)
     at_zero: set[str] = set()
     mark: list[int] = []

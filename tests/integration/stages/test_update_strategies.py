@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from stagekit import converge_cluster, endpoint, wait_pods_ready, with_cluster
+from stagekit import converge_cluster, endpoint, wait_pods_ready, with_cluster, without_overlay
 
 from kvfleet.fleet import actions as A
 from kvfleet.fleet import constants as C
@@ -25,18 +25,6 @@ from kvfleet.stages import addons, curvine, dry_run, endpoints, executor, operat
 pytestmark = pytest.mark.integration
 PROD = "ml-prod-use1"  # patch mode
 
-
-def _without_overlay(fleet_env, ctx, eps) -> None:  # type: ignore[no-untyped-def]
-    """Every endpoint deployed, then re-rendered by the operator, which drops kvfleet's patch (as after an
-    operator upgrade): each Deployment needs the overlay again."""
-    for ep in eps:
-        endpoints.apply_iec(ctx, ep)
-    endpoints.wait_complete(ctx, eps)
-    twin = fleet_env.twin(PROD)
-    for ep in eps:
-        twin.services["operator"].rerender_now(ep.namespace, ep.name)
-    for ep in eps:
-        wait_pods_ready(twin, ep, ep.replicas, timeout=60, env={C.ENV_REMOTE_URL: C.OPERATOR_L2_URL})
 
 
 def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_ctx, inventory, history) -> None:  # type: ignore[no-untyped-def]
@@ -53,7 +41,7 @@ def test_plan_diff_lists_exactly_the_actions_a_real_run_applies(fleet_env, make_
                      ("HelmInstall", C.CURVINE_RELEASE, "format flags true"),
                      ("HelmUpgrade", C.CURVINE_RELEASE, "format flags false")]
     names = ("retail-search-rag", "payments-kyc-rag")
-    _without_overlay(fleet_env, ctx0, [endpoint(inventory, PROD, n) for n in names])
+    without_overlay(fleet_env, ctx0, [endpoint(inventory, PROD, n) for n in names], PROD)
     # Work for stage 3 too: a hand-made upgrade left a format flag true on the deployed release.
     spec = ctx0.cluster.curvine
     ctx0.helm.upgrade(C.CURVINE_RELEASE, spec.chart, spec.namespace, repo=curvine.repo_url(ctx0), version=spec.version,
@@ -156,7 +144,7 @@ def test_rolling_and_surge_keep_every_endpoint_serving(fleet_env, make_ctx, inve
         for e in inventory.endpoints]})
     ctx = converge_cluster(make_ctx, PROD, inv=inv)
     eps = [endpoint(inv, PROD, "support-chat"), endpoint(inv, PROD, "support-summaries")]
-    _without_overlay(fleet_env, ctx, eps)
+    without_overlay(fleet_env, ctx, eps, PROD)
     twin = fleet_env.twin(PROD)
     before = {ep.key: twin.store.get("apps", "deployments", ep.name, ep.namespace)["spec"]["strategy"] for ep in eps}
     watch = ReadyWatch(twin.store, eps)
